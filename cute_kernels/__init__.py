@@ -1,0 +1,40 @@
+"""cute-kernels: Hopper (sm_90a) kernels written in the CuTe DSL.
+
+Public ops (torch tensors in, torch tensors out, launched on the current stream):
+
+- `gemm(a, b)`, `linear(x, weight, bias, activation=..., residual=...)`: BF16/FP16 GEMM
+  with a fused epilogue.
+- `scaled_mm`, `scaled_mm_blockwise`, `int8_mm`: FP8 and INT8 GEMM with fused scaling.
+
+Every op has a PyTorch reference beside it (`*_ref`). Importing this package does
+not import cutlass or touch the GPU; kernels compile on first use (and are cached).
+"""
+
+from .runtime import arch as _arch  # noqa: F401  (pins CUTE_DSL_ARCH=sm_90a first)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "gemm": "cute_kernels.gemm.api",
+    "linear": "cute_kernels.gemm.api",
+    "gemm_ref": "cute_kernels.gemm.api",
+    "linear_ref": "cute_kernels.gemm.api",
+    "ACTIVATIONS": "cute_kernels.gemm.api",
+    "scaled_mm": "cute_kernels.quantized.api",
+    "scaled_mm_ref": "cute_kernels.quantized.api",
+    "scaled_mm_blockwise": "cute_kernels.quantized.api",
+    "scaled_mm_blockwise_ref": "cute_kernels.quantized.api",
+    "int8_mm": "cute_kernels.quantized.api",
+    "int8_mm_ref": "cute_kernels.quantized.api",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'cute_kernels' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)

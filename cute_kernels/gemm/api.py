@@ -1,0 +1,268 @@
+"""Public BF16/FP16 GEMM ops: `gemm` (torch.mm semantics) and `linear` (F.linear + fused epilogue).
+
+The host layer only validates, picks a config, fetches the compiled kernel from the
+cache and launches it on torch's current stream (TVM-FFI reads the stream itself).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..runtime import KERNELS, CompileKey, check_device
+from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
+from .config import H100_SMS, GemmConfig, default_config
+from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
+
+__all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm"]
+
+
+def _major(t: torch.Tensor, rows_name: str) -> str:
+    """'k' if the K (second) dim is contiguous, rows_name if the first is, else ''."""
+    if t.stride(1) == 1 or t.shape[1] == 1:
+        return "k"
+    if t.stride(0) == 1 or t.shape[0] == 1:
+        return rows_name
+    return ""
+
+
+def _tma_ok(t: torch.Tensor, major: str) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte aligned non-unit strides."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    lead = t.stride(0) if major == "k" else t.stride(1)
+    return (lead * es) % 16 == 0 and lead >= 1
+
+
+def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi) -> CompileKey:
+    return CompileKey(
+        kernel=kernel,
+        dtypes=(dtype_name(a_dt), dtype_name(b_dt), dtype_name(c_dt)),
+        majors=(a_major, b_major, "n"),
+        tile=cfg.tile_mn,
+        cluster=cfg.cluster_mn,
+        epilogue=tuple(sorted(vars(epi).items())) if hasattr(epi, "__dict__") else (repr(epi),),
+        extra=(cfg.group, cfg.raster_m),
+    )
+
+
+def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name: str, keep_dir: str | None = None):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from ..runtime.dtypes import to_cutlass
+    from .kernel import GemmSm90
+
+    m, n, k = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+
+    def mat(dt, rows, major_is_k, align_elems):
+        ld = cute.sym_int64(divisibility=align_elems)
+        stride = (ld, 1) if major_is_k else (1, ld)
+        return make_fake_tensor(to_cutlass(dt), (rows, k), stride, assumed_align=16)
+
+    es = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
+    fa = mat(a_dt, m, a_major == "k", 16 // es(a_dt))
+    fb = mat(b_dt, n, b_major == "k", 16 // es(b_dt))
+    fd = make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
+    f32 = cutlass.Float32
+    vec = lambda length: make_fake_tensor(f32, (length,), (1,), assumed_align=4)  # noqa: E731
+    bias_dt = to_cutlass(epi_bias_dtype(c_dt))
+    fbias = make_fake_tensor(bias_dt, (n,), (1,), assumed_align=2) if epi.bias else None
+    fres = (
+        make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(), 1), assumed_align=2) if epi.residual else None
+    )
+    frow = {"none": None, "vector": vec(m), "scalar": vec(1)}[epi.row_scale]
+    fcol = {"none": None, "vector": vec(n), "scalar": vec(1)}[epi.col_scale]
+    kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi)
+    max_clusters = H100_SMS // (cfg.cluster_m * cfg.cluster_n)
+    return cute.compile(
+        kernel, fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0), max_clusters,
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options="--enable-tvm-ffi" + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""),
+    )
+
+
+def epi_bias_dtype(c_dt: torch.dtype) -> torch.dtype:
+    # Bias and residual travel in the output dtype (fp32 output keeps fp32 bias).
+    return torch.float32 if c_dt in (torch.float32, torch.int32) else c_dt
+
+
+def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32"):
+    key = _compile_key(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi)
+    return KERNELS.get(key, lambda: _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name))
+
+
+def run_gemm(
+    a: torch.Tensor,
+    b_nk: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    epi,
+    bias=None,
+    residual=None,
+    row_scale=None,
+    col_scale=None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    config: GemmConfig | None = None,
+    kernel_name: str = "gemm_sm90",
+    acc_name: str = "Float32",
+) -> torch.Tensor:
+    """Launch the kernel on validated, TMA-compatible operands: out = epi(a @ b_nk.T)."""
+    M, K = a.shape
+    N = b_nk.shape[0]
+    cfg = config or default_config(M, N, K, in_bytes=a.element_size())
+    a_major = _major(a, "m")
+    b_major = _major(b_nk, "n")
+    fn = get_kernel(kernel_name, a.dtype, b_nk.dtype, out.dtype, a_major, b_major, cfg, epi, acc_name)
+    fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta)
+    return out
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_16bit_operands(a: torch.Tensor, b: torch.Tensor, a_name: str, b_name: str) -> None:
+    for t, name in ((a, a_name), (b, b_name)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if a.dtype not in SIXTEEN_BIT:
+        raise TypeError(f"{a_name} must be bfloat16 or float16, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{a_name} and {b_name} must have the same dtype, got {a.dtype} and {b.dtype}")
+    check_device(a, a_name)
+    check_device(b, b_name)
+    if a.device != b.device:
+        raise ValueError(f"{a_name} is on {a.device} but {b_name} is on {b.device}")
+
+
+def _prepare_operand(t: torch.Tensor, rows_name: str) -> torch.Tensor:
+    """Return t, or a padded copy when its layout or alignment cannot feed TMA.
+
+    The copy pads the contiguous dimension to a multiple of 8 elements with zeros,
+    which does not change the product.
+    """
+    major = _major(t, rows_name)
+    if major and _tma_ok(t, major):
+        return t
+    rows, cols = t.shape
+    cols_p = -(-cols // 8) * 8
+    buf = torch.zeros((rows, cols_p), dtype=t.dtype, device=t.device)
+    buf[:, :cols] = t
+    return buf[:, :cols]
+
+
+def _alloc_out(M: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Output (M, N); when N*elem is not 16-byte aligned the rows are padded and a view returned."""
+    n_p = -(-N // 8) * 8 if dtype.itemsize == 2 else -(-N // 4) * 4
+    buf = torch.empty((M, n_p), dtype=dtype, device=device)
+    return buf if n_p == N else buf[:, :N]
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None):
+    """a @ b with torch.mm semantics on the tensor cores (bf16/fp16 in, fp32 accumulate).
+
+    a [M, K] and b [K, N] may each be row- or column-major. The result is [M, N] in
+    out_dtype (default a.dtype; float32 also allowed). When N is not a multiple of 8 the
+    result is a view into a row-padded buffer (its stride(0) is N rounded up).
+    """
+    from .kernel import Epilogue
+
+    _check_16bit_operands(a, b, "a", "b")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"gemm expects 2-D a [M, K] and b [K, N], got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"shape mismatch: a is {tuple(a.shape)}, b is {tuple(b.shape)} (a.shape[1] must equal b.shape[0])")
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    M, K = a.shape
+    N = b.shape[1]
+    if out is not None:
+        _check_out(out, M, N, out_dtype, a.device)
+    else:
+        out = _alloc_out(M, N, out_dtype, a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    return run_gemm(_prepare_operand(a, "m"), _prepare_operand(b.t(), "n"), out, epi=Epilogue())
+
+
+def _check_out(out: torch.Tensor, M: int, N: int, dtype, device) -> None:
+    if out.shape != (M, N) or out.dtype != dtype or out.device != device:
+        raise ValueError(f"out must be a {dtype} tensor of shape ({M}, {N}) on {device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    if out.stride(1) != 1 or (out.stride(0) * out.element_size()) % 16 or out.data_ptr() % 16:
+        raise ValueError("out must be row-major with 16-byte aligned rows (stride(1) == 1, stride(0) * itemsize % 16 == 0)")
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+) -> torch.Tensor:
+    """F.linear with a fused epilogue: act(alpha * x @ weight.T + bias) + beta * residual.
+
+    x [..., K], weight [N, K], bias [N], residual [..., N]; activation in
+    {None, "relu", "gelu" (erf), "gelu_tanh" (GPT-2's gelu_new)}. All in one dtype (bf16/fp16).
+    """
+    from .kernel import Epilogue
+
+    _check_16bit_operands(x, weight, "x", "weight")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x [..., K] must end in K={weight.shape[1]} (weight is {tuple(weight.shape)}), got {tuple(x.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    N, K = weight.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (N,) or bias.dtype != x.dtype or bias.device != x.device:
+            raise ValueError(f"bias must be a {x.dtype} tensor of shape ({N},) on {x.device}")
+        bias = bias.contiguous()
+    res2 = None
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor) or residual.shape != (*lead, N) or residual.dtype != x.dtype:
+            raise ValueError(f"residual must be a {x.dtype} tensor of shape {(*lead, N)}")
+        if residual.device != x.device:
+            raise ValueError(f"residual is on {residual.device}, expected {x.device}")
+        res2 = residual.reshape(-1, N)
+        if res2.stride(1) != 1:
+            res2 = res2.contiguous()
+    out = _alloc_out(M, N, x.dtype, x.device)
+    if M and N:
+        if K == 0:
+            out.copy_(linear_ref(x2, weight, bias, activation=activation, residual=res2, alpha=alpha, beta=beta))
+        else:
+            epi = Epilogue(
+                activation=activation or "none",
+                bias=bias is not None,
+                residual=res2 is not None,
+                alpha=alpha != 1.0,
+                beta=res2 is not None and beta != 1.0,
+            )
+            run_gemm(
+                _prepare_operand(x2, "m"), _prepare_operand(weight, "n"), out,
+                epi=epi, bias=bias, residual=res2, alpha=float(alpha), beta=float(beta),
+            )
+    if out.is_contiguous():
+        return out.reshape(*lead, N)
+    return out[0] if not lead else _reshape_padded(out, lead, N)
+
+
+def _reshape_padded(out: torch.Tensor, lead, N: int) -> torch.Tensor:
+    """[M, N] view with padded row stride -> [..., N] view (no copy)."""
+    sizes = (*lead, N)
+    strides = [out.stride(0)]
+    for d in reversed(lead[1:]):
+        strides.insert(0, strides[0] * d)
+    return out.as_strided(sizes, (*strides, 1))

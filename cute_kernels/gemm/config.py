@@ -1,0 +1,126 @@
+"""GEMM tile/cluster configuration: one frozen dataclass, a candidate list, one validity check,
+and the heuristic that picks a config per problem shape."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Hopper: 227 KiB of shared memory per block (the opt-in maximum on sm_90).
+SM90_SMEM_BYTES = 232448
+H100_SMS = 132
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Static shape of one compiled GEMM kernel.
+
+    tile_m x tile_n is the CTA tile; tile K is 64 for 16-bit and 128 for 8-bit inputs
+    (four wgmma instructions, one 128-byte swizzle row). cluster_m x cluster_n CTAs
+    form a cluster: CTAs along M share (multicast) the B tile, along N the A tile.
+    group is the width, in clusters, of the swizzled raster band that keeps the tiles
+    running at one time close together so their A/B panels are reused from L2.
+    """
+
+    tile_m: int = 128
+    tile_n: int = 256
+    cluster_m: int = 2
+    cluster_n: int = 1
+    group: int = 8
+    raster_m: bool = True
+
+    @property
+    def tile_mn(self) -> tuple[int, int]:
+        return (self.tile_m, self.tile_n)
+
+    @property
+    def cluster_mn(self) -> tuple[int, int]:
+        return (self.cluster_m, self.cluster_n)
+
+    @property
+    def num_mma_warpgroups(self) -> int:
+        # Two consumer warpgroups split the M of a 128+ tile: each owns 64 (or 128) rows,
+        # which keeps the fp32 accumulator at <= 128 registers per thread.
+        return 2 if self.tile_m >= 128 else 1
+
+    def tile_k(self, in_bytes: int) -> int:
+        return 128 // in_bytes
+
+    def ab_stages(self, in_bytes: int, out_bytes: int) -> int:
+        return _ab_stages(self, in_bytes, out_bytes)
+
+    def validate(self, in_bytes: int = 2, out_bytes: int = 2) -> None:
+        """The one validity check for a config; raises ValueError with the reason."""
+        if self.tile_m not in (64, 128, 256):
+            raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
+        if self.tile_n not in (64, 128, 192, 256):
+            raise ValueError(f"tile_n must be 64, 128, 192 or 256, got {self.tile_n}")
+        if self.tile_m == 256 and self.tile_n > 128:
+            raise ValueError("a 256-row tile needs tile_n <= 128 (register budget)")
+        for c in (self.cluster_m, self.cluster_n):
+            if c not in (1, 2):
+                raise ValueError(f"cluster dims must be 1 or 2, got {self.cluster_mn}")
+        if self.group < 1:
+            raise ValueError("group must be >= 1")
+        if _ab_stages(self, in_bytes, out_bytes) < 2:
+            raise ValueError(f"{self} leaves fewer than 2 pipeline stages in shared memory")
+
+
+def epi_tile(cfg: GemmConfig) -> tuple[int, int]:
+    # The epilogue streams the C tile out in 32-column slabs: small enough to
+    # double-buffer in shared memory next to the A/B stages.
+    return (min(128, cfg.tile_m), min(32, cfg.tile_n))
+
+
+EPI_STAGES = 2
+
+
+def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int) -> int:
+    tk = cfg.tile_k(in_bytes)
+    per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
+    em, en = epi_tile(cfg)
+    epi = em * en * out_bytes * EPI_STAGES
+    reserved = 1024 + 1024  # mbarriers + alignment slack
+    return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
+
+
+CANDIDATES: tuple[GemmConfig, ...] = (
+    GemmConfig(128, 256, 2, 1),
+    GemmConfig(128, 256, 1, 1),
+    GemmConfig(256, 128, 1, 2),
+    GemmConfig(128, 128, 2, 1),
+    GemmConfig(128, 128, 1, 1),
+    GemmConfig(128, 64, 1, 1),
+    GemmConfig(64, 128, 1, 1),
+)
+
+# Relative per-tile throughput of each tile shape at full occupancy (bigger tiles
+# reuse each loaded byte more); used only to break ties between wave counts.
+_TILE_EFFICIENCY = {(128, 256): 1.0, (256, 128): 1.0, (128, 192): 0.95, (128, 128): 0.85,
+                    (128, 64): 0.6, (64, 128): 0.55, (64, 64): 0.4}
+
+
+def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
+    """Pick tile and cluster for an M x N x K problem.
+
+    The cost model is waves x tile work / tile efficiency: a persistent kernel runs
+    ceil(tiles / SMs) waves, so a big tile that leaves most SMs idle in its last
+    wave loses to a smaller one that fills them.
+    """
+    best, best_cost = None, math.inf
+    for cfg in CANDIDATES:
+        tm, tn = cfg.tile_mn
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        if cfg.cluster_m > 1 and tiles_m < 2 or cfg.cluster_n > 1 and tiles_n < 2:
+            continue
+        tiles_m = math.ceil(tiles_m / cfg.cluster_m) * cfg.cluster_m
+        tiles_n = math.ceil(tiles_n / cfg.cluster_n) * cfg.cluster_n
+        waves = math.ceil(tiles_m * tiles_n / num_sms)
+        cost = waves * tm * tn / _TILE_EFFICIENCY[(tm, tn)]
+        # Multicast halves L2->SM traffic for the shared operand; worth a little.
+        if cfg.cluster_m * cfg.cluster_n > 1:
+            cost *= 0.97
+        if cost < best_cost - 1e-9:
+            best, best_cost = cfg, cost
+    assert best is not None
+    return best

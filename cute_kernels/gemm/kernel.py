@@ -1,0 +1,490 @@
+"""Persistent, warp-specialized Hopper GEMM with a fused epilogue (CuTe DSL, sm_90a).
+
+    D[m, n] = act(alpha * row_scale[m] * col_scale[n] * sum_k A[m, k] B[n, k] + bias[n])
+              + beta * residual[m, n]
+
+A is (M, K), B is (N, K) and D is (M, N) row-major. A and B may be K-major or
+M/N-major for 16-bit inputs; 8-bit inputs (fp8, int8) must be K-major, which is
+the only layout the 8-bit wgmma accepts. Every epilogue operand is optional and
+its absence is compiled in, so a plain GEMM carries no epilogue cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from .config import EPI_STAGES, SM90_SMEM_BYTES, GemmConfig, epi_tile
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+_INV_SQRT_2 = 0.7071067811865476
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Compile-time description of the fused epilogue."""
+
+    activation: str = "none"  # none | relu | gelu | gelu_tanh
+    row_scale: str = "none"  # none | scalar | vector   (per-row of A: per token)
+    col_scale: str = "none"  # none | scalar | vector   (per-column of B: per channel)
+    bias: bool = False
+    residual: bool = False
+    alpha: bool = False  # multiply by the runtime scalar alpha
+    beta: bool = False  # multiply the residual by the runtime scalar beta
+
+    @property
+    def is_identity(self) -> bool:
+        return self == Epilogue()
+
+    @property
+    def needs_coords(self) -> bool:
+        return self.bias or self.residual or self.row_scale == "vector" or self.col_scale == "vector"
+
+
+class GemmSm90:
+    """Hopper GEMM: TMA -> 128B-swizzled smem ring -> wgmma -> fused epilogue -> TMA store.
+
+    Warp roles (one CTA = 128 x (1 + num_mma_warpgroups) threads):
+      * warpgroup 0 (producer, 40 registers/thread after setmaxnreg): warp 0 walks the
+        persistent tile schedule and issues the TMA loads of A and B k-tiles into the
+        smem ring, multicasting across the cluster the operand that its peers share.
+        The other three warps only donate their registers.
+      * warpgroups 1..n (consumers, 232 registers/thread): each owns a 64- or 128-row
+        slice of the CTA tile. They run the wgmma main loop, then the epilogue:
+        accumulators -> epilogue math in fp32 -> output dtype -> stmatrix into a
+        staged smem buffer -> one warp issues the TMA store.
+
+    Pipelines:
+      * ab_pipeline (PipelineTmaAsync, `ab_stages` deep): full barriers complete on
+        the TMA transaction bytes; empty barriers collect one arrive per consumer
+        warp of every CTA that reads the stage (multicast peers included), so a
+        stage is only refilled when all its readers in the cluster are done.
+      * store pipeline (PipelineTmaStore, EPI_STAGES deep): bulk-group commit/wait
+        that keeps at most EPI_STAGES - 1 TMA stores in flight before an epilogue
+        buffer is reused.
+
+    Tile schedule: static persistent. Cluster c processes work items c, c + G, ...
+    (G = clusters launched); a work item maps to a cluster tile through a grouped
+    raster (bands of `group` clusters along M, or N) so tiles in flight share
+    A and B panels in L2. Producer and consumers compute the same sequence, so
+    no scheduling state is exchanged.
+    """
+
+    def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue):
+        cfg.validate()
+        self.cfg = cfg
+        self.acc_dtype = acc_dtype
+        self.epi = epilogue
+        self.tile_mn = cfg.tile_mn
+        self.cluster_mn = cfg.cluster_mn
+        self.num_mma_wg = cfg.num_mma_warpgroups
+        self.atom_layout_mnk = (self.num_mma_wg, 1, 1)
+        self.threads_per_wg = 128
+        self.num_threads = 128 * (1 + self.num_mma_wg)
+        self.num_mma_threads = 128 * self.num_mma_wg
+        self.load_regs, self.mma_regs = 40, 232
+        self.epi_store_warp = 4  # first warp of the first consumer warpgroup
+        # Barrier 0 is __syncthreads; 1 is the consumers' epilogue barrier.
+        self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
+
+    # ------------------------------------------------------------------ host side
+    def _setup(self, a_dtype, b_dtype, c_dtype, a_layout, b_layout, c_layout):
+        self.a_dtype, self.b_dtype, self.c_dtype = a_dtype, b_dtype, c_dtype
+        self.a_layout, self.b_layout, self.c_layout = a_layout, b_layout, c_layout
+        in_bytes = a_dtype.width // 8
+        self.tile_k = self.cfg.tile_k(in_bytes)
+        self.tile_mnk = (*self.tile_mn, self.tile_k)
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            a_dtype,
+            b_dtype,
+            a_layout.sm90_mma_major_mode(),
+            b_layout.sm90_mma_major_mode(),
+            self.acc_dtype,
+            self.atom_layout_mnk,
+            tiler_mn=(64, self.tile_mn[1]),
+        )
+        self.epi_tile = epi_tile(self.cfg)
+        self.ab_stages = self.cfg.ab_stages(in_bytes, c_dtype.width // 8)
+        self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
+        self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
+        self.c_smem_staged = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, EPI_STAGES)
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (M, K)
+        mB: cute.Tensor,  # (N, K)
+        mD: cute.Tensor,  # (M, N), row-major
+        mBias: cute.Tensor | None,  # (N,)
+        mResidual: cute.Tensor | None,  # (M, N)
+        mRowScale: cute.Tensor | None,  # (M,) or (1,)
+        mColScale: cute.Tensor | None,  # (N,) or (1,)
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        # Append the batch mode CuTe's TMA/tiling helpers expect: (M, K) -> (M, K, 1).
+        mA = self._add_batch_mode(mA)
+        mB = self._add_batch_mode(mB)
+        mD = self._add_batch_mode(mD)
+        self._setup(
+            mA.element_type,
+            mB.element_type,
+            mD.element_type,
+            LayoutEnum.from_tensor(mA),
+            LayoutEnum.from_tensor(mB),
+            LayoutEnum.from_tensor(mD),
+        )
+
+        a_smem = cute.slice_(self.a_smem_staged, (None, None, 0))
+        b_smem = cute.slice_(self.b_smem_staged, (None, None, 0))
+        c_smem = cute.slice_(self.c_smem_staged, (None, None, 0))
+        # Each operand is multicast to the CTAs of the cluster that share it.
+        tma_a, tA = cpasync.make_tiled_tma_atom(
+            self._load_op(self.cluster_mn[1]), mA, a_smem, (self.tile_mnk[0], self.tile_mnk[2]),
+            num_multicast=self.cluster_mn[1],
+        )
+        tma_b, tB = cpasync.make_tiled_tma_atom(
+            self._load_op(self.cluster_mn[0]), mB, b_smem, (self.tile_mnk[1], self.tile_mnk[2]),
+            num_multicast=self.cluster_mn[0],
+        )
+        tma_d, tD = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mD, c_smem, self.epi_tile)
+
+        tiles_m = cute.ceil_div(mD.shape[0], self.tile_mn[0])
+        tiles_n = cute.ceil_div(mD.shape[1], self.tile_mn[1])
+        clusters_m = cute.ceil_div(tiles_m, self.cluster_mn[0])
+        clusters_n = cute.ceil_div(tiles_n, self.cluster_mn[1])
+        num_clusters = cutlass.min(clusters_m * clusters_n, max_active_clusters)
+
+        @cute.struct
+        class SharedStorage:
+            ab_full_empty: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.c_smem_staged)], 1024]
+
+        self.shared_storage = SharedStorage
+        assert SharedStorage.size_in_bytes() <= SM90_SMEM_BYTES
+
+        self.kernel(
+            tma_a, tA, tma_b, tB, tma_d, tD, mD,
+            mBias, mResidual, mRowScale, mColScale, alpha, beta,
+            clusters_m, clusters_n,
+            self.tiled_mma, self.a_smem_staged, self.b_smem_staged, self.c_smem_staged,
+        ).launch(
+            grid=(self.cluster_mn[0], self.cluster_mn[1], num_clusters),
+            block=[self.num_threads, 1, 1],
+            cluster=(self.cluster_mn[0], self.cluster_mn[1], 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    @staticmethod
+    def _add_batch_mode(t: cute.Tensor) -> cute.Tensor:
+        layout = cute.make_layout((*t.shape, 1), stride=(*t.stride, 0))
+        return cute.make_tensor(t.iterator, layout)
+
+    @staticmethod
+    def _load_op(num_multicast: int):
+        return cpasync.CopyBulkTensorTileG2SMulticastOp() if num_multicast > 1 else cpasync.CopyBulkTensorTileG2SOp()
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        tma_d: cute.CopyAtom,
+        mD_tma: cute.Tensor,
+        mD: cute.Tensor,
+        mBias: cute.Tensor | None,
+        mResidual: cute.Tensor | None,
+        mRowScale: cute.Tensor | None,
+        mColScale: cute.Tensor | None,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        clusters_m: cutlass.Int32,
+        clusters_n: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        a_smem_staged: cute.ComposedLayout,
+        b_smem_staged: cute.ComposedLayout,
+        c_smem_staged: cute.ComposedLayout,
+    ):
+        # Layouts and the tiled MMA are built on the host (the TMA atoms need them) and
+        # passed in: values created outside the kernel region cannot be used inside it.
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+            cpasync.prefetch_descriptor(tma_d)
+
+        cta_layout = cute.make_layout((*self.cluster_mn, 1))
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cta_coord = cta_layout.get_flat_coord(cta_rank)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        ab_pipeline = self._make_ab_pipeline(storage.ab_full_empty.data_ptr(), cta_layout, a_smem_staged, b_smem_staged)
+        # Cluster peers must see initialised barriers before any multicast lands.
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sD = storage.sD.get_tensor(c_smem_staged.outer, swizzle=c_smem_staged.inner)
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.load_regs)
+            if warp_idx == 0:
+                self.load(tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n)
+        else:
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            self.mma_and_epilogue(
+                tiled_mma, sA, sB, sD, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                ab_pipeline, cta_coord, clusters_m, clusters_n, cute.ceil_div(mA.shape[1], self.tile_k),
+            )
+
+    def _make_ab_pipeline(self, barrier_ptr, cta_layout, a_smem_staged, b_smem_staged):
+        a_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem_staged, (None, None, 0)))
+        b_bytes = cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
+        # A stage is read by this CTA's consumer warps and, through multicast, by the
+        # peers in its cluster row and column: each of their warps arrives once.
+        mcast_peers = self.cluster_mn[0] + self.cluster_mn[1] - 1
+        consumer = pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_peers * self.num_mma_wg * 4)
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barrier_ptr,
+            num_stages=self.ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=consumer,
+            tx_count=a_bytes + b_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cta_layout.shape)),
+            defer_sync=True,
+        )
+
+    @cute.jit
+    def _tile_coord(self, work: cutlass.Int32, clusters_m: cutlass.Int32, clusters_n: cutlass.Int32, cta_coord):
+        """Grouped raster: work item -> (tile_m, tile_n) of this CTA.
+
+        Work items walk a band of `group` clusters along the raster dimension before
+        moving on in the other dimension; the last band may be narrower.
+        """
+        g = self.cfg.group
+        if cutlass.const_expr(self.cfg.raster_m):
+            per_band = g * clusters_n
+            band = work // per_band
+            first = band * g
+            width = cutlass.min(clusters_m - first, g)
+            r = work - band * per_band
+            cm = first + r % width
+            cn = r // width
+        else:
+            per_band = g * clusters_m
+            band = work // per_band
+            first = band * g
+            width = cutlass.min(clusters_n - first, g)
+            r = work - band * per_band
+            cn = first + r % width
+            cm = r // width
+        return cm * self.cluster_mn[0] + cta_coord[0], cn * self.cluster_mn[1] + cta_coord[1]
+
+    @cute.jit
+    def load(self, tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n):
+        """Producer warp: TMA loads of every k-tile of every tile this CTA owns."""
+        gA = cute.local_tile(mA, cute.slice_(self.tile_mnk, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.tile_mnk, (0, None, None)), (None, None, None))
+        # A is shared by the CTAs of one cluster row (same M tile, different N): they
+        # each load a slice and multicast it; B likewise along the cluster column.
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_a, cta_coord[1], cute.make_layout(self.cluster_mn[1]),
+            cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_b, cta_coord[0], cute.make_layout(self.cluster_mn[0]),
+            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
+        )
+        a_mask = cute.make_layout_image_mask(cta_layout, cta_coord, mode=1) if self.cluster_mn[1] > 1 else 0
+        b_mask = cute.make_layout_image_mask(cta_layout, cta_coord, mode=0) if self.cluster_mn[0] > 1 else 0
+        k_tiles = cute.size(gA, mode=[3])
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+        total = clusters_m * clusters_n
+        work = cute.arch.block_idx()[2]
+        while work < total:
+            tm, tn = self._tile_coord(work, clusters_m, clusters_n, cta_coord)
+            tAgA_t = tAgA[(None, tm, None, 0)]
+            tBgB_t = tBgB[(None, tn, None, 0)]
+            for k in range(k_tiles):
+                ab_pipeline.producer_acquire(state)
+                bar = ab_pipeline.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
+                cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                ab_pipeline.producer_commit(state)
+                state.advance()
+            work += cute.arch.grid_dim()[2]
+        # Do not exit while peers may still arrive on our empty barriers.
+        ab_pipeline.producer_tail(state)
+
+    @cute.jit
+    def mma_and_epilogue(
+        self, tiled_mma, sA, sB, sD, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+        ab_pipeline, cta_coord, clusters_m, clusters_n, k_tiles,
+    ):
+        """Consumer warpgroups: wgmma main loop, then the fused epilogue and TMA store."""
+        tidx = cute.arch.thread_idx()[0] - self.threads_per_wg
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        thr_mma = tiled_mma.get_slice(wg_idx * self.threads_per_wg)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+
+        gD = cute.local_tile(mD_tma, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], self.acc_dtype)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        # Epilogue: registers -> (epilogue math) -> smem via stmatrix -> TMA store.
+        copy_r2s = self._make_r2s_copy(tiled_mma)
+        thr_r2s = copy_r2s.get_slice(tidx)
+        tRS_sD = thr_r2s.partition_D(sD)
+        tRS_acc = copy_r2s.retile(acc)
+        tRS_rD = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], cutlass.Float32)
+        tRS_rOut = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
+        # Logical (m, n) of each register of an epilogue slab, for the epilogue operands.
+        tRS_cD = thr_r2s.partition_D(cute.make_identity_tensor(self.epi_tile))
+        n_regs = cute.size(tRS_rD)
+        slabs_mn = (self.tile_mn[0] // self.epi_tile[0], self.tile_mn[1] // self.epi_tile[1])
+        slab_layout = cute.make_layout(slabs_mn, stride=(slabs_mn[1], 1))
+        n_slabs = slabs_mn[0] * slabs_mn[1]
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=EPI_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+        )
+
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        total = clusters_m * clusters_n
+        work = cute.arch.block_idx()[2]
+        tiles_done = cutlass.Int32(0)
+        while work < total:
+            tm, tn = self._tile_coord(work, clusters_m, clusters_n, cta_coord)
+
+            # ---- main loop: keep one wgmma batch in flight while the next stage lands
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+            ab_pipeline.consumer_wait(read_state)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_blocks):
+                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
+                          tCrB[(None, None, kb, read_state.index)], acc)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.commit_group()
+            read_state.advance()
+            for k in range(1, k_tiles):
+                ab_pipeline.consumer_wait(read_state)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
+                              tCrB[(None, None, kb, read_state.index)], acc)
+                warpgroup.commit_group()
+                # The batch issued one iteration ago is done: its stage can be refilled.
+                warpgroup.wait_group(1)
+                ab_pipeline.consumer_release(release_state)
+                release_state.advance()
+                read_state.advance()
+            warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
+
+            # ---- epilogue, one slab at a time
+            gD_tile = gD[(None, None, tm, tn, 0)]
+            bSG_sD, bSG_gD = cpasync.tma_partition(
+                tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
+                cute.zipped_divide(gD_tile, self.epi_tile),
+            )
+            for slab in cutlass.range_constexpr(n_slabs):
+                for v in cutlass.range_constexpr(n_regs):
+                    tRS_rD[v] = cutlass.Float32(tRS_acc[slab * n_regs + v])
+                slab_mn = slab_layout.get_hier_coord(slab)
+                if cutlass.const_expr(not self.epi.is_identity):
+                    self._epilogue_math(
+                        tRS_rD, tRS_cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                        tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
+                        tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1],
+                    )
+                tRS_rOut.store(tRS_rD.load().to(self.c_dtype))
+                buf = (tiles_done * n_slabs + slab) % EPI_STAGES
+                cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, buf)])
+                # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.epi_barrier.arrive_and_wait()
+                if warp_idx == self.epi_store_warp:
+                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
+                    store_pipeline.producer_commit()
+                    store_pipeline.producer_acquire()
+                self.epi_barrier.arrive_and_wait()
+
+            tiles_done += 1
+            work += cute.arch.grid_dim()[2]
+        store_pipeline.producer_tail()
+
+    def _make_r2s_copy(self, tiled_mma):
+        atom_r2s = sm90_utils.get_smem_store_op(self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype)
+        if cutlass.const_expr(self.c_dtype.width == 16):
+            atom_c = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype)
+        else:
+            atom_c = atom_r2s
+        return cute.make_tiled_copy_S(atom_r2s, cute.make_tiled_copy_C_atom(atom_c, tiled_mma))
+
+    @cute.jit
+    def _epilogue_math(self, rD, cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, row0, col0):
+        """In-register epilogue on one slab; rD is fp32, cD holds each register's (m, n) in the slab.
+
+        Coordinates are clamped into the matrix instead of predicated: rows and
+        columns past M or N read a valid neighbour and are then clipped by the TMA
+        store, which keeps the loop branch-free.
+        """
+        m_last = mD.shape[0] - 1
+        n_last = mD.shape[1] - 1
+        for v in cutlass.range_constexpr(cute.size(rD)):
+            m_local, n_local = cD[v]
+            row = cutlass.min(row0 + m_local, m_last)
+            col = cutlass.min(col0 + n_local, n_last)
+            x = rD[v]
+            if cutlass.const_expr(self.epi.alpha):
+                x = x * alpha
+            if cutlass.const_expr(self.epi.row_scale == "vector"):
+                x = x * cutlass.Float32(mRowScale[row])
+            if cutlass.const_expr(self.epi.row_scale == "scalar"):
+                x = x * cutlass.Float32(mRowScale[0])
+            if cutlass.const_expr(self.epi.col_scale == "vector"):
+                x = x * cutlass.Float32(mColScale[col])
+            if cutlass.const_expr(self.epi.col_scale == "scalar"):
+                x = x * cutlass.Float32(mColScale[0])
+            if cutlass.const_expr(self.epi.bias):
+                x = x + cutlass.Float32(mBias[col])
+            x = self._activation(x)
+            if cutlass.const_expr(self.epi.residual):
+                r = cutlass.Float32(mResidual[row, col])
+                if cutlass.const_expr(self.epi.beta):
+                    r = r * beta
+                x = x + r
+            rD[v] = x
+
+    @cute.jit
+    def _activation(self, x):
+        act = self.epi.activation
+        if cutlass.const_expr(act == "relu"):
+            x = cutlass.max(x, cutlass.Float32(0.0))
+        if cutlass.const_expr(act == "gelu"):
+            x = 0.5 * x * (1.0 + cute.math.erf(x * _INV_SQRT_2))
+        if cutlass.const_expr(act == "gelu_tanh"):
+            inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+            x = 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
+        return x
