@@ -12,14 +12,13 @@ not import cutlass or touch the GPU; kernels compile on first use (and are cache
 
 from .runtime import arch as _arch  # noqa: F401  (pins CUTE_DSL_ARCH=sm_90a first)
 
+# Bound eagerly: the function `gemm` must shadow the subpackage `cute_kernels.gemm`
+# on the package object (the api modules import torch only, not cutlass).
+from .gemm.api import ACTIVATIONS, gemm, gemm_ref, linear, linear_ref  # noqa: E402
+
 __version__ = "0.1.0"
 
 _LAZY = {
-    "gemm": "cute_kernels.gemm.api",
-    "linear": "cute_kernels.gemm.api",
-    "gemm_ref": "cute_kernels.gemm.api",
-    "linear_ref": "cute_kernels.gemm.api",
-    "ACTIVATIONS": "cute_kernels.gemm.api",
     "scaled_mm": "cute_kernels.quantized.api",
     "scaled_mm_ref": "cute_kernels.quantized.api",
     "scaled_mm_blockwise": "cute_kernels.quantized.api",
@@ -28,7 +27,7 @@ _LAZY = {
     "int8_mm_ref": "cute_kernels.quantized.api",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS"])
 
 
 def __getattr__(name):

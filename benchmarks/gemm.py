@@ -1,0 +1,132 @@
+"""BF16 GEMM suite: ours vs cuBLAS (torch), QuACK and the Triton baseline, in one run.
+
+    python -m benchmarks.gemm [--providers cute,cublas,quack,triton] [--quick]
+
+Layout is the F.linear one (A [M, K] row-major, B = W.t() with W [N, K]) for every
+provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from .common import PEAK_TFLOPS, Row, format_table, geomean, rotation_count, speedups, time_ms, write_results
+
+SQUARE = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)]
+GPT2 = [(m, n, k) for m in (512, 8192) for (k, n) in ((768, 2304), (768, 768), (768, 3072), (3072, 768), (1600, 6400), (6400, 1600))]
+LLM = [(8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336)]
+SUITE = SQUARE + GPT2 + LLM
+
+
+def _providers(names):
+    out = {}
+    for name in names:
+        try:
+            if name == "cute":
+                import cute_kernels as ck
+
+                out[name] = lambda a, b: ck.gemm(a, b)
+            elif name == "cublas":
+                out[name] = torch.mm
+            elif name == "quack":
+                from quack.gemm_interface import gemm as quack_gemm
+
+                out[name] = quack_gemm
+            elif name == "triton":
+                from baselines.triton import gemm as triton_gemm
+
+                out[name] = triton_gemm
+        except Exception as e:  # a missing peer is reported, not fatal
+            print(f"[gemm] provider {name} unavailable: {type(e).__name__}: {e}")
+    return out
+
+
+def run(shapes=SUITE, providers=("cute", "cublas", "quack", "triton"), dtype=torch.bfloat16, check=True):
+    fns = _providers(providers)
+    rows: list[Row] = []
+    for (M, N, K) in shapes:
+        case = f"{M}x{N}x{K}"
+        nbytes = (M * K + N * K + M * N) * 2
+        nrot = rotation_count(nbytes)
+        As = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(nrot)]
+        Bs = [torch.randn(N, K, device="cuda", dtype=dtype).t() for _ in range(nrot)]
+        ref = None
+        for name, fn in fns.items():
+            try:
+                out = fn(As[0], Bs[0])
+                if check:
+                    ref = ref if ref is not None else torch.mm(As[0], Bs[0]).float()
+                    err = (out.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+                    if not err < 2e-2:
+                        print(f"[gemm] {name} {case}: WRONG (rel err {err:.3g}); not timed")
+                        continue
+                ms = time_ms(lambda i: fn(As[i], Bs[i]), n_rotate=nrot)
+            except Exception as e:
+                print(f"[gemm] {name} {case} failed: {type(e).__name__}: {e}")
+                continue
+            tflops = 2 * M * N * K / ms / 1e9
+            rows.append(Row(case, name, ms, tflops, 100 * tflops / PEAK_TFLOPS["bf16"]))
+        del As, Bs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def host_overhead_us(n: int = 2000) -> dict:
+    """CPU time per call with the GPU idle enough to never block (tiny problem)."""
+    import cute_kernels as ck
+
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16).t()
+    res = {}
+    for name, fn in (("cute.gemm", lambda: ck.gemm(a, b)), ("torch.mm", lambda: torch.mm(a, b))):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res[name] = (t1 - t0) / n * 1e6
+    return res
+
+
+def summarize(rows):
+    s = speedups(rows, "cute", "cublas")
+    summary = {"geomean_speedup_vs_cublas": geomean(list(s.values()))}
+    big = {c: v for c, v in s.items() if int(c.split("x")[0]) >= 512}
+    if big:
+        summary["min_speedup_vs_cublas_M>=512"] = min(big.values())
+    for other in ("quack", "triton"):
+        so = speedups(rows, "cute", other)
+        if so:
+            summary[f"geomean_speedup_vs_{other}"] = geomean(list(so.values()))
+    return summary
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--providers", default="cute,cublas,quack,triton")
+    p.add_argument("--quick", action="store_true", help="square shapes only")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    shapes = SQUARE if args.quick else SUITE
+    rows = run(shapes, args.providers.split(","))
+    summary = summarize(rows)
+    try:
+        summary.update({f"host_overhead_us[{k}]": v for k, v in host_overhead_us().items()})
+    except Exception as e:
+        print("host overhead not measured:", e)
+    print(format_table(rows))
+    for k, v in summary.items():
+        print(f"{k}: {v:.3f}")
+    if not args.no_write:
+        print("wrote", write_results("gemm", rows, summary))
+    return rows, summary
+
+
+if __name__ == "__main__":
+    main()

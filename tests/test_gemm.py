@@ -1,0 +1,209 @@
+"""GEMM tests: compile tier (CPU, sm_90a PTX) and gpu tier (correctness on an H100)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from cute_kernels.gemm.config import CANDIDATES, GemmConfig, default_config
+from cute_kernels.gemm.reference import apply_activation
+
+# --------------------------------------------------------------------------- compile tier
+
+COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
+    (GemmConfig(128, 256, 2, 1), dict(activation="gelu_tanh", bias=True, residual=True, alpha=True, beta=True), "k", "k", torch.bfloat16),
+    (GemmConfig(128, 256, 2, 1), dict(activation="gelu", bias=True), "k", "k", torch.float16),
+    (GemmConfig(128, 128, 1, 1), dict(activation="relu", bias=True, residual=True), "m", "n", torch.bfloat16),
+    (GemmConfig(128, 256, 1, 1), {}, "k", "n", torch.float16),
+]
+
+
+def _ptxas_report(ptx_path: str) -> str:
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return ""
+    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.devnull], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "cfg,epi,a_major,b_major,dtype",
+    COMPILE_CASES,
+    ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}-{'-'.join(sorted(e)) or 'plain'}-{am}{bm}-{str(dt)[6:]}" for c, e, am, bm, dt in COMPILE_CASES],
+)
+def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
+    from cute_kernels.gemm.api import _compile
+    from cute_kernels.gemm.kernel import Epilogue
+
+    fn = _compile(dtype, dtype, dtype, a_major, b_major, cfg, Epilogue(**epi), "Float32", keep_dir=str(tmp_path))
+    assert fn is not None
+    ptx_files = glob.glob(str(tmp_path / "*.ptx"))
+    assert ptx_files, "no PTX was written"
+    ptx = open(ptx_files[0]).read()
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "setmaxnreg" in ptx
+    report = _ptxas_report(ptx_files[0])
+    if report:
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills and all(s == ("0", "0") for s in spills), report
+
+
+def test_config_validation_and_heuristic():
+    with pytest.raises(ValueError):
+        GemmConfig(96, 256).validate()
+    with pytest.raises(ValueError):
+        GemmConfig(256, 256).validate()
+    for cfg in CANDIDATES:
+        cfg.validate()
+    assert default_config(8192, 8192, 8192).tile_mn == (128, 256)
+    small = default_config(1, 768, 768)
+    assert small.cluster_m == 1
+
+
+def test_public_api_rejects_cpu_and_bad_input():
+    import cute_kernels as ck
+
+    a = torch.randn(16, 32, dtype=torch.bfloat16)
+    b = torch.randn(32, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        ck.gemm(a, b)
+    with pytest.raises(TypeError):
+        ck.gemm(a.float(), b.float())
+    with pytest.raises(TypeError):
+        ck.gemm(a, b.half())
+    with pytest.raises(ValueError, match="CUDA"):
+        ck.linear(a, b.t().contiguous())
+
+
+# --------------------------------------------------------------------------- gpu tier
+
+
+def _err_rule(ours: torch.Tensor, torch_op: torch.Tensor, ref: torch.Tensor) -> None:
+    """Our error vs the fp32 reference must be at most 2x torch's same-precision error."""
+    assert torch.isfinite(ours).all(), "non-finite values in the output (unwritten or overflow)"
+    e_ours = (ours.float() - ref).abs().max().item()
+    e_torch = (torch_op.float() - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert e_ours <= 2 * e_torch + 1e-6 * max(scale, 1.0), f"error {e_ours:.4g} vs torch {e_torch:.4g} (|ref| max {scale:.3g})"
+
+
+MS = [1, 7, 128, 129, 4096]
+NS = [8, 50257, 768, 3072]
+KS = [8, 72, 768, 3072]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", MS)
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("K", KS)
+def test_gemm_shapes(M, N, K):
+    import cute_kernels as ck
+
+    if M * N * K > 4096 * 50257 * 768:
+        pytest.skip("largest corner covered by the 4096 x 50257 x 768 case")
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    b = w.t()  # [K, N], column-major: the F.linear layout
+    out = ck.gemm(a, b)
+    ref = a.float() @ b.float()
+    _err_rule(out, a @ b, ref)
+    assert out.shape == (M, N)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(129, 768, 72), (4096, 3072, 768), (7, 50257, 768)])
+def test_gemm_layouts(layout, dtype, shape):
+    import cute_kernels as ck
+
+    M, N, K = shape
+    a = torch.randn(M, K, device="cuda", dtype=dtype) if layout[0] == "n" else torch.randn(K, M, device="cuda", dtype=dtype).t()
+    b = torch.randn(K, N, device="cuda", dtype=dtype) if layout[1] == "n" else torch.randn(N, K, device="cuda", dtype=dtype).t()
+    out = torch.full((M, -(-N // 8) * 8), float("nan"), device="cuda", dtype=dtype)[:, :N] if N % 8 else torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    if N % 8 == 0:
+        ck.gemm(a, b, out=out)
+    else:
+        out = ck.gemm(a, b)
+    _err_rule(out, a @ b, a.float() @ b.float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("shape", [(3, 17, 768, 3072), (4, 1024, 1600, 6400), (1, 7, 50257, 768)])
+def test_linear_epilogues(activation, with_bias, with_residual, shape):
+    import cute_kernels as ck
+
+    B, S, N, K = shape
+    x = torch.randn(B, S, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    res = torch.randn(B, S, N, device="cuda", dtype=torch.bfloat16) if with_residual else None
+    alpha, beta = (0.5, 2.0) if with_residual else (1.0, 1.0)
+    out = ck.linear(x, w, bias, activation=activation, residual=res, alpha=alpha, beta=beta)
+    ref = ck.linear_ref(x.float(), w.float(), None if bias is None else bias.float(), activation=activation,
+                        residual=None if res is None else res.float(), alpha=alpha, beta=beta)
+    # torch's bf16 path: each op rounds to bf16, as an unfused eager model would.
+    t = torch.nn.functional.linear(x, w) * alpha
+    if bias is not None:
+        t = t + bias
+    t = apply_activation(t.float(), activation).to(torch.bfloat16)
+    if res is not None:
+        t = t + beta * res
+    _err_rule(out, t, ref)
+
+
+@pytest.mark.gpu
+def test_nan_inf_propagate_and_empty():
+    import cute_kernels as ck
+
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    a[3, 5] = float("nan")
+    a[7, 9] = float("inf")
+    out, ref = ck.gemm(a, b), a @ b
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    assert torch.isnan(out[3]).all() and not torch.isnan(out[4]).any()
+    assert ck.gemm(a[:0], b).shape == (0, 256)
+    assert ck.gemm(a[:, :0], b[:0]).abs().sum() == 0
+
+
+@pytest.mark.gpu
+def test_gpu_bad_input():
+    import cute_kernels as ck
+
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ck.gemm(a, torch.randn(33, 8, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(TypeError):
+        ck.gemm(a.float(), a.float().t())
+    with pytest.raises(TypeError):
+        ck.gemm(a.to(torch.int8), a.to(torch.int8).t())
+    with pytest.raises(ValueError):
+        ck.linear(a, torch.randn(16, 32, device="cuda", dtype=torch.bfloat16), torch.randn(15, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError):
+        ck.linear(a, torch.randn(16, 32, device="cuda", dtype=torch.bfloat16), activation="swish")
+
+
+@pytest.mark.gpu
+def test_unaligned_strides_fall_back_to_padded_copy():
+    import cute_kernels as ck
+
+    a = torch.randn(100, 77, device="cuda", dtype=torch.bfloat16)  # K=77: rows not 16-byte aligned
+    b = torch.randn(77, 33, device="cuda", dtype=torch.bfloat16)
+    _err_rule(ck.gemm(a, b), a @ b, a.float() @ b.float())
+    big = torch.randn(64, 200, device="cuda", dtype=torch.bfloat16)[:, 1:129]  # misaligned base
+    bb = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    _err_rule(ck.gemm(big, bb), big @ bb, big.float() @ bb.float())
