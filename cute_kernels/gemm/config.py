@@ -20,6 +20,8 @@ class GemmConfig:
     form a cluster: CTAs along M share (multicast) the B tile, along N the A tile.
     group is the width, in clusters, of the swizzled raster band that keeps the tiles
     running at one time close together so their A/B panels are reused from L2.
+    pingpong gives each consumer warpgroup whole tiles of its own (alternating), so
+    one's epilogue overlaps the other's main loop; otherwise both cooperate on a tile.
     """
 
     tile_m: int = 128
@@ -28,6 +30,7 @@ class GemmConfig:
     cluster_n: int = 1
     group: int = 8
     raster_m: bool = True
+    pingpong: bool = False
 
     @property
     def tile_mn(self) -> tuple[int, int]:
@@ -39,9 +42,9 @@ class GemmConfig:
 
     @property
     def num_mma_warpgroups(self) -> int:
-        # Two consumer warpgroups split the M of a 128+ tile: each owns 64 (or 128) rows,
+        # Cooperative: two warpgroups split the M of a 128+ tile (64 or 128 rows each),
         # which keeps the fp32 accumulator at <= 128 registers per thread.
-        return 2 if self.tile_m >= 128 else 1
+        return 2 if self.tile_m >= 128 or self.pingpong else 1
 
     def tile_k(self, in_bytes: int) -> int:
         return 128 // in_bytes
@@ -60,6 +63,8 @@ class GemmConfig:
         for c in (self.cluster_m, self.cluster_n):
             if c not in (1, 2):
                 raise ValueError(f"cluster dims must be 1 or 2, got {self.cluster_mn}")
+        if self.pingpong and self.tile_m * self.tile_n > 128 * 128:
+            raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 128")
         if self.group < 1:
             raise ValueError("group must be >= 1")
         if _ab_stages(self, in_bytes, out_bytes) < 2:
@@ -79,7 +84,7 @@ def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int) -> int:
     tk = cfg.tile_k(in_bytes)
     per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
     em, en = epi_tile(cfg)
-    epi = em * en * out_bytes * EPI_STAGES
+    epi = em * en * out_bytes * EPI_STAGES * (2 if cfg.pingpong else 1)
     reserved = 1024 + 1024  # mbarriers + alignment slack
     return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
 

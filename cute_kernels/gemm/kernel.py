@@ -84,14 +84,16 @@ class GemmSm90:
         self.tile_mn = cfg.tile_mn
         self.cluster_mn = cfg.cluster_mn
         self.num_mma_wg = cfg.num_mma_warpgroups
-        self.atom_layout_mnk = (self.num_mma_wg, 1, 1)
+        # Cooperative: the warpgroups split the tile's rows. Ping-pong: each warpgroup
+        # computes a whole tile on its own.
+        self.atom_layout_mnk = (1, 1, 1) if cfg.pingpong else (self.num_mma_wg, 1, 1)
         self.threads_per_wg = 128
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg
         self.load_regs, self.mma_regs = 40, 232
         self.epi_store_warp = 4  # first warp of the first consumer warpgroup
-        # Barrier 0 is __syncthreads; 1 is the consumers' epilogue barrier.
-        self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
+        # Named barriers: 0 is __syncthreads, 2/3 hand the tensor cores between ping-pong
+        # warpgroups, 4/5 are the epilogue barriers (one per warpgroup in ping-pong).
 
     # ------------------------------------------------------------------ host side
     def _setup(self, a_dtype, b_dtype, c_dtype, a_layout, b_layout, c_layout):
@@ -113,7 +115,8 @@ class GemmSm90:
         self.ab_stages = self.cfg.ab_stages(in_bytes, c_dtype.width // 8)
         self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
         self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
-        self.c_smem_staged = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, EPI_STAGES)
+        epi_stages = EPI_STAGES * (self.num_mma_wg if self.cfg.pingpong else 1)
+        self.c_smem_staged = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, epi_stages)
 
     @cute.jit
     def __call__(
@@ -248,7 +251,7 @@ class GemmSm90:
                 self.load(tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.mma_and_epilogue(
+            self.consumer(
                 tiled_mma, sA, sB, sD, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
                 ab_pipeline, cta_coord, clusters_m, clusters_n, cute.ceil_div(mA.shape[1], self.tile_k),
             )
@@ -258,8 +261,10 @@ class GemmSm90:
         b_bytes = cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
         # A stage is read by this CTA's consumer warps and, through multicast, by the
         # peers in its cluster row and column: each of their warps arrives once.
+        # In ping-pong mode only the owning warpgroup reads a stage.
         mcast_peers = self.cluster_mn[0] + self.cluster_mn[1] - 1
-        consumer = pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_peers * self.num_mma_wg * 4)
+        readers = 1 if self.cfg.pingpong else self.num_mma_wg
+        consumer = pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_peers * readers * 4)
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barrier_ptr,
             num_stages=self.ab_stages,
@@ -334,105 +339,175 @@ class GemmSm90:
         ab_pipeline.producer_tail(state)
 
     @cute.jit
-    def mma_and_epilogue(
+    def consumer(
         self, tiled_mma, sA, sB, sD, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
         ab_pipeline, cta_coord, clusters_m, clusters_n, k_tiles,
     ):
-        """Consumer warpgroups: wgmma main loop, then the fused epilogue and TMA store."""
-        tidx = cute.arch.thread_idx()[0] - self.threads_per_wg
+        """Consumer warpgroups: for each owned tile, `mma()` then `epilogue()`.
+
+        Cooperative: both warpgroups work on every tile (each on its own rows).
+        Ping-pong: warpgroup w takes the CTA's tiles w, w+2, ...; a pair of named
+        barriers hands the tensor cores from one warpgroup's main loop to the
+        other's, so one warpgroup's epilogue runs under the other's main loop.
+        """
+        pingpong = self.cfg.pingpong
+        wg_threads = self.threads_per_wg
+        tidx = cute.arch.thread_idx()[0] - wg_threads
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
-        thr_mma = tiled_mma.get_slice(wg_idx * self.threads_per_wg)
+        wg_idx = cute.arch.make_warp_uniform(tidx // wg_threads)
+        thr_mma = tiled_mma.get_slice(0 if pingpong else wg_idx * wg_threads)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-
         gD = cute.local_tile(mD_tma, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], self.acc_dtype)
-        k_blocks = cute.size(tCrA, mode=[2])
 
-        # Epilogue: registers -> (epilogue math) -> smem via stmatrix -> TMA store.
         copy_r2s = self._make_r2s_copy(tiled_mma)
-        thr_r2s = copy_r2s.get_slice(tidx)
-        tRS_sD = thr_r2s.partition_D(sD)
-        tRS_acc = copy_r2s.retile(acc)
-        tRS_rD = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], cutlass.Float32)
-        tRS_rOut = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
-        # Logical (m, n) of each register of an epilogue slab, for the epilogue operands.
-        tRS_cD = thr_r2s.partition_D(cute.make_identity_tensor(self.epi_tile))
-        n_regs = cute.size(tRS_rD)
-        slabs_mn = (self.tile_mn[0] // self.epi_tile[0], self.tile_mn[1] // self.epi_tile[1])
-        slab_layout = cute.make_layout(slabs_mn, stride=(slabs_mn[1], 1))
-        n_slabs = slabs_mn[0] * slabs_mn[1]
+        thr_r2s = copy_r2s.get_slice(tidx % wg_threads if pingpong else tidx)
+        epi_threads = wg_threads if pingpong else self.num_mma_threads
+        # Ping-pong warpgroups each own EPI_STAGES smem slabs and their own barrier.
+        epi_barrier = pipeline.NamedBarrier(barrier_id=4, num_threads=epi_threads)
+        epi_barrier_wg1 = pipeline.NamedBarrier(barrier_id=5, num_threads=epi_threads)
+        turn = (pipeline.NamedBarrier(barrier_id=2, num_threads=2 * wg_threads),
+                pipeline.NamedBarrier(barrier_id=3, num_threads=2 * wg_threads))
         store_pipeline = pipeline.PipelineTmaStore.create(
             num_stages=EPI_STAGES,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, epi_threads),
         )
+        is_store_warp = warp_idx == self.epi_store_warp
+        if cutlass.const_expr(pingpong):
+            is_store_warp = warp_idx == self.epi_store_warp + 4 * wg_idx
 
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         total = clusters_m * clusters_n
+        step = cute.arch.grid_dim()[2]
         work = cute.arch.block_idx()[2]
+        local = cutlass.Int32(0)  # index of the tile among this CTA's tiles
         tiles_done = cutlass.Int32(0)
         while work < total:
-            tm, tn = self._tile_coord(work, clusters_m, clusters_n, cta_coord)
+            mine = True
+            if cutlass.const_expr(pingpong):
+                mine = local % 2 == wg_idx
+            if mine:
+                tm, tn = self._tile_coord(work, clusters_m, clusters_n, cta_coord)
+                if cutlass.const_expr(pingpong):
+                    if local > 0:  # wait for the other warpgroup to finish issuing its main loop
+                        if wg_idx == 0:
+                            turn[0].arrive_and_wait()
+                        else:
+                            turn[1].arrive_and_wait()
+                read_state, release_state = self.mma(
+                    tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles,
+                    turn, wg_idx, work + step < total,
+                )
+                self.epilogue(
+                    acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
+                    alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
+                    epi_barrier, epi_barrier_wg1,
+                )
+                tiles_done += 1
+            else:
+                # The other warpgroup's tile: step over its stages in the smem ring.
+                for _k in range(k_tiles):
+                    read_state.advance()
+                    release_state.advance()
+            local += 1
+            work += step
+        store_pipeline.producer_tail()
 
-            # ---- main loop: keep one wgmma batch in flight while the next stage lands
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+    @cute.jit
+    def mma(self, tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles, turn, wg_idx, has_next):
+        """Main loop over k: keep one wgmma batch in flight while the next stage lands."""
+        k_blocks = cute.size(tCrA, mode=[2])
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        ab_pipeline.consumer_wait(read_state)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(k_blocks):
+            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
+                      tCrB[(None, None, kb, read_state.index)], acc)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        read_state.advance()
+        for _k in range(1, k_tiles):
             ab_pipeline.consumer_wait(read_state)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(k_blocks):
                 cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
                           tCrB[(None, None, kb, read_state.index)], acc)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             warpgroup.commit_group()
-            read_state.advance()
-            for k in range(1, k_tiles):
-                ab_pipeline.consumer_wait(read_state)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(k_blocks):
-                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read_state.index)],
-                              tCrB[(None, None, kb, read_state.index)], acc)
-                warpgroup.commit_group()
-                # The batch issued one iteration ago is done: its stage can be refilled.
-                warpgroup.wait_group(1)
-                ab_pipeline.consumer_release(release_state)
-                release_state.advance()
-                read_state.advance()
-            warpgroup.wait_group(0)
+            # The batch issued one iteration ago is done: its stage can be refilled.
+            warpgroup.wait_group(1)
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
+            read_state.advance()
+        if cutlass.const_expr(self.cfg.pingpong):
+            # All of this tile's wgmmas are issued: the other warpgroup may start its
+            # main loop (only if it has a next tile, so no barrier is left half-arrived).
+            if has_next:
+                if wg_idx == 0:
+                    turn[1].arrive()
+                else:
+                    turn[0].arrive()
+        warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        return read_state, release_state
 
-            # ---- epilogue, one slab at a time
-            gD_tile = gD[(None, None, tm, tn, 0)]
-            bSG_sD, bSG_gD = cpasync.tma_partition(
-                tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
-                cute.zipped_divide(gD_tile, self.epi_tile),
-            )
-            for slab in cutlass.range_constexpr(n_slabs):
-                for v in cutlass.range_constexpr(n_regs):
-                    tRS_rD[v] = cutlass.Float32(tRS_acc[slab * n_regs + v])
-                slab_mn = slab_layout.get_hier_coord(slab)
-                if cutlass.const_expr(not self.epi.is_identity):
-                    self._epilogue_math(
-                        tRS_rD, tRS_cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
-                        tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
-                        tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1],
-                    )
-                tRS_rOut.store(tRS_rD.load().to(self.c_dtype))
-                buf = (tiles_done * n_slabs + slab) % EPI_STAGES
-                cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, buf)])
-                # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
-                cute.arch.fence_proxy("async.shared", space="cta")
-                self.epi_barrier.arrive_and_wait()
-                if warp_idx == self.epi_store_warp:
-                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
-                    store_pipeline.producer_commit()
-                    store_pipeline.producer_acquire()
-                self.epi_barrier.arrive_and_wait()
+    @cute.jit
+    def epilogue(
+        self, acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
+        alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline, epi_barrier, epi_barrier_wg1,
+    ):
+        """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store."""
+        tRS_sD = thr_r2s.partition_D(sD)
+        tRS_acc = copy_r2s.retile(acc)
+        tRS_rD = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], cutlass.Float32)
+        tRS_rOut = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
+        n_regs = cute.size(tRS_rD)
+        slabs_mn = (self.tile_mn[0] // self.epi_tile[0], self.tile_mn[1] // self.epi_tile[1])
+        slab_layout = cute.make_layout(slabs_mn, stride=(slabs_mn[1], 1))
+        n_slabs = slabs_mn[0] * slabs_mn[1]
+        gD_tile = gD[(None, None, tm, tn, 0)]
+        bSG_sD, bSG_gD = cpasync.tma_partition(
+            tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
+            cute.zipped_divide(gD_tile, self.epi_tile),
+        )
+        # Slab coordinates of the registers: stmatrix is warp-collective, so the
+        # *source* partition says which elements a thread holds (the destination
+        # partition only says which smem rows it addresses).
+        tRS_cD = thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
+        buf0 = 0
+        if cutlass.const_expr(self.cfg.pingpong):
+            buf0 = wg_idx * EPI_STAGES
+        for slab in cutlass.range_constexpr(n_slabs):
+            for v in cutlass.range_constexpr(n_regs):
+                tRS_rD[v] = cutlass.Float32(tRS_acc[slab * n_regs + v])
+            slab_mn = slab_layout.get_hier_coord(slab)
+            if cutlass.const_expr(not self.epi.is_identity):
+                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                                    tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
+                                    tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1])
+            tRS_rOut.store(tRS_rD.load().to(self.c_dtype))
+            buf = buf0 + (tiles_done * n_slabs + slab) % EPI_STAGES
+            cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, buf)])
+            # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+            if is_store_warp:
+                cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
+                store_pipeline.producer_commit()
+                store_pipeline.producer_acquire()
+            self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
 
-            tiles_done += 1
-            work += cute.arch.grid_dim()[2]
-        store_pipeline.producer_tail()
+    @cute.jit
+    def _epi_sync(self, bar0, bar1, wg_idx):
+        if cutlass.const_expr(self.cfg.pingpong):
+            if wg_idx == 0:
+                bar0.arrive_and_wait()
+            else:
+                bar1.arrive_and_wait()
+        else:
+            bar0.arrive_and_wait()
 
     def _make_r2s_copy(self, tiled_mma):
         atom_r2s = sm90_utils.get_smem_store_op(self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype)
@@ -444,7 +519,7 @@ class GemmSm90:
 
     @cute.jit
     def _epilogue_math(self, rD, cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, row0, col0):
-        """In-register epilogue on one slab; rD is fp32, cD holds each register's (m, n) in the slab.
+        """In-register epilogue on one fp32 slab; register i sits at (row0, col0) + cD[i].
 
         Coordinates are clamped into the matrix instead of predicated: rows and
         columns past M or N read a valid neighbour and are then clipped by the TMA
