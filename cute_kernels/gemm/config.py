@@ -56,8 +56,8 @@ class GemmConfig:
         """The one validity check for a config; raises ValueError with the reason."""
         if self.tile_m not in (64, 128, 256):
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
-        if self.tile_n not in (64, 128, 192, 256):
-            raise ValueError(f"tile_n must be 64, 128, 192 or 256, got {self.tile_n}")
+        if self.tile_n not in (64, 96, 128, 192, 256):
+            raise ValueError(f"tile_n must be 64, 96, 128, 192 or 256, got {self.tile_n}")
         if self.tile_m == 256 and self.tile_n > 128:
             raise ValueError("a 256-row tile needs tile_n <= 128 (register budget)")
         for c in (self.cluster_m, self.cluster_n):
@@ -72,9 +72,15 @@ class GemmConfig:
 
 
 def epi_tile(cfg: GemmConfig) -> tuple[int, int]:
-    # The epilogue streams the C tile out in 32-column slabs: small enough to
-    # double-buffer in shared memory next to the A/B stages.
-    return (min(128, cfg.tile_m), min(32, cfg.tile_n))
+    """The epilogue streams the C tile out in slabs of this shape.
+
+    32 columns keeps two slabs small enough to sit next to the A/B stages. The rows
+    must be exactly what one M-step of the tiled MMA covers (64 per warpgroup that
+    splits the tile: 128 cooperative, 64 ping-pong), so that slab s is one
+    contiguous run of each thread's retiled accumulator.
+    """
+    rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 128
+    return (rows, min(32, cfg.tile_n))
 
 
 EPI_STAGES = 2
