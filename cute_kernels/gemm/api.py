@@ -36,7 +36,7 @@ def _tma_ok(t: torch.Tensor, major: str) -> bool:
     return (lead * es) % 16 == 0 and lead >= 1
 
 
-def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi) -> CompileKey:
+def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name="Float32") -> CompileKey:
     return CompileKey(
         kernel=kernel,
         dtypes=(dtype_name(a_dt), dtype_name(b_dt), dtype_name(c_dt)),
@@ -44,7 +44,7 @@ def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, ep
         tile=cfg.tile_mn,
         cluster=cfg.cluster_mn,
         epilogue=tuple(sorted(vars(epi).items())) if hasattr(epi, "__dict__") else (repr(epi),),
-        extra=(cfg.group, cfg.raster_m, cfg.pingpong),
+        extra=(cfg.group, cfg.raster_m, cfg.pingpong, acc_name),
     )
 
 
@@ -98,7 +98,7 @@ def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_na
     fast = (kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name)
     fn = _FAST.get(fast)
     if fn is None:
-        key = _compile_key(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi)
+        key = _compile_key(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name)
         fn = KERNELS.get(key, lambda: _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name))
         _FAST[fast] = fn
     return fn

@@ -97,41 +97,51 @@ def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int) -> int:
 
 CANDIDATES: tuple[GemmConfig, ...] = (
     GemmConfig(128, 256, 2, 1),
-    GemmConfig(128, 256, 1, 1),
+    GemmConfig(128, 128, 2, 1, pingpong=True),
+    GemmConfig(128, 96, 2, 1),
+    GemmConfig(64, 64, 1, 1, pingpong=True),
+    # Not picked by the heuristic; available to the autotuner and to callers.
     GemmConfig(256, 128, 1, 2),
-    GemmConfig(128, 128, 2, 1),
-    GemmConfig(128, 128, 1, 1),
-    GemmConfig(128, 64, 1, 1),
-    GemmConfig(64, 128, 1, 1),
+    GemmConfig(128, 192, 2, 1),
+    GemmConfig(64, 128, 1, 1, pingpong=True),
 )
 
-# Relative per-tile throughput of each tile shape at full occupancy (bigger tiles
-# reuse each loaded byte more); used only to break ties between wave counts.
-_TILE_EFFICIENCY = {(128, 256): 1.0, (256, 128): 1.0, (128, 192): 0.95, (128, 128): 0.85,
-                    (128, 64): 0.6, (64, 128): 0.55, (64, 64): 0.4}
+# Per-tile throughput relative to 128x256, from the H100 sweep (dev notes in
+# benchmarks/results/gemm_tuning.md): bigger tiles reuse each loaded byte more.
+_TILE_EFFICIENCY = {
+    (128, 256, False): 1.0,
+    (128, 128, True): 0.93,
+    (128, 96, False): 0.85,
+    (64, 64, True): 0.5,
+}
+# A cooperative kernel's epilogue stalls the tensor cores; ping-pong hides it
+# under the other warpgroup's main loop. Expressed as extra K per tile.
+_EPILOGUE_K = {False: 128, True: 16}
+
+
+def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int, int]:
+    if tile == (64, 64):
+        return (1, 1)
+    if tiles_m >= 2:
+        return (2, 1)
+    return (1, 2) if tiles_n >= 2 else (1, 1)
 
 
 def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
-    """Pick tile and cluster for an M x N x K problem.
+    """Pick tile, cluster and consumer mode for an M x N x K problem.
 
-    The cost model is waves x tile work / tile efficiency: a persistent kernel runs
-    ceil(tiles / SMs) waves, so a big tile that leaves most SMs idle in its last
-    wave loses to a smaller one that fills them.
+    Cost model: waves x tile area x (K + unhidden epilogue) / tile efficiency. A
+    persistent kernel runs ceil(tiles / SMs) waves, so a big tile that leaves SMs
+    idle in its last wave loses to a smaller one that fills them; at short K the
+    ping-pong tile wins because its epilogue overlaps the other warpgroup's math.
     """
     best, best_cost = None, math.inf
-    for cfg in CANDIDATES:
-        tm, tn = cfg.tile_mn
+    for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
         tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-        if cfg.cluster_m > 1 and tiles_m < 2 or cfg.cluster_n > 1 and tiles_n < 2:
-            continue
-        tiles_m = math.ceil(tiles_m / cfg.cluster_m) * cfg.cluster_m
-        tiles_n = math.ceil(tiles_n / cfg.cluster_n) * cfg.cluster_n
         waves = math.ceil(tiles_m * tiles_n / num_sms)
-        cost = waves * tm * tn / _TILE_EFFICIENCY[(tm, tn)]
-        # Multicast halves L2->SM traffic for the shared operand; worth a little.
-        if cfg.cluster_m * cfg.cluster_n > 1:
-            cost *= 0.97
+        cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
         if cost < best_cost - 1e-9:
-            best, best_cost = cfg, cost
+            cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
+            best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp), cost
     assert best is not None
     return best

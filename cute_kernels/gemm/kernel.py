@@ -461,7 +461,10 @@ class GemmSm90:
         """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store."""
         tRS_sD = thr_r2s.partition_D(sD)
         tRS_acc = copy_r2s.retile(acc)
-        tRS_rD = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], cutlass.Float32)
+        # Epilogue math is fp32; a raw int32 result (int8 GEMM) must bypass it, since
+        # fp32 holds integers exactly only up to 2^24.
+        rd_dtype = cutlass.Int32 if cutlass.const_expr(self.c_dtype == cutlass.Int32) else cutlass.Float32
+        tRS_rD = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], rd_dtype)
         tRS_rOut = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
         n_regs = cute.size(tRS_rD)
         slabs_mn = (self.tile_mn[0] // self.epi_tile[0], self.tile_mn[1] // self.epi_tile[1])
@@ -481,7 +484,7 @@ class GemmSm90:
             buf0 = wg_idx * EPI_STAGES
         for slab in cutlass.range_constexpr(n_slabs):
             for v in cutlass.range_constexpr(n_regs):
-                tRS_rD[v] = cutlass.Float32(tRS_acc[slab * n_regs + v])
+                tRS_rD[v] = rd_dtype(tRS_acc[slab * n_regs + v])
             slab_mn = slab_layout.get_hier_coord(slab)
             if cutlass.const_expr(not self.epi.is_identity):
                 self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,

@@ -1,0 +1,190 @@
+"""FP8 and INT8 GEMM ops on the Hopper GEMM kernel, with the scaling fused in the epilogue.
+
+8-bit wgmma only reads K-major operands, so A must be [M, K] row-major and B must be
+handed over as the [K, N] column-major view of a [N, K] weight (`w.t()`), exactly as
+`torch._scaled_mm` / cuBLASLt require ("TN").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..gemm.api import _alloc_out, _tma_ok, run_gemm
+from ..gemm.reference import ACTIVATIONS
+from ..runtime import check_device
+from ..runtime.dtypes import FP8
+from .reference import int8_mm_ref, scaled_mm_blockwise_ref, scaled_mm_ref  # noqa: F401
+
+__all__ = ["scaled_mm", "scaled_mm_blockwise", "int8_mm", "scaled_mm_ref", "scaled_mm_blockwise_ref", "int8_mm_ref"]
+
+_OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_8bit_operands(a, b, allowed, what: str) -> None:
+    for t, name in ((a, "a"), (b, "b")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in allowed:
+            raise TypeError(f"{what}: {name} must be one of {allowed}, got {t.dtype}")
+        check_device(t, name)
+        if t.dim() != 2:
+            raise ValueError(f"{what}: {name} must be 2-D, got shape {tuple(t.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{what}: shape mismatch, a is {tuple(a.shape)} and b is {tuple(b.shape)} (need a [M, K], b [K, N])")
+    K = a.shape[1]
+    if K % 16:
+        raise ValueError(f"{what}: K={K} must be a multiple of 16 (16-byte rows for TMA)")
+    if not (a.stride(1) == 1 and _tma_ok(a, "k")):
+        raise ValueError(f"{what}: a must be row-major [M, K] (K-major, stride(1) == 1) with a 16-byte aligned base; "
+                         f"got strides {a.stride()}")
+    if not (b.stride(0) == 1 and _tma_ok(b.t(), "k")):
+        raise ValueError(f"{what}: b must be column-major [K, N] (the .t() of a row-major [N, K] weight, stride(0) == 1); "
+                         f"got strides {b.stride()}. 8-bit tensor cores only read K-major operands.")
+
+
+def _scale_mode(scale, length: int, name: str, shape_vec: tuple, device) -> tuple[str, torch.Tensor | None]:
+    """() / one element -> 'scalar'; the per-row/column shape -> 'vector'."""
+    if scale is None:
+        return "none", None
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor")
+    if scale.device != device:
+        raise ValueError(f"{name} is on {scale.device}, expected {device}")
+    if scale.numel() == 1:
+        return "scalar", scale.reshape(1)
+    if tuple(scale.shape) == shape_vec:
+        return "vector", scale.reshape(length).contiguous()
+    raise ValueError(f"{name} must have shape () or {shape_vec}, got {tuple(scale.shape)}")
+
+
+def _check_bias(bias, N: int, dtype, device):
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor) or bias.shape != (N,) or bias.dtype != dtype or bias.device != device:
+        raise ValueError(f"bias must be a {dtype} tensor of shape ({N},) on {device}")
+    return bias.contiguous()
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    activation: str | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """FP8 GEMM with torch._scaled_mm semantics: act((a * scale_a) @ (b * scale_b) + bias).
+
+    a [M, K] e4m3/e5m2 row-major; b [K, N] e4m3/e5m2 column-major; scale_a () or [M, 1];
+    scale_b () or [1, N] (float32); bias [N] in out_dtype (bf16 or fp16).
+
+    use_fast_accum is accepted for API parity; both settings currently run the single
+    fp32 wgmma accumulator (see README: the promoted "2xAcc" main loop is not built yet).
+    """
+    from ..gemm.kernel import Epilogue
+
+    _check_8bit_operands(a, b, FP8, "scaled_mm")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"scaled_mm: out_dtype must be bfloat16 or float16, got {out_dtype}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if scale_a is None or scale_b is None:
+        raise ValueError("scaled_mm needs scale_a and scale_b (use a tensor of 1.0 for unscaled inputs)")
+    M, K = a.shape
+    N = b.shape[1]
+    row_mode, sa = _scale_mode(scale_a, M, "scale_a", (M, 1), a.device)
+    col_mode, sb = _scale_mode(scale_b, N, "scale_b", (1, N), a.device)
+    bias = _check_bias(bias, N, out_dtype, a.device)
+    out = _alloc_out(M, N, out_dtype, a.device)
+    if M == 0 or N == 0:
+        return out
+    epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode, bias=bias is not None)
+    return run_gemm(a, b.t(), out, epi=epi, bias=bias, row_scale=sa, col_scale=sb, kernel_name="scaled_mm_sm90")
+
+
+def scaled_mm_blockwise(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """DeepSeek-V3-style block-scaled FP8 GEMM: a [M, K] with scale_a [M, ceil(K/128)] (1x128
+    blocks), b [N, K] with scale_b [ceil(N/128), ceil(K/128)] (128x128 blocks).
+
+    Runs as a fused dequantize to bf16 followed by our bf16 GEMM (exact up to one bf16
+    rounding of each dequantized value); a kernel that applies the block scales inside
+    the main loop is future work.
+    """
+    from ..gemm.api import linear
+
+    for t, name in ((a, "a"), (b, "b")):
+        if not isinstance(t, torch.Tensor) or t.dtype not in FP8:
+            raise TypeError(f"scaled_mm_blockwise: {name} must be an fp8 tensor")
+        check_device(t, name)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"scaled_mm_blockwise: need a [M, K] and b [N, K], got {tuple(a.shape)} and {tuple(b.shape)}")
+    M, K = a.shape
+    N = b.shape[0]
+    kb, nb = -(-K // 128), -(-N // 128)
+    if tuple(scale_a.shape) != (M, kb) or tuple(scale_b.shape) != (nb, kb):
+        raise ValueError(f"scaled_mm_blockwise: scale_a must be [{M}, {kb}] and scale_b [{nb}, {kb}], "
+                         f"got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
+    sa = scale_a.float().repeat_interleave(128, dim=1)[:, :K]
+    sb = scale_b.float().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:N, :K]
+    a_deq = (a.float() * sa).to(out_dtype)
+    b_deq = (b.float() * sb).to(out_dtype)
+    return linear(a_deq, b_deq, _check_bias(bias, N, out_dtype, a.device), activation=activation)
+
+
+def int8_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """INT8 GEMM on the integer tensor cores (s8 x s8 -> s32).
+
+    Without scales it equals torch._int_mm(a, b) exactly (int32). With scales
+    (scale_a () or [M, 1], scale_b () or [1, N], float32) it returns the dequantized
+    a @ b * scale_a * scale_b + bias in out_dtype (default bfloat16).
+    a [M, K] row-major, b [K, N] column-major (w.t() of an int8 [N, K] weight).
+    """
+    from ..gemm.kernel import Epilogue
+
+    _check_8bit_operands(a, b, (torch.int8,), "int8_mm")
+    M, K = a.shape
+    N = b.shape[1]
+    scaled = scale_a is not None or scale_b is not None or bias is not None
+    if not scaled:
+        if out_dtype not in (None, torch.int32):
+            raise TypeError("int8_mm without scales returns int32; pass scales to get a dequantized output")
+        out = _alloc_out(M, N, torch.int32, a.device)
+        if M and N:
+            run_gemm(a, b.t(), out, epi=Epilogue(), kernel_name="int8_mm_sm90", acc_name="Int32")
+        return out
+    out_dtype = out_dtype or torch.bfloat16
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"int8_mm: dequantized out_dtype must be bfloat16 or float16, got {out_dtype}")
+    row_mode, sa = _scale_mode(scale_a, M, "scale_a", (M, 1), a.device)
+    col_mode, sb = _scale_mode(scale_b, N, "scale_b", (1, N), a.device)
+    bias = _check_bias(bias, N, out_dtype, a.device)
+    out = _alloc_out(M, N, out_dtype, a.device)
+    if M and N:
+        epi = Epilogue(row_scale=row_mode, col_scale=col_mode, bias=bias is not None)
+        run_gemm(a, b.t(), out, epi=epi, bias=bias, row_scale=sa, col_scale=sb,
+                 kernel_name="int8_mm_sm90", acc_name="Int32")
+    return out

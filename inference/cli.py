@@ -1,0 +1,218 @@
+"""`python -m inference generate|bench`: argument handling and the generate command.
+
+Bad input (unknown model, too many positions, a precision/backend this machine
+cannot run) ends with one `error: ...` line and exit status 2, never a
+traceback; set INFERENCE_DEBUG=1 to see the traceback anyway. Arguments are
+validated before torch/transformers are imported, so typos fail fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .models import GPT2_SIZES, PRECISIONS, UserError
+
+BACKENDS = ("cute", "cublas", "compile", "tensorrt")
+RANDOM_BANNER = "!!! RANDOM WEIGHTS: the model is {name}-shaped but untrained; text is gibberish, speed is real !!!"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + message; we want one line
+        self.exit(2, f"error: {message}\n")
+
+
+def _csv(choices):
+    def parse(text):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{','.join(bad) or text!r} not in {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m inference", description="GPT-2 on cute_kernels: generate text or benchmark.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(sp):
+        sp.add_argument("--model", required=True, help=f"hub name or local directory ({', '.join(GPT2_SIZES)})")
+        sp.add_argument("--random-weights", action="store_true",
+                        help="use random weights of a known GPT-2 size (no download)")
+        sp.add_argument("--attention", choices=("sdpa", "cute"), default="sdpa")
+
+    g = sub.add_parser("generate", help="greedy generation with the patched model")
+    common(g)
+    g.add_argument("--prompt", default="The meaning of life is")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    g.add_argument("--backend", choices=("cute", "reference"), default="cute",
+                   help="reference = PyTorch references (runs on CPU)")
+    g.add_argument("--no-compare", action="store_true", help="skip the comparison with the unpatched model")
+    g.set_defaults(func=run_generate)
+
+    b = sub.add_parser("bench", help="prefill/decode benchmark across backends and precisions")
+    common(b)
+    b.add_argument("--batch", type=int, default=8)
+    b.add_argument("--prompt-len", type=int, default=1024)
+    b.add_argument("--gen-len", type=int, default=128)
+    b.add_argument("--backends", type=_csv(BACKENDS), default=list(BACKENDS),
+                   help=f"comma-separated, from {','.join(BACKENDS)}")
+    b.add_argument("--precisions", type=_csv(PRECISIONS), default=["bf16", "fp8", "int8"],
+                   help=f"comma-separated, from {','.join(PRECISIONS)}")
+    b.add_argument("--out", default=None, help="report directory (default benchmarks/results)")
+    b.add_argument("--no-profile", action="store_true", help="skip the torch.profiler per-op breakdown")
+    b.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: smoke-test the pipeline with the reference kernels (no meaningful numbers)")
+    b.set_defaults(func=_run_bench)
+    return p
+
+
+def _run_bench(args) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for flag in ("max_new_tokens", "batch", "prompt_len", "gen_len"):
+        if getattr(args, flag, 1) < 1:
+            return _fail(f"--{flag.replace('_', '-')} must be >= 1")
+    try:
+        return args.func(args)
+    except (UserError, NotImplementedError, ValueError, ImportError, OSError) as e:
+        if os.environ.get("INFERENCE_DEBUG"):
+            raise
+        return _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def cute_device_problem() -> str | None:
+    """Why the cute kernels cannot run here, or None if an sm_90 GPU is present."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU found; the cute kernels need an NVIDIA Hopper GPU (sm_90)"
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) != (9, 0):
+        return f"{torch.cuda.get_device_name(0)} is sm_{major}{minor}; the cute kernels need sm_90 (H100/H200)"
+    return None
+
+
+def check_positions(config, prompt_len: int, new_tokens: int):
+    if prompt_len + new_tokens > config.n_positions:
+        raise UserError(f"prompt ({prompt_len} tokens) + {new_tokens} new tokens = {prompt_len + new_tokens} "
+                        f"exceeds the model's {config.n_positions} positions")
+
+
+def _sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- generate
+
+
+def run_generate(args) -> int:
+    import copy
+
+    import torch
+    import transformers
+
+    from .decode import StaticDecoder, hf_generate
+    from .models import load_config, load_model, load_tokenizer
+    from .patch import patch_model
+
+    if args.backend == "cute":
+        problem = cute_device_problem()
+        if problem:
+            raise UserError(f"{problem} (use --backend reference to run the PyTorch references)")
+        device = torch.device("cuda")
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    transformers.utils.logging.disable_progress_bar()
+
+    config = load_config(args.model, random_weights=args.random_weights)
+    tokenizer, tok_note = load_tokenizer(args.model)
+    prompt_ids = tokenizer.encode(args.prompt)
+    if not prompt_ids:
+        raise UserError("the prompt encodes to zero tokens")
+    check_positions(config, len(prompt_ids), args.max_new_tokens)
+    if max(prompt_ids) >= config.vocab_size:
+        raise UserError(f"the tokenizer produced id {max(prompt_ids)} >= vocab size {config.vocab_size}")
+
+    if args.random_weights:
+        print(RANDOM_BANNER.format(name=args.model))
+    if tok_note:
+        print(f"note: {tok_note}")
+    model = load_model(args.model, config, random_weights=args.random_weights, device=device, dtype=dtype)
+    reference = None if args.no_compare else copy.deepcopy(model)
+    ids = torch.tensor([prompt_ids], device=device)
+    calibration = [ids] if args.precision == "int8-smoothquant" else None
+    patch_model(model, precision=args.precision, attention=args.attention, backend=args.backend,
+                calibration=calibration)
+    dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    print(f"model={args.model} precision={args.precision} attention={args.attention} backend={args.backend} "
+          f"device={dev_name} dtype={str(dtype).replace('torch.', '')}")
+
+    n = args.max_new_tokens
+    decoder = StaticDecoder(model, batch_size=1, max_len=len(prompt_ids) + n)
+    if decoder.cuda_graph:  # first call captures the graph and JIT-builds kernels: keep it out of the timing
+        decoder.generate(ids, n)
+    _sync(device)
+    t0 = time.perf_counter()
+    decoder.prefill(ids)
+    _sync(device)
+    t1 = time.perf_counter()
+    decoder.decode(n - 1)
+    _sync(device)
+    t2 = time.perf_counter()
+    tokens = decoder.tokens(n)[0].tolist()
+
+    print("--- text ---")
+    print(args.prompt + tokenizer.decode(tokens))
+    print("--- speed ---")
+    decode_rate = (n - 1) / (t2 - t1) if n > 1 else float("nan")
+    print(f"prefill {len(prompt_ids)} tokens: {1e3 * (t1 - t0):.2f} ms; decode {n - 1} tokens: "
+          f"{1e3 * (t2 - t1):.2f} ms = {decode_rate:.1f} tokens/s "
+          f"({'one CUDA graph per token' if decoder.cuda_graph else 'eager'}); "
+          f"end to end {n / (t2 - t0):.1f} tokens/s")
+
+    if reference is not None:
+        if device.type == "cuda":  # warm-up (cuBLAS handles, SDPA kernel selection)
+            hf_generate(reference, ids, min(n, 4), cache="dynamic")
+        _sync(device)
+        t0 = time.perf_counter()
+        ref_tokens = hf_generate(reference, ids, n, cache="dynamic")[0]
+        _sync(device)
+        print(f"unpatched model, HF generate (dynamic cache): {n / (time.perf_counter() - t0):.1f} tokens/s")
+        print("--- agreement with the unpatched model ---")
+        ours = torch.tensor(tokens, device=device)
+        same = (ours == ref_tokens)
+        first = int((~same).nonzero()[0]) if not bool(same.all()) else None
+        print(f"greedy tokens: {int(same.sum())}/{n} match ({100.0 * float(same.float().mean()):.1f}%), "
+              f"first divergence: {'none' if first is None else f'token {first}'}")
+        # Teacher-forced on the reference continuation: compares the models, not their diverged histories.
+        full = torch.cat([ids[0], ref_tokens]).unsqueeze(0)
+        with torch.no_grad():
+            lr = reference(full).logits[0, len(prompt_ids) - 1:-1].float()
+            lo = model(full).logits[0, len(prompt_ids) - 1:-1].float()
+        top1 = float((lr.argmax(-1) == lo.argmax(-1)).float().mean())
+        print(f"teacher-forced over {n} positions: top-1 agreement {100 * top1:.1f}%, "
+              f"max |logit diff| {float((lr - lo).abs().max()):.4g} (max |logit| {float(lr.abs().max()):.3g})")
+    return 0

@@ -1,0 +1,191 @@
+"""Greedy decoding with a static KV cache, one CUDA graph per token, no host sync.
+
+Why our own loop: HF `generate` re-enters Python for every token (logits
+processors, stopping criteria, cache bookkeeping, a host sync to test for EOS),
+which at GPT-2 sizes costs more than the GPU work. Here the whole decode step -
+embedding, all blocks with an in-place KV-cache write, lm_head, argmax, and
+moving the token/position/step counters - lives in device tensors at fixed
+addresses, so it is captured once in a CUDA graph and replayed N times; the
+host only reads the tokens back at the end.
+
+The step calls the model's own submodules (ln, c_attn, c_proj, c_fc, lm_head),
+so the same loop runs a patched model (our kernels, fused epilogues) or an
+unpatched one (cuBLAS baseline, optionally torch.compile'd): the comparison
+only changes the kernels. Prompts in a batch must share one length (no padding),
+and generation runs for exactly max_new_tokens (no EOS stop).
+
+`hf_generate` runs transformers' generate with a dynamic or static cache for
+comparison.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+from .patch import apply_linear
+
+
+class StaticDecoder:
+    """Greedy decoder over a GPT2LMHeadModel with a preallocated [B, H, max_len, D] cache per layer."""
+
+    def __init__(self, model, *, batch_size: int, max_len: int, cuda_graph: bool | None = None,
+                 compile: bool | str = False):
+        """compile: False, True (Inductor) or a torch.compile backend name; the step is compiled
+        with fullgraph=True and then, on CUDA, captured in a CUDA graph like the eager one."""
+        cfg = model.config
+        if cfg.add_cross_attention:
+            raise ValueError("StaticDecoder supports decoder-only GPT-2 (no cross-attention)")
+        if max_len > cfg.n_positions:
+            raise ValueError(f"max_len {max_len} exceeds the model's {cfg.n_positions} positions")
+        self.model, self.gpt = model, model.transformer
+        self.batch_size, self.max_len = batch_size, max_len
+        self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
+        w = self.gpt.wte.weight
+        dev, dt = w.device, w.dtype
+        shape = (batch_size, self.n_head, max_len, self.head_dim)
+        # One tensor per layer (not slices of one big tensor): simpler aliasing for torch.compile.
+        self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in self.gpt.h]
+        self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in self.gpt.h]
+        self._arange = torch.arange(max_len, device=dev)
+        # Decode-step state, all on device at fixed addresses (what the CUDA graph reads/writes).
+        self._tok = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        self._pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self._step = torch.zeros(1, dtype=torch.long, device=dev)
+        self._out = torch.zeros(batch_size, max_len, dtype=torch.long, device=dev)
+        patch = getattr(model, "cute_patch", None) or {}
+        self._flash_backend = patch.get("backend") if patch.get("attention") == "cute" else None
+        self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
+        self._step_fn = self._decode_step
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            self._step_fn = torch.compile(self._decode_step, fullgraph=True, dynamic=False, backend=backend)
+        self._graph = None
+
+    # ------------------------------------------------------------------ model math
+
+    def _attend_prefill(self, q, k, v, scale):
+        """Causal attention over the prompt itself; q/k/v [B, S, H, D] -> [B, S, H, D]."""
+        if self._flash_backend is not None:
+            return ops.flash_attn(q, k, v, True, float(scale), self._flash_backend)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, scale=scale)
+        return o.transpose(1, 2)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
+        """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]."""
+        gpt = self.gpt
+        B, S = tokens.shape
+        h = gpt.wte(tokens) + gpt.wpe(positions)
+        if decode:  # keys 0..pos are valid; everything after is stale or zero
+            mask = (self._arange <= positions[-1]).view(1, 1, 1, -1)
+        for i, blk in enumerate(gpt.h):
+            attn, mlp = blk.attn, blk.mlp
+            q, k, v = attn.c_attn(blk.ln_1(h)).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+            self.k[i].index_copy_(2, positions, k.transpose(1, 2))
+            self.v[i].index_copy_(2, positions, v.transpose(1, 2))
+            if decode:  # masked SDPA over the whole buffer (a kv-cache kernel with seqlens would go here)
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i], self.v[i], attn_mask=mask,
+                                                   scale=attn.scaling).transpose(1, 2)
+            else:
+                o = self._attend_prefill(q, k, v, attn.scaling)
+            h = apply_linear(attn.c_proj, o.reshape(B, S, -1), h)
+            h = apply_linear(mlp.c_proj, mlp.act(mlp.c_fc(blk.ln_2(h))), h)
+        logits = self.model.lm_head(gpt.ln_f(h[:, -1:]))
+        return logits.argmax(-1)
+
+    def _decode_step(self):
+        nxt = self._forward(self._tok, self._pos, decode=True)
+        self._out.index_copy_(1, self._step, nxt)
+        self._tok.copy_(nxt)
+        self._pos.add_(1)
+        self._step.add_(1)
+
+    # ------------------------------------------------------------------ driving
+
+    def _capture(self):
+        """Warm up (compiles, autotunes, JIT-builds kernels) on a side stream, then capture one step.
+
+        The warm-up really runs three steps. Run them at positions 0..2 and put
+        back everything they touch (counters, token, output and cache rows 0..2),
+        so capturing has no effect on a generation in progress.
+        """
+        state = [self._tok, self._pos, self._step, self._out[:, :3]]
+        state += [t[:, :, :3] for t in self.k + self.v]
+        saved = [t.clone() for t in state]
+        self._pos.zero_()
+        self._step.zero_()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self._step_fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._step_fn()
+        for dst, src in zip(state, saved):
+            dst.copy_(src)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> None:
+        """Fill the cache with the prompt and set up the first decode step."""
+        B, S = input_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"batch {B} != decoder batch_size {self.batch_size}")
+        if S >= self.max_len:
+            raise ValueError(f"prompt length {S} leaves no room in max_len {self.max_len}")
+        first = self._forward(input_ids, torch.arange(S, device=input_ids.device), decode=False)
+        self._out[:, :1].copy_(first)
+        self._tok.copy_(first)
+        self._pos.fill_(S)
+        self._step.fill_(1)
+
+    @torch.no_grad()
+    def decode(self, n_steps: int) -> None:
+        """n_steps more greedy tokens, queued without waiting for any of them."""
+        if self.cuda_graph and self._graph is None and n_steps > 0:
+            self._capture()
+        for _ in range(n_steps):
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                self._step_fn()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One decode step run directly (not replayed): what a profiler should look at."""
+        self._step_fn()
+
+    def tokens(self, n: int) -> torch.Tensor:
+        """The first n generated tokens [B, n] of the current generation."""
+        return self._out[:, :n].clone()
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy tokens [B, max_new_tokens] after the prompt (exactly that many; no EOS stop)."""
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if input_ids.shape[1] + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt {input_ids.shape[1]} + {max_new_tokens} new tokens > max_len {self.max_len}")
+        self.prefill(input_ids)
+        self.decode(max_new_tokens - 1)
+        return self.tokens(max_new_tokens)
+
+
+@torch.no_grad()
+def hf_generate(model, input_ids: torch.Tensor, max_new_tokens: int, cache: str = "dynamic") -> torch.Tensor:
+    """transformers' greedy generate (exactly max_new_tokens); returns only the new tokens [B, N].
+
+    cache="static" preallocates the KV cache; on CUDA transformers then compiles
+    the decode step (mode="reduce-overhead", i.e. CUDA graphs) by itself.
+    """
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+    # eos_token_id=None: never stop early, so the result is comparable with StaticDecoder
+    # (min_new_tokens would instead suppress EOS logits and change the greedy choice).
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0, **kw)
+    return out[:, input_ids.shape[1]:]

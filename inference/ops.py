@@ -1,0 +1,89 @@
+"""The kernels the patched model calls, registered as torch custom ops.
+
+Each op is a `torch.library.custom_op` with a `register_fake`, so Dynamo treats it
+as one opaque node (no graph break, no tracing into CuTe host code) and CUDA
+graphs capture the launch like any aten kernel. The `backend` argument picks the
+CuTe kernel ("cute") or the pure-PyTorch reference ("reference", used on CPU
+and in tests); it is a plain string so it is part of the op call, not of global
+state that a compiled graph could bake in silently.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("cute", "reference")
+
+
+def _cute():
+    import cute_kernels
+
+    return cute_kernels
+
+
+@torch.library.custom_op("cute_inference::linear", mutates_args=())
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],  # noqa: UP045  (custom_op schema inference: keep typing.Optional)
+    residual: Optional[torch.Tensor],  # noqa: UP045
+    activation: str,
+    alpha: float,
+    beta: float,
+    backend: str,
+) -> torch.Tensor:
+    """act(alpha * x @ weight.T + bias) + beta * residual; x [M, K], weight [N, K]."""
+    act = activation or None
+    if backend == "reference":
+        from cute_kernels.gemm.reference import linear_ref
+
+        return linear_ref(x, weight, bias, activation=act, residual=residual, alpha=alpha, beta=beta)
+    out = _cute().linear(x, weight, bias, activation=act, residual=residual, alpha=alpha, beta=beta)
+    # The kernel may hand back a view of an N-padded buffer (vocab 50257). The fake
+    # below promises a contiguous result, and Inductor plans its code on the fake's
+    # strides, so honour that promise (costs one copy of the logits only).
+    return out if out.is_contiguous() else out.contiguous()
+
+
+@linear.register_fake
+def _(x, weight, bias, residual, activation, alpha, beta, backend):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def flash_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+    """Reference for cute_kernels.flash_attn: q [B, S, H, D], k/v [B, L, H, D] -> [B, S, H, D].
+
+    Causal masking is top-left aligned (query i sees keys 0..i), as in SDPA's is_causal.
+    """
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale
+    )
+    return out.transpose(1, 2).contiguous()
+
+
+@torch.library.custom_op("cute_inference::flash_attn", mutates_args=())
+def flash_attn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, backend: str
+) -> torch.Tensor:
+    """Attention on [B, S, H, D] tensors (the layout HF hands back to c_proj)."""
+    if backend == "reference":
+        return flash_attn_ref(q, k, v, causal, softmax_scale)
+    out = _cute().flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+@flash_attn.register_fake
+def _(q, k, v, causal, softmax_scale, backend):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def cute_attention_available() -> tuple[bool, str]:
+    """Whether cute_kernels.flash_attn can be imported here (and why not)."""
+    try:
+        fn = _cute().flash_attn
+    except (AttributeError, ImportError) as e:
+        return False, f"cute_kernels.flash_attn is not available ({type(e).__name__}: {e})"
+    return callable(fn), "ok"

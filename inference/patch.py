@@ -1,0 +1,312 @@
+"""Move a Hugging Face GPT-2 onto our kernels, in place: `patch_model(model, ...)`.
+
+What changes, and why it is done this way:
+
+- Every `Conv1D` becomes a `CuteConv1D` and `lm_head` a `CuteLMHead` by swapping
+  `__class__` to a subclass that only overrides `forward`. The Parameter objects,
+  their names (`weight`, `bias`), hooks and `isinstance` checks all survive, so
+  `state_dict`, `save_pretrained` and weight tying work unchanged.
+- Conv1D stores its weight as [in, out]; the GEMM wants the K-major [out, in]
+  operand. Instead of keeping a second copy we re-lay the parameter's storage
+  out K-major (`w.data = w.data.t().contiguous().t()`): it still reads as
+  [in, out], and `weight.t()` is the contiguous [N, K] matrix, for free.
+  `load_state_dict` (`copy_`) and `.to()` (preserve_format) keep that layout.
+- `lm_head.weight` is `wte.weight` ([V, E] = [N, K] already), so it needs no copy
+  and the tie is untouched.
+- The MLP's bias + gelu_tanh run in c_fc's epilogue; `mlp.act` becomes Identity
+  so the stock `GPT2MLP.forward` still computes the same function.
+- The two residual adds run in the c_proj epilogues. That needs the residual to
+  reach c_proj, so GPT2Block/GPT2Attention/GPT2MLP are class-swapped to
+  subclasses whose eval-mode forward passes it down (training, cross-attention
+  and other unusual configurations fall back to the stock forward).
+- Attention goes through transformers' AttentionInterface under our own names,
+  with the matching AttentionMaskInterface entry (without it the causal mask
+  silently disappears). Names avoid "flash" and "/", which transformers treats
+  specially.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from . import ops
+from .models import PRECISIONS
+
+ATTENTIONS = ("sdpa", "cute")
+# precision -> quant.quantize_model scheme
+QUANT_SCHEMES = {
+    "fp8": "fp8-dynamic",
+    "fp8-block": "fp8-block",
+    "int8": "int8-dynamic",
+    "int8-smoothquant": "int8-smoothquant",
+}
+# transformers activation names we can run in the GEMM epilogue (exactly the same function)
+FUSABLE_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+ATTN_NAMES = {"cute": "cute_attn", "reference": "cute_attn_ref"}
+SMOOTHQUANT_ALPHA = 0.5
+QUANT_BACKENDS = {"cute": "kernels", "reference": "reference"}  # our backend -> quant module `backend`
+
+
+def _gpt2():
+    from transformers.models.gpt2 import modeling_gpt2
+
+    return modeling_gpt2
+
+
+# --------------------------------------------------------------------------- linears
+
+
+class _CuteLinearMixin:
+    """Shared by both linears: the op call. `weight_nk` must be [N, K]."""
+
+    backend: str = "cute"
+    activation: str | None = None
+    fuses_residual = True  # protocol: forward(x, residual=...) adds it in the epilogue
+
+    def _run(self, x: torch.Tensor, weight_nk: torch.Tensor, bias, residual):
+        if not weight_nk.is_contiguous():  # only if someone replaced the storage layout
+            weight_nk = weight_nk.contiguous()
+        shape = x.shape[:-1]
+        # generate() hands lm_head hidden_states[:, -1:], a strided view: the kernels want dense rows
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        r2 = None if residual is None else residual.reshape(-1, residual.shape[-1]).contiguous()
+        y = ops.linear(x2, weight_nk, bias, r2, self.activation or "", 1.0, 1.0, self.backend)
+        return y.view(*shape, weight_nk.shape[0])
+
+
+class CuteConv1D(_CuteLinearMixin, _gpt2().Conv1D):
+    """GPT-2 Conv1D (weight [in, out], stored K-major) running on our linear op."""
+
+    @classmethod
+    def adopt(cls, module, *, backend: str, activation: str | None = None):
+        w = module.weight
+        if not w.t().is_contiguous():
+            w.data = w.data.t().contiguous().t()
+        module.__class__ = cls
+        module.backend, module.activation = backend, activation
+        return module
+
+    def forward(self, x, residual=None):
+        return self._run(x, self.weight.t(), self.bias, residual)
+
+    def __repr__(self):
+        act = f", activation={self.activation}" if self.activation else ""
+        return f"CuteConv1D(nf={self.nf}, nx={self.nx}{act}, backend={self.backend})"
+
+
+class CuteLMHead(_CuteLinearMixin, nn.Linear):
+    """lm_head (weight [V, E], tied to wte) on our linear op."""
+
+    @classmethod
+    def adopt(cls, module, *, backend: str):
+        module.__class__ = cls
+        module.backend, module.activation = backend, None
+        return module
+
+    def forward(self, x, residual=None):
+        return self._run(x, self.weight, self.bias, residual)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", backend={self.backend}"
+
+
+def apply_linear(module, x, residual):
+    """module(x) + residual, in the epilogue when the module supports it."""
+    if residual is None:
+        return module(x)
+    if getattr(module, "fuses_residual", False):
+        return module(x, residual=residual)
+    return module(x) + residual
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+class CuteGPT2Attention(_gpt2().GPT2Attention):
+    """Self-attention whose output projection also adds the block's residual."""
+
+    def forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, output_attentions=False, residual=None, **kwargs):
+        m = _gpt2()
+        if (
+            encoder_hidden_states is not None
+            or isinstance(past_key_values, m.EncoderDecoderCache)
+            or (self.config._attn_implementation == "eager" and self.reorder_and_upcast_attn)
+        ):
+            out, weights = super().forward(hidden_states, past_key_values, attention_mask, encoder_hidden_states,
+                                           encoder_attention_mask, output_attentions, **kwargs)
+            return (out if residual is None else out + residual), weights
+
+        # Same steps as GPT2Attention.forward (self-attention branch), ending in a fused c_proj.
+        query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
+        shape = (*query.shape[:-1], -1, self.head_dim)
+        query, key, value = (t.view(shape).transpose(1, 2) for t in (query, key, value))
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        attention = m.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, m.eager_attention_forward)
+        out, weights = attention(self, query, key, value, attention_mask,
+                                 dropout=self.attn_dropout.p if self.training else 0.0, scaling=self.scaling, **kwargs)
+        out = out.reshape(*out.shape[:-2], -1).contiguous()
+        if residual is None:
+            return self.resid_dropout(self.c_proj(out)), weights
+        return apply_linear(self.c_proj, out, residual), weights  # eval only (the block guarantees it)
+
+
+class CuteGPT2MLP(_gpt2().GPT2MLP):
+    def forward(self, hidden_states, residual=None):
+        h = self.act(self.c_fc(hidden_states))
+        if residual is None:
+            return self.dropout(self.c_proj(h))
+        return apply_linear(self.c_proj, h, residual)
+
+
+class CuteGPT2Block(_gpt2().GPT2Block):
+    """GPT2Block with both residual adds moved into the c_proj epilogues (eval mode)."""
+
+    def forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, use_cache=False, **kwargs):
+        if self.training or encoder_hidden_states is not None:
+            # Dropout sits between c_proj and the residual add: keep the stock order.
+            return super().forward(hidden_states, past_key_values, attention_mask, encoder_hidden_states,
+                                   encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, **kwargs)
+        h, _ = self.attn(self.ln_1(hidden_states), past_key_values=past_key_values, attention_mask=attention_mask,
+                         use_cache=use_cache, residual=hidden_states, **kwargs)
+        return self.mlp(self.ln_2(h), residual=h)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _attention_forward(backend: str):
+    """An AttentionInterface function running ops.flash_attn where the mask allows.
+
+    transformers hands q/k/v as [B, H, S, D] and expects [B, S, H, D] back. With
+    the sdpa mask function registered for our name, the mask is None exactly when
+    the pattern is plain causal (q_len == kv_len), attend-to-all (q_len == 1), or
+    a prefill into an empty static cache (kv_len > q_len, valid keys are the
+    first q_len). An explicit mask (padding, or static-cache decode) goes to SDPA
+    until a kv-cache kernel with per-sequence lengths is wired in.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if attention_mask is not None or dropout > 0.0:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        q_len, kv_len = query.shape[2], key.shape[2]
+        causal = q_len > 1
+        if causal and kv_len > q_len:
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = ops.flash_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal, float(scale),
+                             backend)
+        return out, None
+
+    return attention
+
+
+def register_attention(backend: str) -> str:
+    """Register our attention (and its mask function) with transformers; return its name."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    name = ATTN_NAMES[backend]
+    AttentionInterface.register(name, _attention_forward(backend))
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+# --------------------------------------------------------------------------- patch_model
+
+
+def _check_cute_device(model):
+    from cute_kernels.runtime import check_device
+
+    p = next(model.parameters())
+    check_device(p, "model weights")  # raises a ValueError naming the device otherwise
+    if p.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"backend='cute' runs bf16/fp16 models; this one is {p.dtype} (call model.to(torch.bfloat16))")
+
+
+def _quantize(model, precision: str, calibration, backend: str):
+    """Swap the GEMM modules for the `quant` package's FP8Linear/Int8Linear (lm_head stays 16-bit)."""
+    try:
+        import quant
+    except ImportError as e:
+        raise NotImplementedError(f"precision={precision!r} needs the `quant` package, which failed to import: {e}")
+    if not hasattr(quant, "quantize_model"):
+        raise NotImplementedError(f"precision={precision!r} needs quant.quantize_model, which is not available yet")
+    if precision == "int8-smoothquant" and calibration is None:
+        raise ValueError("precision='int8-smoothquant' needs calibration=<iterable of input_ids batches>")
+    kw = {"calibration": calibration, "alpha": SMOOTHQUANT_ALPHA} if precision == "int8-smoothquant" else {}
+    quant.quantize_model(model, QUANT_SCHEMES[precision], **kw)
+    for module in model.modules():  # pin the quant modules to the backend we were asked for
+        if isinstance(module, (quant.FP8Linear, quant.Int8Linear)):
+            module.backend = QUANT_BACKENDS[backend]
+
+
+def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", calibration: Iterable | None = None,
+                backend: str = "cute"):
+    """Run `model` (a GPT2LMHeadModel or GPT2Model) on our kernels. Returns the same object.
+
+    precision: "bf16" keeps 16-bit weights (the model's dtype); the others first swap
+      every Conv1D for the `quant` package's FP8Linear/Int8Linear (lm_head stays
+      16-bit on our linear). Those modules take no epilogue fusion: the MLP keeps
+      its activation module and the residual adds stay separate ops.
+    calibration: input_ids batches (or quant.smoothquant.calibrate's dict), for
+      int8-smoothquant only.
+    attention: "sdpa" (transformers' SDPA) or "cute" (cute_kernels.flash_attn).
+    backend: "cute" (Hopper kernels) or "reference" (the PyTorch references; CPU ok).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    if backend not in ops.BACKENDS:
+        raise ValueError(f"backend must be one of {ops.BACKENDS}, got {backend!r}")
+    if getattr(model.config, "model_type", None) != "gpt2":
+        raise ValueError(f"patch_model supports GPT-2 models, got model_type={model.config.model_type!r}")
+    if backend == "cute":
+        _check_cute_device(model)
+        if attention == "cute":
+            ok, why = ops.cute_attention_available()
+            if not ok:
+                raise NotImplementedError(f"attention='cute' needs cute_kernels.flash_attn: {why}; use attention='sdpa'")
+    if precision != "bf16":
+        _quantize(model, precision, calibration, backend)
+
+    m = _gpt2()
+    fused_act = FUSABLE_ACTIVATIONS.get(model.config.activation_function)
+    handled = set()
+    for module in list(model.modules()):
+        if isinstance(module, m.GPT2MLP):
+            c_fc = module.c_fc
+            can_fuse = fused_act is not None and (isinstance(c_fc, m.Conv1D) or hasattr(c_fc, "activation"))
+            if isinstance(c_fc, m.Conv1D):
+                CuteConv1D.adopt(c_fc, backend=backend, activation=fused_act if can_fuse else None)
+                handled.add(id(c_fc))
+            elif can_fuse:
+                c_fc.activation = fused_act  # a quant module that honours `activation`
+            if can_fuse:
+                module.act = nn.Identity()
+            module.__class__ = CuteGPT2MLP
+        elif isinstance(module, m.GPT2Attention) and not module.is_cross_attention:
+            module.__class__ = CuteGPT2Attention
+        elif isinstance(module, m.GPT2Block):
+            module.__class__ = CuteGPT2Block
+    for module in model.modules():
+        if isinstance(module, m.Conv1D) and id(module) not in handled:
+            CuteConv1D.adopt(module, backend=backend, activation=getattr(module, "activation", None))
+    head = getattr(model, "lm_head", None)
+    if type(head) in (nn.Linear, CuteLMHead):  # not a quant module that subclasses nn.Linear
+        CuteLMHead.adopt(head, backend=backend)
+
+    if attention == "cute":
+        model.set_attn_implementation(register_attention(backend))
+    elif model.config._attn_implementation != "sdpa":
+        model.set_attn_implementation("sdpa")
+    model.cute_patch = {"precision": precision, "attention": attention, "backend": backend}
+    return model

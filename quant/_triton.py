@@ -1,0 +1,240 @@
+"""Triton quantize kernels: amax, scale and cast fused into one pass over the input.
+
+Quantizing activations sits on the critical path of every FP8/INT8 linear, and it
+is pure bandwidth (read 2 bytes, write 1 per element), so the kernels read each
+element once and keep the tile in registers between the amax and the cast:
+
+- row / block granularity: one program owns BLOCK_M rows and one scale group
+  (the whole row, or one 128-wide block). The group is loaded once, reduced to its
+  amax, scaled and stored. Rows longer than MAX_SINGLE_K are processed in two
+  loops (amax, then cast); the second read of a row mostly hits L2.
+- tensor granularity needs a global amax before any element can be cast, so it
+  is two launches: a grid-stride amax with one float atomic_max per program, then
+  a flat cast.
+
+Numerics follow `_reference.py` operation for operation. Two details matter for
+bit-exactness: `/` on fp32 in Triton compiles to the approximate div.full.f32, so
+the two per-group divisions use `tl.math.div_rn`; and `tl.max`/`tl.maximum` may
+drop NaNs (PTX max.f32 returns the non-NaN operand), so NaN is mapped to +Inf
+before the reduction and non-finite groups are patched explicitly after the clamp.
+
+Only APIs present since Triton 3.0 are used (the GPU box runs 3.6).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._reference import AMAX_FLOOR, BLOCK, qmax_of
+
+# A row of up to this many elements is held in registers by a single program.
+MAX_SINGLE_K = 8192
+# Elements per program for row/block tiles: 16-32 fp32 registers per thread.
+TILE_ELEMS = 4096
+TENSOR_BLOCK = 4096
+TENSOR_MAX_PROGRAMS = 1024
+
+
+@triton.jit
+def _group_scale(amax, QMAX: tl.constexpr, FLOOR: tl.constexpr):
+    """(scale, 1/scale, finite) from an amax in which NaN was already mapped to Inf."""
+    ok = amax < float("inf")
+    scale = tl.math.div_rn(tl.maximum(amax, FLOOR), QMAX)
+    scale = tl.where(ok, scale, float("nan"))
+    inv = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+    return scale, inv, ok
+
+
+@triton.jit
+def _abs_nan_to_inf(xf):
+    a = tl.abs(xf)
+    return tl.where(a == a, a, float("inf"))
+
+
+@triton.jit
+def _round_half_even(y):
+    # Built from floor rather than libdevice.rint so the TRITON_INTERPRET path
+    # (which has no libdevice) runs the same code; y - floor(y) is exact in fp32.
+    r = tl.floor(y)
+    d = y - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def _cast(y, ok, QMAX: tl.constexpr, IS_INT8: tl.constexpr):
+    """Clamp, round, patch non-finite groups; `ok` broadcasts against `y`."""
+    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+    if IS_INT8:
+        y = _round_half_even(y)  # like torch.round
+        y = tl.where(ok, y, 0.0)
+    else:
+        y = tl.where(ok, y, float("nan"))
+    return y
+
+
+@triton.jit
+def _load_f32(x_ptrs, cols, mask, mul_ptr, K, HAS_MUL: tl.constexpr):
+    xf = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_MUL:
+        m = tl.load(mul_ptr + cols, mask=cols < K, other=0.0)
+        xf = xf * m[None, :]
+    return xf
+
+
+@triton.jit
+def _quant_groups_kernel(
+    x_ptr, q_ptr, s_ptr, mul_ptr,
+    M, K, stride_xm, stride_qm, n_groups,
+    QMAX: tl.constexpr,
+    FLOOR: tl.constexpr,
+    IS_INT8: tl.constexpr,
+    HAS_MUL: tl.constexpr,
+    GROUP_K: tl.constexpr,  # 128 for "block"; 0 for "row" (one group, grid dim 1 is 1)
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SINGLE_TILE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)
+    x_rows = x_ptr + rows64[:, None] * stride_xm
+    q_rows = q_ptr + rows64[:, None] * stride_qm
+    offs = tl.arange(0, BLOCK_K)
+    k0 = pid_g * GROUP_K
+    if SINGLE_TILE:
+        # The mask only tests `cols < K`, never a group end: in block mode
+        # BLOCK_K == GROUP_K, so the tile is exactly one group. Keeping the mask
+        # this simple lets Triton prove alignment and vectorize the accesses.
+        cols = k0 + offs
+        mask = row_ok[:, None] & (cols < K)[None, :]
+        xf = _load_f32(x_rows + cols[None, :], cols, mask, mul_ptr, K, HAS_MUL)
+        amax = tl.max(_abs_nan_to_inf(xf), axis=1)
+        scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
+        y = _cast(xf * inv[:, None], ok[:, None], QMAX, IS_INT8)
+        tl.store(q_rows + cols[None, :], y.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            cols = start + offs
+            mask = row_ok[:, None] & (cols < K)[None, :]
+            xf = _load_f32(x_rows + cols[None, :], cols, mask, mul_ptr, K, HAS_MUL)
+            amax = tl.maximum(amax, tl.max(_abs_nan_to_inf(xf), axis=1))
+        scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
+        for start in range(0, K, BLOCK_K):
+            cols = start + offs
+            mask = row_ok[:, None] & (cols < K)[None, :]
+            xf = _load_f32(x_rows + cols[None, :], cols, mask, mul_ptr, K, HAS_MUL)
+            y = _cast(xf * inv[:, None], ok[:, None], QMAX, IS_INT8)
+            tl.store(q_rows + cols[None, :], y.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + rows64 * n_groups + pid_g, scale, mask=row_ok)
+
+
+@triton.jit
+def _tensor_amax_kernel(x_ptr, mul_ptr, amax_ptr, n, K, HAS_MUL: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        idx = offs.to(tl.int64) + start
+        m = idx < n
+        xf = tl.load(x_ptr + idx, mask=m, other=0.0).to(tl.float32)
+        if HAS_MUL:
+            xf = xf * tl.load(mul_ptr + idx % K, mask=m, other=0.0)
+        acc = tl.maximum(acc, _abs_nan_to_inf(xf))
+    # Values are >= 0 (or +Inf), for which Triton's float atomic_max is exact.
+    tl.atomic_max(amax_ptr, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _tensor_cast_kernel(
+    x_ptr, q_ptr, s_ptr, mul_ptr, amax_ptr, n, K,
+    QMAX: tl.constexpr, FLOOR: tl.constexpr, IS_INT8: tl.constexpr,
+    HAS_MUL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    amax = tl.load(amax_ptr + tl.arange(0, 1))
+    scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
+    if pid == 0:
+        tl.store(s_ptr + tl.arange(0, 1), scale)
+    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    xf = tl.load(x_ptr + idx, mask=m, other=0.0).to(tl.float32)
+    if HAS_MUL:
+        xf = xf * tl.load(mul_ptr + idx % K, mask=m, other=0.0)
+    y = _cast(xf * inv, ok, QMAX, IS_INT8)
+    tl.store(q_ptr + idx, y.to(q_ptr.dtype.element_ty), mask=m)
+
+
+def _num_warps(elems: int) -> int:
+    return max(4, min(16, elems // 512))
+
+
+def quantize_triton(
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    granularity: str,
+    multiplier: torch.Tensor | None = None,
+    _store_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `_reference.quantize_ref`; x [..., K] with K > 0.
+
+    `_store_dtype=torch.float32` (tests only) stores the clamped, rounded values
+    before the final narrowing cast, so the kernel logic can be checked exactly
+    under TRITON_INTERPRET, whose fp32->fp8 conversion is not correctly rounded.
+    """
+    qmax = qmax_of(dtype)
+    is_int8 = dtype == torch.int8
+    K = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    mul = multiplier.float().contiguous() if multiplier is not None else x2  # dummy pointer
+    has_mul = multiplier is not None
+    q = torch.empty((M, K), dtype=_store_dtype or dtype, device=x.device)
+
+    if granularity == "tensor":
+        x2 = x2.contiguous()
+        n = x2.numel()
+        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+        scale = torch.empty((), dtype=torch.float32, device=x.device)
+        grid_a = (max(1, min(triton.cdiv(n, TENSOR_BLOCK), TENSOR_MAX_PROGRAMS)),)
+        _tensor_amax_kernel[grid_a](x2, mul, amax, n, K, HAS_MUL=has_mul, BLOCK=TENSOR_BLOCK, num_warps=8)
+        grid_c = (max(1, triton.cdiv(n, TENSOR_BLOCK)),)
+        _tensor_cast_kernel[grid_c](
+            x2, q, scale, mul, amax, n, K,
+            QMAX=qmax, FLOOR=AMAX_FLOOR, IS_INT8=is_int8, HAS_MUL=has_mul,
+            BLOCK=TENSOR_BLOCK, num_warps=8,
+        )
+        return q.reshape(x.shape), scale
+
+    if granularity == "row":
+        n_groups, group_k = 1, 0
+        block_k = min(triton.next_power_of_2(K), MAX_SINGLE_K)
+        single = K <= block_k
+        if not single:
+            block_k = TILE_ELEMS
+    elif granularity == "block":
+        n_groups, group_k = triton.cdiv(K, BLOCK), BLOCK
+        block_k, single = BLOCK, True
+    else:
+        raise ValueError(f"granularity must be tensor, row or block, got {granularity!r}")
+    block_m = max(1, min(triton.next_power_of_2(max(M, 1)), TILE_ELEMS // block_k))
+    scale = torch.empty((M, n_groups), dtype=torch.float32, device=x.device)
+    if M > 0:
+        grid = (triton.cdiv(M, block_m), n_groups)
+        _quant_groups_kernel[grid](
+            x2, q, scale, mul,
+            M, K, x2.stride(0), q.stride(0), n_groups,
+            QMAX=qmax, FLOOR=AMAX_FLOOR, IS_INT8=is_int8, HAS_MUL=has_mul,
+            GROUP_K=group_k, BLOCK_M=block_m, BLOCK_K=block_k, SINGLE_TILE=single,
+            num_warps=_num_warps(block_m * block_k),
+        )
+    return q.reshape(x.shape), scale.reshape(*lead, n_groups)

@@ -1,0 +1,253 @@
+"""CPU tests of inference/: patching, the reference backend, generate, save/load, the decode loop.
+
+A tiny GPT-2 in fp32 with backend="reference" must compute what the stock model
+computes (tight tolerance), through the same module swaps, custom ops and
+attention registration the GPU path uses.
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.pytorch_utils import Conv1D
+
+from inference import ops
+from inference.decode import StaticDecoder, hf_generate
+from inference.patch import CuteConv1D, CuteGPT2Block, CuteLMHead, patch_model
+
+ATOL = 1e-4  # logits are O(10) with these weights; fp32 GEMMs differ in summation order
+
+
+def tiny_gpt2(vocab=1001, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=128, bos_token_id=0,
+                     eos_token_id=0, **kw)
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # non-zero biases and larger weights: varied greedy tokens, real epilogue work
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt2()
+
+
+def ids(batch=2, seq=12, vocab=1001, seed=1):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def patched(model, **kw):
+    return patch_model(copy.deepcopy(model), backend="reference", **kw)
+
+
+def test_patch_keeps_module_tree_state_dict_and_ties(model):
+    pm = patched(model)
+    assert [n for n, _ in pm.named_modules()] == [n for n, _ in model.named_modules()]
+    sd0, sd1 = model.state_dict(), pm.state_dict()
+    assert list(sd0) == list(sd1)
+    assert all(torch.equal(sd0[k], sd1[k]) for k in sd0)
+    assert pm.lm_head.weight is pm.transformer.wte.weight  # tie kept, no copy
+    blk = pm.transformer.h[0]
+    assert isinstance(blk, CuteGPT2Block) and isinstance(pm.lm_head, CuteLMHead)
+    assert isinstance(blk.attn.c_attn, CuteConv1D) and isinstance(blk.attn.c_attn, Conv1D)
+    assert blk.mlp.c_fc.activation == "gelu_tanh" and isinstance(blk.mlp.act, torch.nn.Identity)
+    for m in pm.modules():
+        if isinstance(m, Conv1D):  # [in, out] shape, K-major storage: weight.t() is the GEMM operand
+            assert m.weight.shape == (m.nx, m.nf) and m.weight.t().is_contiguous()
+    # load_state_dict (copy_) keeps the K-major layout
+    pm.load_state_dict(sd0)
+    assert pm.transformer.h[1].mlp.c_proj.weight.t().is_contiguous()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+@pytest.mark.parametrize("vocab", [1001, 50257])
+def test_patched_logits_equal_original(attention, vocab):
+    model = tiny_gpt2(vocab=vocab)
+    pm = patched(model, attention=attention)
+    x = ids(vocab=vocab)
+    with torch.no_grad():
+        ref, out = model(x).logits, pm(x).logits
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+    assert pm.config._attn_implementation == ("cute_attn_ref" if attention == "cute" else "sdpa")
+
+
+def test_ops_are_what_runs(model, monkeypatch):
+    """Every GEMM and (attention="cute") every prefill attention goes through our ops."""
+    import importlib
+
+    gref = importlib.import_module("cute_kernels.gemm.reference")
+
+    calls = {"linear": 0, "attn": 0}
+    real_linear, real_attn = gref.linear_ref, ops.flash_attn_ref
+
+    def count_linear(*a, **k):
+        calls["linear"] += 1
+        return real_linear(*a, **k)
+
+    def count_attn(*a, **k):
+        calls["attn"] += 1
+        return real_attn(*a, **k)
+
+    monkeypatch.setattr(gref, "linear_ref", count_linear)
+    monkeypatch.setattr(ops, "flash_attn_ref", count_attn)
+    pm = patched(model, attention="cute")
+    with torch.no_grad():
+        pm(ids())
+    n_layer = model.config.n_layer
+    assert calls == {"linear": 4 * n_layer + 1, "attn": n_layer}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_greedy_matches(model, attention, cache):
+    pm = patched(model, attention=attention)
+    x = ids(seq=9)
+    ref = hf_generate(model, x, 16, cache=cache)
+    assert len(set(ref[0].tolist())) > 3, "degenerate test model"
+    assert torch.equal(hf_generate(pm, x, 16, cache=cache), ref)
+
+
+def test_save_pretrained_roundtrip(model, tmp_path):
+    model.save_pretrained(tmp_path / "orig")
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "orig").eval()
+    pm = patch_model(loaded, backend="reference")
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(pm(x).logits, model(x).logits, atol=ATOL, rtol=1e-5)
+    # a patched model saves a checkpoint the stock class loads
+    pm.save_pretrained(tmp_path / "patched")
+    back = GPT2LMHeadModel.from_pretrained(tmp_path / "patched").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["unpatched", "patched-sdpa", "patched-cute"])
+def test_static_decoder_matches_hf_generate(model, which):
+    m = model if which == "unpatched" else patched(model, attention=which.split("-")[1])
+    x = ids(seq=7)
+    dec = StaticDecoder(m, batch_size=2, max_len=40)
+    assert not dec.cuda_graph
+    ref = hf_generate(model, x, 20)
+    assert torch.equal(dec.generate(x, 20), ref)
+    assert torch.equal(dec.generate(x[:, :5], 20), hf_generate(model, x[:, :5], 20))  # the decoder is reusable
+
+
+def test_static_decoder_compiled_step(model):
+    pm = patched(model)
+    x = ids(seq=6)
+    dec = StaticDecoder(pm, batch_size=2, max_len=20, compile="aot_eager")
+    assert torch.equal(dec.generate(x, 8), hf_generate(model, x, 8))
+
+
+def test_static_decoder_rejects_bad_sizes(model):
+    with pytest.raises(ValueError, match="positions"):
+        StaticDecoder(model, batch_size=1, max_len=10_000)
+    dec = StaticDecoder(model, batch_size=2, max_len=16)
+    with pytest.raises(ValueError, match="max_len"):
+        dec.generate(ids(seq=10), 10)
+    with pytest.raises(ValueError, match="batch"):
+        dec.generate(ids(batch=3, seq=4), 4)
+
+
+def test_compile_fullgraph_no_graph_break(model):
+    pm = patched(model, attention="cute")
+    x = ids()
+    fn = torch.compile(lambda t: pm(t, use_cache=False).logits, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), model(x).logits, atol=ATOL, rtol=1e-5)
+
+
+def test_training_mode_falls_back_to_stock_block(model):
+    pm = patched(model)
+    pm.train()
+    pm.config.resid_pdrop = 0.0
+    for m in pm.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(pm(x).logits, model(x).logits, atol=ATOL, rtol=1e-5)
+
+
+def test_patch_argument_errors(model, monkeypatch):
+    with pytest.raises(ValueError, match="precision"):
+        patched(model, precision="fp4")
+    with pytest.raises(ValueError, match="attention"):
+        patched(model, attention="flash")
+    with pytest.raises(ValueError, match="backend"):
+        patch_model(copy.deepcopy(model), backend="triton")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cpu"):  # names the device and what is needed
+            patch_model(copy.deepcopy(model), backend="cute")
+    import inference.patch as P
+
+    monkeypatch.setattr(P, "_check_cute_device", lambda m: None)
+    monkeypatch.setattr(ops, "cute_attention_available", lambda: (False, "not built yet"))
+    with pytest.raises(NotImplementedError, match="attention='sdpa'"):
+        patch_model(copy.deepcopy(model), backend="cute", attention="cute")
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8-block", "int8", "int8-smoothquant"])
+def test_quantized_precisions(model, precision):
+    """quant's FP8Linear/Int8Linear replace the Conv1Ds (reference path on CPU); lm_head stays ours."""
+    quant = pytest.importorskip("quant")
+    x = ids()
+    pm = patched(model, precision=precision, calibration=[x] if precision == "int8-smoothquant" else None)
+    c_attn = pm.transformer.h[0].attn.c_attn
+    assert isinstance(c_attn, (quant.FP8Linear, quant.Int8Linear)) and c_attn.backend == "reference"
+    assert isinstance(pm.lm_head, CuteLMHead)
+    with torch.no_grad():
+        ref, out = model(x).logits, pm(x).logits
+    assert float((out - ref).norm() / ref.norm()) < 0.25  # 8-bit error on a deliberately peaky model
+    dec = StaticDecoder(pm, batch_size=2, max_len=24)
+    assert torch.equal(dec.generate(x, 8), hf_generate(pm, x, 8))
+
+
+def test_quantized_precision_errors(model, monkeypatch):
+    with pytest.raises(ValueError, match="calibration"):
+        patched(model, precision="int8-smoothquant")
+    monkeypatch.setitem(__import__("sys").modules, "quant", None)  # import quant -> ImportError
+    with pytest.raises(NotImplementedError, match="quant"):
+        patched(model, precision="fp8")
+
+
+def test_bench_helpers_on_cpu(model, tmp_path):
+    from inference import bench
+
+    cfg = model.config
+    e, v, L = cfg.n_embd, cfg.vocab_size, cfg.n_layer
+    assert bench.matmul_params(cfg) == L * 12 * e * e + v * e
+    assert bench.prefill_flops(cfg, 2, 10) == 2 * 2 * 10 * bench.matmul_params(cfg) + L * 2 * 2 * 100 * e
+    # tied wte/lm_head counted once, wpe left out
+    n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name)
+    assert bench.weight_bytes(model) == 4 * n
+    pm = patched(model)
+    x = ids()
+    with torch.no_grad():
+        b = bench.profile_breakdown(lambda: pm(x, use_cache=False).logits)
+    gemms = {tuple(g["mnk"]): g["calls"] for g in b["gemms"]}
+    assert all(g["op"] == "cute_inference::linear" for g in b["gemms"])  # inner aten::mm not double counted
+    assert gemms[(24, v, e)] == 1 and gemms[(24, 3 * e, e)] == L
+    plan = bench.plan_variants(["cute", "cublas"], ["bf16", "fp8"], "no CUDA GPU")
+    assert [(p[0], p[1], p[2] is None) for p in plan] == [
+        ("cute", "bf16", False), ("cute", "fp8", False), ("cublas", "bf16", True), ("cublas", "fp8", False)]
+    res = [bench.Result("cublas", "bf16", prefill_ms=1.0, prefill_tok_s=1e4, mfu_pct=1.0, decode_ms_per_step=0.5,
+                        decode_tok_s=4e3, mbu_pct=2.0, peak_gib=1.0, breakdown={"prefill": b})]
+    meta = {"model": "tiny", "model_tag": "tiny", "gpu": "cpu", "gpu_tag": "cpu", "date": "today", "torch": "x",
+            "transformers": "y", "batch": 2, "prompt_len": 12, "gen_len": 4, "attention": "sdpa",
+            "random_weights": True}
+    paths = bench.write_report(res, [("cute", "bf16", "no GPU")], meta, tmp_path)
+    import json
+
+    data = json.loads(paths[0].read_text())
+    assert data["results"][0]["backend"] == "cublas" and data["skipped"][0][2] == "no GPU"
+    md = paths[1].read_text()
+    assert "| cublas | bf16 |" in md and "cute_inference::linear" in md and "Random weights" in md

@@ -1,0 +1,118 @@
+"""CLI tests: bad input ends in one `error:` line and exit status 2, never a traceback.
+
+A few run `python -m inference` in a subprocess (the real exit path); the rest
+call `main()` in-process, which is the same code without the interpreter start.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, timeout=120):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("INFERENCE_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "inference", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.startswith("error:") or "Traceback" in ln]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1001, n_positions=64, bos_token_id=0,
+                     eos_token_id=0)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-gpt2"
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    return path
+
+
+def test_subprocess_bad_backend_list():
+    r = run_cli("bench", "--model", "gpt2", "--backends", "cute,cudnn")
+    assert r.returncode == 2
+    assert "cudnn" in one_error_line(r.stderr)
+
+
+def test_subprocess_unknown_model_no_traceback():
+    r = run_cli("generate", "--model", "definitely-not-a-model-xyz", "--backend", "reference")
+    assert r.returncode == 2
+    assert "cannot load model 'definitely-not-a-model-xyz'" in one_error_line(r.stderr)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "--model", "gpt2", "--precision", "fp4"], "invalid choice"),
+    (["generate", "--model", "gpt2", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["bench", "--model", "gpt2", "--precisions", "bf16,int4"], "int4"),
+    (["generate", "--model", "gpt3", "--random-weights", "--backend", "reference"], "unknown model 'gpt3'"),
+    (["generate", "--model", "gpt2-xl", "--backend", "reference"], "--random-weights"),
+])
+def test_argument_errors(argv, needle, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("INFERENCE_DEBUG", raising=False)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse exits itself
+        code = e.code
+    assert code == 2
+    assert needle in one_error_line(capsys.readouterr().err)
+
+
+def test_too_many_positions(tiny_checkpoint, capsys, monkeypatch):
+    monkeypatch.delenv("INFERENCE_DEBUG", raising=False)
+    code = main(["generate", "--model", str(tiny_checkpoint), "--backend", "reference", "--max-new-tokens", "60",
+                 "--prompt", "a rather long prompt"])
+    assert code == 2
+    assert "exceeds the model's 64 positions" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.skipif("torch.cuda.is_available()", reason="checks the no-GPU messages")
+def test_gpu_needed_messages(capsys, monkeypatch):
+    monkeypatch.delenv("INFERENCE_DEBUG", raising=False)
+    assert main(["generate", "--model", "gpt2", "--random-weights"]) == 2
+    assert "no CUDA GPU" in one_error_line(capsys.readouterr().err)
+    assert main(["bench", "--model", "gpt2", "--random-weights"]) == 2
+    assert "bench needs a CUDA GPU" in one_error_line(capsys.readouterr().err)
+
+
+def test_generate_reference_backend(tiny_checkpoint, capsys):
+    code = main(["generate", "--model", str(tiny_checkpoint), "--backend", "reference", "--prompt", "Hi",
+                 "--max-new-tokens", "8"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "byte-level tokenizer" in out and "--- text ---" in out and "tokens/s" in out
+    assert "greedy tokens: 8/8 match (100.0%)" in out
+    assert "top-1 agreement 100.0%" in out
+
+
+def test_bench_cpu_smoke(tiny_checkpoint, tmp_path, capsys):
+    """The whole bench pipeline (patching, timing, decode loop, profiler breakdown, report) on CPU."""
+    import json
+
+    code = main(["bench", "--model", str(tiny_checkpoint), "--device", "cpu", "--batch", "2", "--prompt-len", "16",
+                 "--gen-len", "8", "--backends", "cute,cublas,tensorrt", "--precisions", "bf16,int8",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "skip cublas/int8" in out and "skip tensorrt/bf16" in out
+    data = json.loads((tmp_path / "inference_tiny-gpt2_cpu.json").read_text())
+    rows = {(r["backend"], r["precision"]): r for r in data["results"]}
+    assert set(rows) == {("cute", "bf16"), ("cute", "int8"), ("cublas", "bf16")}
+    assert rows[("cute", "bf16")]["top1_vs_eager"] == 1.0 and rows[("cute", "bf16")]["decode_ms_per_step"] > 0
+    gemm_ops = {g["op"] for g in rows[("cute", "bf16")]["breakdown"]["prefill"]["gemms"]}
+    assert gemm_ops == {"cute_inference::linear"}
+    assert "| cute | int8 |" in (tmp_path / "inference_tiny-gpt2_cpu.md").read_text()
