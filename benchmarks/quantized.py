@@ -41,14 +41,22 @@ def run_fp8(shapes=SUITE):
         providers["triton"] = lambda a, b, sa, sb: tri(a, b, sa, sb, out_dtype=torch.bfloat16)
     except Exception as e:
         print("[fp8] triton baseline unavailable:", e)
+    precise = {
+        "cute": lambda a, b, sa, sb: ck.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=False),
+        "cublas": lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=False),
+    }
     rows = []
-    for rowwise in (False, True):
-        for (M, N, K) in shapes:
-            case = f"fp8-{'row' if rowwise else 'tensor'}-{M}x{N}x{K}"
+    # Fast accumulation on every shape (both granularities); precise (promoted) accumulation
+    # on the square shapes, where K is long enough for it to matter.
+    plan = [(rw, s, providers, "") for rw in (False, True) for s in shapes]
+    plan += [(True, s, precise, "precise-") for s in shapes if s[0] == s[1] == s[2]]
+    for rowwise, (M, N, K), provs, tag in plan:
+        if True:
+            case = f"fp8-{tag}{'row' if rowwise else 'tensor'}-{M}x{N}x{K}"
             nrot = rotation_count(M * K + N * K + 2 * M * N)
             sets = [_fp8_inputs(M, N, K, rowwise) for _ in range(nrot)]
             ref = None
-            for name, fn in providers.items():
+            for name, fn in provs.items():
                 try:
                     out = fn(*sets[0])
                     ref = ref if ref is not None else ck.scaled_mm_ref(*sets[0], out_dtype=torch.float32)

@@ -207,3 +207,16 @@ def test_unaligned_strides_fall_back_to_padded_copy():
     big = torch.randn(64, 200, device="cuda", dtype=torch.bfloat16)[:, 1:129]  # misaligned base
     bb = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
     _err_rule(ck.gemm(big, bb), big @ bb, big.float() @ bb.float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 768, 768), (300, 520, 208), (2048, 3072, 768)])
+def test_gemm_fp32_output(shape):
+    import cute_kernels as ck
+
+    M, N, K = shape
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()
+    out = ck.gemm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    _err_rule(out, (a @ b).float(), a.float() @ b.float())

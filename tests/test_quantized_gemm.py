@@ -15,11 +15,12 @@ CASES = [
     (GemmConfig(128, 128, 2, 1, pingpong=True), dict(row_scale="scalar", col_scale="scalar", activation="gelu_tanh"), torch.float8_e5m2, torch.float16, "Float32"),
     (GemmConfig(128, 256, 2, 1), {}, torch.int8, torch.int32, "Int32"),
     (GemmConfig(128, 96, 2, 1), dict(row_scale="vector", col_scale="vector", bias=True), torch.int8, torch.bfloat16, "Int32"),
+    (GemmConfig(128, 128, 2, 1, promote=True), dict(row_scale="vector", col_scale="vector"), E4M3, torch.bfloat16, "Float32"),
 ]
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant"])
+@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted"])
 def test_8bit_compiles_for_sm90a(tmp_path, cfg, epi, in_dt, out_dt, acc):
     from cute_kernels.gemm.api import _compile
     from cute_kernels.gemm.kernel import Epilogue
@@ -69,7 +70,8 @@ def _rule(ours, theirs, ref):
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 @pytest.mark.parametrize("shape", [(1, 768, 768), (17, 2304, 768), (300, 520, 208), (4096, 3072, 768), (512, 50256, 1600)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_scaled_mm_matches_dequantized_reference(granularity, shape, with_bias):
+@pytest.mark.parametrize("fast", [False, True])
+def test_scaled_mm_matches_dequantized_reference(granularity, shape, with_bias, fast):
     import cute_kernels as ck
 
     M, N, K = shape
@@ -79,10 +81,10 @@ def test_scaled_mm_matches_dequantized_reference(granularity, shape, with_bias):
     wq, sw = _quant_fp8(w, None if granularity == "tensor" else 1)
     b, sb = wq.t(), sw.reshape(1, -1) if granularity == "row" else sw
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if with_bias else None
-    out = ck.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    out = ck.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16, use_fast_accum=fast)
     ref = ck.scaled_mm_ref(a, b, sa, sb, bias=bias, out_dtype=torch.float32)
     try:
-        theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+        theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16, use_fast_accum=fast)
     except RuntimeError:  # shapes cuBLASLt refuses: hold ours to bf16 output rounding
         theirs = ref.to(torch.bfloat16)
     _rule(out, theirs, ref)

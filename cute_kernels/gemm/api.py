@@ -44,7 +44,7 @@ def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, ep
         tile=cfg.tile_mn,
         cluster=cfg.cluster_mn,
         epilogue=tuple(sorted(vars(epi).items())) if hasattr(epi, "__dict__") else (repr(epi),),
-        extra=(cfg.group, cfg.raster_m, cfg.pingpong, acc_name),
+        extra=(cfg.group, cfg.raster_m, cfg.pingpong, cfg.promote, acc_name),
     )
 
 

@@ -22,6 +22,9 @@ class GemmConfig:
     running at one time close together so their A/B panels are reused from L2.
     pingpong gives each consumer warpgroup whole tiles of its own (alternating), so
     one's epilogue overlaps the other's main loop; otherwise both cooperate on a tile.
+    promote (FP8 "2xAcc"): each 128-deep k-tile accumulates into a fresh register
+    tile that is then added into an fp32 main accumulator, because Hopper's fp8 wgmma
+    keeps fewer accumulator bits than fp32 and long K sums would lose precision.
     """
 
     tile_m: int = 128
@@ -31,6 +34,7 @@ class GemmConfig:
     group: int = 8
     raster_m: bool = True
     pingpong: bool = False
+    promote: bool = False
 
     @property
     def tile_mn(self) -> tuple[int, int]:
@@ -65,6 +69,8 @@ class GemmConfig:
                 raise ValueError(f"cluster dims must be 1 or 2, got {self.cluster_mn}")
         if self.pingpong and self.tile_m * self.tile_n > 128 * 128:
             raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 128")
+        if self.promote and (self.pingpong or self.tile_m * self.tile_n > 128 * 128):
+            raise ValueError("promote keeps two accumulators: needs a cooperative tile of at most 128 x 128")
         if self.group < 1:
             raise ValueError("group must be >= 1")
         if _ab_stages(self, in_bytes, out_bytes) < 2:

@@ -360,6 +360,14 @@ class GemmSm90:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         gD = cute.local_tile(mD_tma, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], self.acc_dtype)
+        acc_k = acc  # per-k-tile partial sums when promoting (fp8 "2xAcc")
+        if cutlass.const_expr(self.cfg.promote):
+            acc_k = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+        # Tile (m, n) of every accumulator register, for the direct 32-bit epilogue: the
+        # identity tensor partitioned by *this thread's* slice (thr_mma above is the
+        # warpgroup's slice, which is all wgmma needs), so acc[i] sits at tCcD[i].
+        tCcD = tiled_mma.get_slice(tidx % wg_threads if pingpong else tidx).partition_C(
+            cute.make_identity_tensor(self.tile_mn))
 
         copy_r2s = self._make_r2s_copy(tiled_mma)
         thr_r2s = copy_r2s.get_slice(tidx % wg_threads if pingpong else tidx)
@@ -397,14 +405,17 @@ class GemmSm90:
                         else:
                             turn[1].arrive_and_wait()
                 read_state, release_state = self.mma(
-                    tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles,
+                    tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles,
                     turn, wg_idx, work + step < total,
                 )
-                self.epilogue(
-                    acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
-                    alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
-                    epi_barrier, epi_barrier_wg1,
-                )
+                if cutlass.const_expr(self.c_dtype.width == 32):
+                    self.epilogue_direct(acc, tCcD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, tm, tn)
+                else:
+                    self.epilogue(
+                        acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
+                        alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
+                        epi_barrier, epi_barrier_wg1,
+                    )
                 tiles_done += 1
             else:
                 # The other warpgroup's tile: step over its stages in the smem ring.
@@ -416,8 +427,10 @@ class GemmSm90:
         store_pipeline.producer_tail()
 
     @cute.jit
-    def mma(self, tiled_mma, acc, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles, turn, wg_idx, has_next):
+    def mma(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles, turn, wg_idx, has_next):
         """Main loop over k: keep one wgmma batch in flight while the next stage lands."""
+        if cutlass.const_expr(self.cfg.promote):
+            return self._mma_promoted(tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles)
         k_blocks = cute.size(tCrA, mode=[2])
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         ab_pipeline.consumer_wait(read_state)
@@ -451,6 +464,32 @@ class GemmSm90:
         warpgroup.wait_group(0)
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
+        return read_state, release_state
+
+    @cute.jit
+    def _mma_promoted(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles):
+        """FP8 main loop with promotion: acc += (fresh wgmma sum over one k-tile), in fp32 FADDs.
+
+        The wait after every k-tile costs some tensor-core idle time; it buys fp32
+        accuracy for long K (what torch._scaled_mm's use_fast_accum=False provides).
+        """
+        k_blocks = cute.size(tCrA, mode=[2])
+        acc.fill(0.0)
+        for _k in range(k_tiles):
+            ab_pipeline.consumer_wait(read_state)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_blocks):
+                cute.gemm(tiled_mma, acc_k, tCrA[(None, None, kb, read_state.index)],
+                          tCrB[(None, None, kb, read_state.index)], acc_k)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+            for v in cutlass.range_constexpr(cute.size(acc)):
+                acc[v] = acc[v] + acc_k[v]
         return read_state, release_state
 
     @cute.jit
@@ -503,6 +542,30 @@ class GemmSm90:
             self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
 
     @cute.jit
+    def epilogue_direct(self, acc, tCcD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, tm, tn):
+        """32-bit outputs (raw int32, fp32): registers straight to global memory.
+
+        Each quad of threads writes 8 consecutive 4-byte elements of a row (one 32-byte
+        sector), so the stores stay sector-efficient without the smem round trip. The
+        stmatrix path is 16-bit only, and the generic register->smem copy orders a
+        thread's values differently from the accumulator.
+        """
+        M = mD.shape[0]
+        N = mD.shape[1]
+        row0 = tm * self.tile_mn[0]
+        col0 = tn * self.tile_mn[1]
+        for v in cutlass.range_constexpr(cute.size(acc)):
+            m_local, n_local = tCcD[v]
+            row = row0 + m_local
+            col = col0 + n_local
+            if row < M and col < N:
+                if cutlass.const_expr(self.epi.is_identity):
+                    mD[row, col, 0] = self.c_dtype(acc[v])
+                else:
+                    mD[row, col, 0] = self.c_dtype(self._epilogue_value(
+                        cutlass.Float32(acc[v]), row, col, mBias, mResidual, mRowScale, mColScale, alpha, beta))
+
+    @cute.jit
     def _epi_sync(self, bar0, bar1, wg_idx):
         if cutlass.const_expr(self.cfg.pingpong):
             if wg_idx == 0:
@@ -534,26 +597,30 @@ class GemmSm90:
             m_local, n_local = cD[v]
             row = cutlass.min(row0 + m_local, m_last)
             col = cutlass.min(col0 + n_local, n_last)
-            x = rD[v]
-            if cutlass.const_expr(self.epi.alpha):
-                x = x * alpha
-            if cutlass.const_expr(self.epi.row_scale == "vector"):
-                x = x * cutlass.Float32(mRowScale[row])
-            if cutlass.const_expr(self.epi.row_scale == "scalar"):
-                x = x * cutlass.Float32(mRowScale[0])
-            if cutlass.const_expr(self.epi.col_scale == "vector"):
-                x = x * cutlass.Float32(mColScale[col])
-            if cutlass.const_expr(self.epi.col_scale == "scalar"):
-                x = x * cutlass.Float32(mColScale[0])
-            if cutlass.const_expr(self.epi.bias):
-                x = x + cutlass.Float32(mBias[col])
-            x = self._activation(x)
-            if cutlass.const_expr(self.epi.residual):
-                r = cutlass.Float32(mResidual[row, col])
-                if cutlass.const_expr(self.epi.beta):
-                    r = r * beta
-                x = x + r
-            rD[v] = x
+            rD[v] = self._epilogue_value(rD[v], row, col, mBias, mResidual, mRowScale, mColScale, alpha, beta)
+
+    @cute.jit
+    def _epilogue_value(self, x, row, col, mBias, mResidual, mRowScale, mColScale, alpha, beta):
+        """act(alpha * x * row_scale[row] * col_scale[col] + bias[col]) + beta * residual[row, col]."""
+        if cutlass.const_expr(self.epi.alpha):
+            x = x * alpha
+        if cutlass.const_expr(self.epi.row_scale == "vector"):
+            x = x * cutlass.Float32(mRowScale[row])
+        if cutlass.const_expr(self.epi.row_scale == "scalar"):
+            x = x * cutlass.Float32(mRowScale[0])
+        if cutlass.const_expr(self.epi.col_scale == "vector"):
+            x = x * cutlass.Float32(mColScale[col])
+        if cutlass.const_expr(self.epi.col_scale == "scalar"):
+            x = x * cutlass.Float32(mColScale[0])
+        if cutlass.const_expr(self.epi.bias):
+            x = x + cutlass.Float32(mBias[col])
+        x = self._activation(x)
+        if cutlass.const_expr(self.epi.residual):
+            r = cutlass.Float32(mResidual[row, col])
+            if cutlass.const_expr(self.epi.beta):
+                r = r * beta
+            x = x + r
+        return x
 
     @cute.jit
     def _activation(self, x):

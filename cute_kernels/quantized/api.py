@@ -83,8 +83,9 @@ def scaled_mm(
     a [M, K] e4m3/e5m2 row-major; b [K, N] e4m3/e5m2 column-major; scale_a () or [M, 1];
     scale_b () or [1, N] (float32); bias [N] in out_dtype (bf16 or fp16).
 
-    use_fast_accum is accepted for API parity; both settings currently run the single
-    fp32 wgmma accumulator (see README: the promoted "2xAcc" main loop is not built yet).
+    use_fast_accum=False (the default, as in torch) promotes the tensor-core partial
+    sums into an fp32 accumulator every 128 of K ("2xAcc"); True keeps one wgmma
+    accumulator, which is faster and loses precision as K grows.
     """
     from ..gemm.kernel import Epilogue
 
@@ -104,7 +105,17 @@ def scaled_mm(
     if M == 0 or N == 0:
         return out
     epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode, bias=bias is not None)
-    return run_gemm(a, b.t(), out, epi=epi, bias=bias, row_scale=sa, col_scale=sb, kernel_name="scaled_mm_sm90")
+    cfg = None if use_fast_accum else _promoted_config(M, N)
+    return run_gemm(a, b.t(), out, epi=epi, bias=bias, row_scale=sa, col_scale=sb, config=cfg,
+                    kernel_name="scaled_mm_sm90")
+
+
+def _promoted_config(M: int, N: int):
+    from ..gemm.config import GemmConfig
+
+    # Two accumulators must fit in registers: 64 x 128 per warpgroup, cooperative.
+    tiles_m = -(-M // 128)
+    return GemmConfig(128, 128, 2 if tiles_m >= 2 else 1, 1, promote=True)
 
 
 def scaled_mm_blockwise(
