@@ -234,7 +234,7 @@ class GemmSm90:
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cta_coord = cta_layout.get_flat_coord(cta_rank)
 
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         ab_pipeline = self._make_ab_pipeline(storage.ab_full_empty.data_ptr(), cta_layout, a_smem_staged, b_smem_staged)
         # Cluster peers must see initialised barriers before any multicast lands.
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
