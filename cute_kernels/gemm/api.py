@@ -169,9 +169,13 @@ def _prepare_operand(t: torch.Tensor, rows_name: str) -> torch.Tensor:
     return buf[:, :cols]
 
 
+def _padded_n(N: int, dtype: torch.dtype) -> int:
+    return -(-N // 8) * 8 if dtype.itemsize == 2 else -(-N // 4) * 4
+
+
 def _alloc_out(M: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Output (M, N); when N*elem is not 16-byte aligned the rows are padded and a view returned."""
-    n_p = -(-N // 8) * 8 if dtype.itemsize == 2 else -(-N // 4) * 4
+    n_p = _padded_n(N, dtype)
     buf = torch.empty((M, n_p), dtype=dtype, device=device)
     return buf if n_p == N else buf[:, :N]
 
@@ -242,6 +246,14 @@ def _check_out(out: torch.Tensor, M: int, N: int, dtype, device) -> None:
         raise ValueError("out must be row-major with 16-byte aligned rows (stride(1) == 1, stride(0) * itemsize % 16 == 0)")
 
 
+_LINEAR_PLANS: dict = {}
+
+
+def _linear_key(x, weight, bias, residual, activation, alpha, beta):
+    sig = lambda t: None if t is None else (t.dtype, t.shape, t.stride(), t.device)  # noqa: E731
+    return (sig(x), sig(weight), sig(bias), sig(residual), activation, alpha != 1.0, beta != 1.0)
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -257,6 +269,27 @@ def linear(
     x [..., K], weight [N, K], bias [N], residual [..., N]; activation in
     {None, "relu", "gelu" (erf), "gelu_tanh" (GPT-2's gelu_new)}. All in one dtype (bf16/fp16).
     """
+    # Hot path: a launch validated once per signature (dtypes, shapes, strides, devices,
+    # epilogue kind) and recorded only when it needed no copies; per call, only the TMA
+    # operands' 16-byte alignment is re-checked.
+    try:
+        key = _linear_key(x, weight, bias, residual, activation, alpha, beta)
+        plan = _LINEAR_PLANS.get(key)
+    except AttributeError:  # not tensors: the full path raises the right error
+        key, plan = None, None
+    if plan is not None and not (x.data_ptr() | weight.data_ptr()) & 15:
+        fn, M, N, K, n_p, lead = plan
+        buf = torch.empty((M, n_p), dtype=x.dtype, device=x.device)
+        out = buf if n_p == N else buf[:, :N]
+        res2 = None if residual is None else residual.reshape(M, N)
+        fn(x.reshape(M, K), weight, out, bias, res2, None, None, float(alpha), float(beta))
+        if n_p == N:
+            return out.view(*lead, N)
+        return out[0] if not lead else _reshape_padded(out, lead, N)
+    return _linear_slow(x, weight, bias, activation, residual, alpha, beta, key)
+
+
+def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
     from .kernel import Epilogue
 
     _check_16bit_operands(x, weight, "x", "weight")
@@ -295,10 +328,17 @@ def linear(
                 alpha=alpha != 1.0,
                 beta=res2 is not None and beta != 1.0,
             )
-            run_gemm(
-                _prepare_operand(x2, "m"), _prepare_operand(weight, "n"), out,
-                epi=epi, bias=bias, residual=res2, alpha=float(alpha), beta=float(beta),
+            a_p, w_p = _prepare_operand(x2, "m"), _prepare_operand(weight, "n")
+            run_gemm(a_p, w_p, out, epi=epi, bias=bias, residual=res2, alpha=float(alpha), beta=float(beta))
+            no_copies = (
+                a_p is x2 and x2.data_ptr() == x.data_ptr() and w_p is weight
+                and (residual is None or res2.data_ptr() == residual.data_ptr())
+                and (plan_key is not None and (plan_key[2] is None or plan_key[2][2] == (1,)))
             )
+            if no_copies and a_p.stride(1) == 1:
+                cfg = _pick_config(M, N, K, x.element_size())
+                fn = get_kernel("gemm_sm90", x.dtype, weight.dtype, out.dtype, _major(a_p, "m"), _major(w_p, "n"), cfg, epi)
+                _LINEAR_PLANS[plan_key] = (fn, M, N, K, _padded_n(N, x.dtype), tuple(lead))
     if out.is_contiguous():
         return out.reshape(*lead, N)
     return out[0] if not lead else _reshape_padded(out, lead, N)
