@@ -37,6 +37,7 @@ PyTorch references, which is slow but exact enough for tests. Set a module's
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import nn
@@ -90,12 +91,24 @@ def _hopper() -> bool:
     return is_hopper_available()
 
 
+_WARNED_FALLBACK = False
+
+
 def _use_kernels(backend: str, x: torch.Tensor) -> bool:
     if backend == "kernels":
         return True
     if backend == "reference":
         return False
-    return x.is_cuda and _hopper()
+    if x.is_cuda and not _hopper():
+        # Say so once: a non-Hopper GPU silently running the (slow) reference GEMM
+        # would look like a working fast path in every timing.
+        global _WARNED_FALLBACK
+        if not _WARNED_FALLBACK:
+            warnings.warn("quant: the FP8/INT8 kernels need an sm_90 GPU; using the PyTorch reference GEMM "
+                          "(set module.backend = 'kernels' to get the error instead)", stacklevel=3)
+            _WARNED_FALLBACK = True
+        return False
+    return x.is_cuda
 
 
 class _QuantLinearBase(nn.Module):
