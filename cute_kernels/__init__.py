@@ -5,6 +5,8 @@ Public ops (torch tensors in, torch tensors out, launched on the current stream)
 - `gemm(a, b)`, `linear(x, weight, bias, activation=..., residual=...)`: BF16/FP16 GEMM
   with a fused epilogue.
 - `scaled_mm`, `scaled_mm_blockwise`, `int8_mm`: FP8 and INT8 GEMM with fused scaling.
+- `flash_attn`: FlashAttention forward (EXPERIMENTAL: compiled, not yet run on a GPU;
+  off unless CUTE_KERNELS_EXPERIMENTAL_ATTENTION=1).
 
 Every op has a PyTorch reference beside it (`*_ref`). Importing this package does
 not import cutlass or touch the GPU; kernels compile on first use (and are cached).
@@ -25,6 +27,8 @@ _LAZY = {
     "scaled_mm_blockwise_ref": "cute_kernels.quantized.api",
     "int8_mm": "cute_kernels.quantized.api",
     "int8_mm_ref": "cute_kernels.quantized.api",
+    "flash_attn": "cute_kernels.attention.api",
+    "flash_attn_ref": "cute_kernels.attention.api",
 }
 
 __all__ = sorted([*_LAZY, "gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS"])

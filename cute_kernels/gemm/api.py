@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import KERNELS, CompileKey, check_device
+from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
 import functools
 
@@ -81,7 +81,7 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     return cute.compile(
         kernel, fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0), max_clusters,
         make_fake_stream(use_tvm_ffi_env_stream=True),
-        options="--enable-tvm-ffi" + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""),
+        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}" + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""),
     )
 
 

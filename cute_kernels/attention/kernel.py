@@ -1,0 +1,318 @@
+"""FlashAttention forward for Hopper (CuTe DSL, sm_90a). EXPERIMENTAL: compiled, not yet run.
+
+    O[b, i, h] = softmax(scale * Q[b, i, h] K[b, :, h_kv]^T + mask) V[b, :, h_kv]
+
+One CTA owns a 128-row block of queries of one (batch, head). Causal masking is aligned
+bottom-right (query i sees keys j <= i + Sk - Sq), as FlashAttention does; key blocks
+that are fully masked are never loaded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+_LOG2_E = 1.4426950408889634
+_LN_2 = 0.6931471805599453
+
+
+class FlashAttnFwdSm90:
+    """Warp-specialized FlashAttention forward.
+
+    Warp roles (384 threads):
+      * warpgroup 0 (producer, 24 registers after setmaxnreg): warp 0 issues the TMA
+        loads: the Q block once, then K and V blocks through their own rings, so the
+        S = Q K^T of block j can start as soon as K_j lands, while V_j is in flight.
+      * warpgroups 1-2 (consumers, 240 registers): each owns 64 query rows. Per key block:
+        S = Q K^T (wgmma, both from smem), masking, online softmax in fp32 with exp2 and
+        the scale folded into log2 space, P converted to 16-bit in registers, then
+        O += P V (wgmma with A from registers). Finally O / rowsum and the LSE.
+
+    Pipelines (PipelineTmaAsync): q_pipe (1 stage), k_pipe and v_pipe (`stages` deep);
+    empty barriers collect one arrive per consumer warp.
+    """
+
+    def __init__(self, head_dim: int, causal: bool, m_block: int = 128, n_block: int = 128, stages: int = 2):
+        self.head_dim = head_dim
+        self.causal = causal
+        self.m_block, self.n_block, self.stages = m_block, n_block, stages
+        self.num_mma_wg = 2
+        self.num_threads = 128 * (1 + self.num_mma_wg)
+        self.load_regs, self.mma_regs = 24, 240
+
+    @staticmethod
+    def _permute(t: cute.Tensor, order) -> cute.Tensor:
+        layout = cute.make_layout(tuple(t.shape[i] for i in order), stride=tuple(t.stride[i] for i in order))
+        return cute.make_tensor(t.iterator, layout)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h_q, d)
+        mK: cute.Tensor,  # (b, s_k, h_kv, d)
+        mV: cute.Tensor,  # (b, s_k, h_kv, d)
+        mO: cute.Tensor,  # (b, s_q, h_q, d)
+        mLSE: cute.Tensor,  # (b, h_q, s_q), fp32
+        scale_log2: cutlass.Float32,
+        qheads_per_kvhead: cutlass.Int32,
+        stream,
+    ):
+        dtype = mQ.element_type
+        self.dtype = dtype
+        # Views the TMA helpers want: (rows, d, head, batch); V transposed to (d, s_k, ...).
+        q = self._permute(mQ, (1, 3, 2, 0))
+        k = self._permute(mK, (1, 3, 2, 0))
+        vt = self._permute(mV, (3, 1, 2, 0))
+        D, mb, nb = self.head_dim, self.m_block, self.n_block
+        self.qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, nb),
+        )
+        self.pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
+            cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
+        )
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (mb, D, nb), dtype, self.stages)
+        tma_q, tQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), q, cute.slice_(sQ_layout, (None, None, 0)), (mb, D))
+        tma_k, tK = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), k, cute.slice_(sK_layout, (None, None, 0)), (nb, D))
+        tma_v, tVt = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), vt, cute.slice_(sV_layout, (None, None, 0)), (D, nb))
+
+        @cute.struct
+        class SharedStorage:
+            q_bar: cute.struct.MemRange[cutlass.Int64, 2]
+            k_bar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            v_bar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        grid = (cute.ceil_div(mQ.shape[1], mb), mQ.shape[2], mQ.shape[0])
+        self.kernel(
+            tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, scale_log2, qheads_per_kvhead,
+            self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    # ------------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, scale_log2, qheads_per_kvhead,
+        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        m_idx, h, b = cute.arch.block_idx()
+        h_kv = h // qheads_per_kvhead
+        s_q = mO.shape[1]
+        s_k = tK.shape[0]
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+        kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+        q_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_bar.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=q_bytes, defer_sync=True)
+        k_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.k_bar.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=kv_bytes, defer_sync=True)
+        v_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.v_bar.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=kv_bytes, defer_sync=True)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        n_blocks = self._n_blocks(m_idx, s_q, s_k)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.load_regs)
+            if warp_idx == 0:
+                self.load(tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe,
+                          m_idx, h, h_kv, b, n_blocks)
+        else:
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
+                     m_idx, h, b, s_q, s_k, n_blocks)
+
+    @cute.jit
+    def _n_blocks(self, m_idx, s_q, s_k):
+        """Key blocks this query block attends to (causal: up to the diagonal, bottom-right)."""
+        n_end = s_k
+        if cutlass.const_expr(self.causal):
+            n_end = cutlass.min(s_k, (m_idx + 1) * self.m_block + s_k - s_q)
+        return cutlass.max(cute.ceil_div(n_end, self.n_block), 0)
+
+    @cute.jit
+    def load(self, tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe, m_idx, h, h_kv, b, n_blocks):
+        """Producer warp: Q once, then K_j and V_j for every key block."""
+        gQ = cute.local_tile(tQ[(None, None, h, b)], (self.m_block, self.head_dim), (m_idx, 0))
+        gK = cute.local_tile(tK[(None, None, h_kv, b)], (self.n_block, self.head_dim), (None, 0))
+        gV = cute.local_tile(tVt[(None, None, h_kv, b)], (self.head_dim, self.n_block), (0, None))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVs, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        if n_blocks > 0:
+            q_pipe.producer_acquire(q_state)
+            cute.copy(tma_q, tQg, tQs[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+        for j in range(n_blocks):
+            k_pipe.producer_acquire(k_state)
+            cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+            k_state.advance()
+            v_pipe.producer_acquire(v_state)
+            cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+            v_state.advance()
+        k_pipe.producer_tail(k_state)
+        v_pipe.producer_tail(v_state)
+
+    @cute.jit
+    def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
+            m_idx, h, b, s_q, s_k, n_blocks):
+        """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store."""
+        tidx = cute.arch.thread_idx()[0] - 128
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        qk_wg = qk_mma.get_slice(wg_idx * 128)
+        pv_wg = pv_mma.get_slice(wg_idx * 128)
+        tSrQ = qk_mma.make_fragment_A(qk_wg.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(qk_wg.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(pv_wg.partition_B(sV))
+        acc_s = cute.make_rmem_tensor(qk_wg.partition_shape_C((self.m_block, self.n_block)), cutlass.Float32)
+        acc_o = cute.make_rmem_tensor(pv_wg.partition_shape_C((self.m_block, self.head_dim)), cutlass.Float32)
+        # Per-thread coordinates need this thread's slice (the warpgroup slice is thread 0's).
+        tScS = qk_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.m_block, self.n_block)))
+        tOcO = pv_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.m_block, self.head_dim)))
+        # A 64xN wgmma accumulator holds, per thread, rows r and r+8 of its quad:
+        # flat index v = col_pair + 2 * row_half + 4 * col_group. The running max and sum
+        # of those two rows are loop-carried scalars (m0, m1, l0, l1).
+        neg_inf = -cutlass.Float32.inf
+        m0, m1 = neg_inf, neg_inf
+        l0, l1 = cutlass.Float32(0.0), cutlass.Float32(0.0)
+        acc_o.fill(0.0)
+        row0 = m_idx * self.m_block
+        causal_shift = s_k - s_q
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if n_blocks > 0:
+            q_pipe.consumer_wait(q_state)
+        rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
+        for j in range(n_blocks):
+            # ---- S = Q K_j^T
+            k_pipe.consumer_wait(k_state)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)], tSrK[(None, None, kb, k_state.index)], acc_s)
+                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(k_state)
+            k_state.advance()
+
+            # ---- mask: keys past s_k (zero-filled by TMA) and, if causal, past the diagonal
+            col0 = j * self.n_block
+            for v in cutlass.range_constexpr(cute.size(acc_s)):
+                r, c = tScS[v]
+                limit = s_k
+                if cutlass.const_expr(self.causal):
+                    limit = cutlass.min(s_k, row0 + r + causal_shift + 1)
+                acc_s[v] = cutlass.select_(col0 + c < limit, acc_s[v], neg_inf)
+
+            # ---- online softmax, scale folded into exp2
+            new_max = [m0, m1]
+            for v in cutlass.range_constexpr(cute.size(acc_s)):
+                half = (v // 2) % 2
+                new_max[half] = cutlass.max(new_max[half], acc_s[v])
+            ref, corr = [None, None], [None, None]
+            for half in cutlass.range_constexpr(2):
+                mx = new_max[half]
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                new_max[half] = mx
+                # Rows with every key masked so far keep max -inf: use 0 as the reference
+                # so exp2(-inf - 0) = 0 rather than NaN.
+                ref[half] = cutlass.select_(mx == neg_inf, cutlass.Float32(0.0), mx * scale_log2)
+            old_max = [m0, m1]
+            for half in cutlass.range_constexpr(2):
+                corr[half] = cutlass.select_(
+                    old_max[half] == neg_inf, cutlass.Float32(0.0),
+                    cute.math.exp2(old_max[half] * scale_log2 - ref[half], fastmath=True))
+            sums = [l0 * corr[0], l1 * corr[1]]
+            for v in cutlass.range_constexpr(cute.size(acc_s)):
+                half = (v // 2) % 2
+                p = cute.math.exp2(acc_s[v] * scale_log2 - ref[half], fastmath=True)
+                sums[half] = sums[half] + p
+                acc_s[v] = p
+            for v in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[v] = acc_o[v] * corr[(v // 2) % 2]
+            m0, m1 = new_max[0], new_max[1]
+            l0, l1 = sums[0], sums[1]
+            rP.store(acc_s.load().to(self.dtype))
+
+            # ---- O += P V_j, with P as the register A operand: the S accumulator of a
+            # 64xN wgmma, split into 16-column k-blocks, is exactly the A fragment layout.
+            tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
+            v_pipe.consumer_wait(v_state)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(self.n_block // 16):
+                cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, v_state.index)], acc_o)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            v_pipe.consumer_release(v_state)
+            v_state.advance()
+
+        # ---- normalise, write O and the LSE
+        sums = [l0, l1]
+        maxes = [m0, m1]
+        inv = [None, None]
+        for half in cutlass.range_constexpr(2):
+            t = sums[half]
+            t = t + cute.arch.shuffle_sync_bfly(t, offset=1)
+            t = t + cute.arch.shuffle_sync_bfly(t, offset=2)
+            sums[half] = t
+            # Rows with nothing to attend to (sum 0) produce zeros, not NaN.
+            inv[half] = cutlass.select_(t > 0.0, 1.0 / cutlass.max(t, cutlass.Float32(1e-30)), cutlass.Float32(0.0))
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            r, c = tOcO[v]
+            row = row0 + r
+            if row < s_q:
+                mO[b, row, h, c] = self.dtype(acc_o[v] * inv[(v // 2) % 2])
+        r0, c0 = tOcO[0]
+        if c0 == 0:  # one thread of each quad writes its two rows' LSE
+            for half in cutlass.range_constexpr(2):
+                row = row0 + r0 + 8 * half
+                if row < s_q:
+                    lse = (maxes[half] * scale_log2 + cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)) * _LN_2
+                    mLSE[b, h, row] = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
+
+    @staticmethod
+    def _acc_to_a_layout(layout):
+        """((2, 2, N/8), M, 1) accumulator -> ((2, 2, 2), M, N/16) register-A fragment."""
+        m_mode = layout.shape[1]
+        n8 = layout.shape[0][2]
+        return cute.make_layout(((2, 2, 2), m_mode, n8 // 2), stride=((1, 2, 4), 4 * n8, 8))
+
+
+def softmax_scale_log2(head_dim: int, softmax_scale: float | None) -> float:
+    return (softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2_E

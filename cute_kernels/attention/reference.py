@@ -1,0 +1,31 @@
+"""PyTorch reference for flash_attn: fp32 math, GQA, bottom-right causal alignment."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def flash_attn_ref(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
+    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] -> O [B, Sq, Hq, D] (and LSE [B, Hq, Sq] in fp32).
+
+    Causal: query i sees keys j <= i + Sk - Sq. Rows with nothing to attend to give
+    zeros and an LSE of -inf.
+    """
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    rep = Hq // Hkv
+    qf = q.float().transpose(1, 2)
+    kf = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + Sk - Sq, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # fully masked rows: exp(-inf - -inf)
+    o = (p @ vf).transpose(1, 2).to(q.dtype)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,114 @@
+"""flash_attn tests: compile tier (CPU), validation (CPU), and the gpu tier (waiting for a GPU run)."""
+
+from __future__ import annotations
+
+import glob
+import math
+import re
+
+import pytest
+import torch
+
+from cute_kernels.attention.reference import flash_attn_ref
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_compiles_for_sm90a(tmp_path, head_dim, causal):
+    from cute_kernels.attention.api import _compile
+
+    _compile(torch.bfloat16, head_dim, causal, keep_dir=str(tmp_path))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    # S = Q K^T from shared memory; O += P V with P from registers: "{4 regs}, desc" operands.
+    assert any(re.search(r"\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", line) for line in wgmma)
+    assert "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx and "ex2.approx" in ptx
+    from tests.test_gemm import _ptxas_report
+
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
+
+
+def test_reference_matches_sdpa_and_handles_empty_rows():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 4, 64) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(flash_attn_ref(q, k, v, causal=True), ref, atol=1e-5, rtol=1e-5)
+    # Sq > Sk, causal bottom-right: the first Sq - Sk rows see nothing -> zeros, LSE -inf.
+    o, lse = flash_attn_ref(torch.randn(1, 6, 2, 64), k[:1, :3, :2], v[:1, :3, :2], causal=True, return_lse=True)
+    assert torch.equal(o[:, :3], torch.zeros_like(o[:, :3])) and torch.isinf(lse[..., :3]).all()
+    assert torch.isfinite(o).all()
+
+
+def test_validation_on_cpu():
+    import cute_kernels as ck
+
+    q = torch.randn(1, 8, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        ck.flash_attn(q, q, q)
+    with pytest.raises(TypeError):
+        ck.flash_attn(q.float(), q.float(), q.float())
+    with pytest.raises(ValueError, match="unit stride"):
+        ck.flash_attn(q.transpose(1, 3), q, q)
+
+
+# ------------------------------------------------------------------------------ gpu tier
+
+
+@pytest.fixture
+def experimental(monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_EXPERIMENTAL_ATTENTION", "1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(12, 12), (32, 8), (12, 1)])
+@pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (128, 128), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_attn_matches_reference(experimental, causal, heads, seqlens, head_dim):
+    import cute_kernels as ck
+
+    (hq, hkv), (sq, sk) = heads, seqlens
+    q = torch.randn(2, sq, hq, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, sk, hkv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, sk, hkv, head_dim, device="cuda", dtype=torch.bfloat16)
+    out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = flash_attn_ref(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
+    # torch's bf16 SDPA on the same inputs (bottom-right causal via an explicit mask).
+    rep = hq // hkv
+    mask = None
+    if causal:
+        i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+        mask = j <= i + sk - sq
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1),
+        attn_mask=mask).transpose(1, 2).nan_to_num(0.0)
+    e_ours = (out.float() - ref.float()).abs().max().item()
+    e_torch = (sdpa.float() - ref.float()).abs().max().item()
+    assert torch.isfinite(out).all()
+    assert e_ours <= 2 * e_torch + 1e-3, (e_ours, e_torch)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_flash_attn_strided_hf_layout(experimental):
+    import cute_kernels as ck
+
+    # Hugging Face builds [B, H, S, D] and hands over .transpose(1, 2) views: no copies.
+    q, k, v = (torch.randn(2, 12, 300, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    out = ck.flash_attn(q, k, v, causal=True, softmax_scale=1 / math.sqrt(64))
+    torch.testing.assert_close(out.float(), flash_attn_ref(q.float(), k.float(), v.float(), causal=True).float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_flash_attn_is_gated_without_the_flag(monkeypatch):
+    import cute_kernels as ck
+
+    monkeypatch.delenv("CUTE_KERNELS_EXPERIMENTAL_ATTENTION", raising=False)
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="not been verified"):
+        ck.flash_attn(q, q, q)
