@@ -112,3 +112,54 @@ def test_flash_attn_is_gated_without_the_flag(monkeypatch):
     q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="not been verified"):
         ck.flash_attn(q, q, q)
+
+
+def test_append_kv_and_kvcache_reference_on_cpu():
+    from cute_kernels.attention.api import append_kv
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    torch.manual_seed(1)
+    B, Smax, H, D = 3, 32, 2, 64
+    kc, vc = torch.randn(B, Smax, H, D), torch.randn(B, Smax, H, D)
+    lens = torch.tensor([0, 5, 17], dtype=torch.int32)
+    kn, vn = torch.randn(B, 2, H, D), torch.randn(B, 2, H, D)
+    kc2, vc2 = kc.clone(), vc.clone()
+    append_kv(kc2, vc2, lens, kn, vn)
+    for b in range(B):
+        n = int(lens[b])
+        assert torch.equal(kc2[b, n:n + 2], kn[b]) and torch.equal(vc2[b, n:n + 2], vn[b])
+        assert torch.equal(kc2[b, :n], kc[b, :n]) and torch.equal(kc2[b, n + 2:], kc[b, n + 2:])
+    q = torch.randn(B, 2, H, D)
+    out = flash_attn_with_kvcache_ref(q, kc.clone(), vc.clone(), lens, k_new=kn, v_new=vn)
+    for b in range(B):
+        n = int(lens[b]) + 2
+        torch.testing.assert_close(out[b:b + 1], flash_attn_ref(q[b:b + 1], kc2[b:b + 1, :n], vc2[b:b + 1, :n], causal=True))
+
+
+def test_kvcache_validation_on_cpu():
+    import cute_kernels as ck
+
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    kc = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        ck.flash_attn_with_kvcache(q, kc, kc, torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_new", [1, 7])
+@pytest.mark.parametrize("heads", [(12, 12), (32, 8)])
+def test_flash_attn_with_kvcache_ragged(experimental, s_new, heads):
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    hq, hkv = heads
+    B, Smax, D = 4, 1200, 128 if hkv == 8 else 64
+    kc = torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([0, 1, 130, 1000], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, s_new, hq, D, device="cuda", dtype=torch.bfloat16)
+    kn = torch.randn(B, s_new, hkv, D, device="cuda", dtype=torch.bfloat16)
+    vn = torch.randn(B, s_new, hkv, D, device="cuda", dtype=torch.bfloat16)
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float().clone(), vc.float().clone(), lens, k_new=kn.float(), v_new=vn.float())
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, k_new=kn, v_new=vn)
+    assert (out.float() - ref).abs().max().item() < 3e-2

@@ -29,3 +29,19 @@ def flash_attn_ref(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fals
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # fully masked rows: exp(-inf - -inf)
     o = (p @ vf).transpose(1, 2).to(q.dtype)
     return (o, lse) if return_lse else o
+
+
+def flash_attn_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, causal=True,
+                                softmax_scale=None):
+    """Reference: per sequence, attend to the filled cache (plus k_new/v_new, appended in place)."""
+    if k_new is not None:
+        from .api import append_kv
+
+        append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
+    s_new = 0 if k_new is None else k_new.shape[1]
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(cache_seqlens[b]) + s_new
+        outs.append(flash_attn_ref(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], causal=causal,
+                                   softmax_scale=softmax_scale))
+    return torch.cat(outs)
