@@ -30,6 +30,7 @@ _LAZY = {
     "flash_attn": "cute_kernels.attention.api",
     "flash_attn_ref": "cute_kernels.attention.api",
     "flash_attn_with_kvcache": "cute_kernels.attention.api",
+    "flash_attn_varlen": "cute_kernels.attention.api",
 }
 
 __all__ = sorted([*_LAZY, "gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS"])

@@ -163,3 +163,37 @@ def test_flash_attn_with_kvcache_ragged(experimental, s_new, heads):
     ref = flash_attn_with_kvcache_ref(q.float(), kc.float().clone(), vc.float().clone(), lens, k_new=kn.float(), v_new=vn.float())
     out = ck.flash_attn_with_kvcache(q, kc, vc, lens, k_new=kn, v_new=vn)
     assert (out.float() - ref).abs().max().item() < 3e-2
+
+
+def test_varlen_padding_and_reference_on_cpu():
+    from cute_kernels.attention.api import _pad
+    from cute_kernels.attention.reference import flash_attn_varlen_ref
+
+    x = torch.randn(10, 2, 64)
+    x[3] = float("nan")  # belongs to sequence 2 only
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    padded = _pad(x, cu, 7)
+    assert torch.isfinite(padded[0]).all() and torch.isfinite(padded[1]).all()
+    assert torch.equal(padded[2, :7].isnan(), x[3:10].isnan())
+    q, k, v = (torch.randn(10, 2, 64) for _ in range(3))
+    out = flash_attn_varlen_ref(q, k, v, cu, cu, causal=True)
+    assert out.shape == (10, 2, 64)
+    torch.testing.assert_close(out[3:], flash_attn_ref(q[None, 3:], k[None, 3:], v[None, 3:], causal=True)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_varlen(experimental, causal):
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_varlen_ref
+
+    lq = [5, 0, 300, 129, 1]
+    lk = [5, 17, 300, 1000, 64]
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lq), 8, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lk), 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(sum(lk), 2, 64, device="cuda", dtype=torch.bfloat16)
+    out = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal)
+    ref = flash_attn_varlen_ref(q.float(), k.float(), v.float(), cu_q, cu_k, causal=causal)
+    assert out.shape == q.shape and (out.float() - ref).abs().max().item() < 3e-2

@@ -44,7 +44,8 @@ def _validate(q, k, v):
             raise ValueError(f"{n} needs a 16-byte aligned base and 16-byte aligned strides (TMA)")
 
 
-def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, seqlens: bool = False):
+def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, seqlens: bool = False,
+             seqlens_q: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -62,13 +63,14 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
     fq, fk, fv, fo = bshd(sq, hq), bshd(sk, hkv), bshd(sk, hkv), bshd(sq, hq)
     flse = make_fake_tensor(cutlass.Float32, (b, hq, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
+    fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
     kernel = FlashAttnFwdSm90(head_dim, causal)
-    return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, cutlass.Float32(1.0), cutlass.Int32(1),
+    return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-def _run(q, k, v, causal, softmax_scale, seqlens_k=None):
+def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None):
     from .kernel import softmax_scale_log2
 
     if os.environ.get(ENV_FLAG) != "1":
@@ -79,11 +81,11 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None):
     out = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     if out.numel():
-        with_lens = seqlens_k is not None
+        lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
         key = CompileKey("flash_fwd_sm90", (dtype_name(q.dtype),), ("bshd",), (128, 128), (1, 1),
-                         epilogue=(("causal", bool(causal)), ("seqlens_k", with_lens)), extra=(D,))
-        fn = KERNELS.get(key, lambda: _compile(q.dtype, D, bool(causal), seqlens=with_lens))
-        fn(q, k, v, out, lse, seqlens_k, softmax_scale_log2(D, softmax_scale), Hq // k.shape[2])
+                         epilogue=(("causal", bool(causal)), ("seqlens_k", lens_k), ("seqlens_q", lens_q)), extra=(D,))
+        fn = KERNELS.get(key, lambda: _compile(q.dtype, D, bool(causal), seqlens=lens_k, seqlens_q=lens_q))
+        fn(q, k, v, out, lse, seqlens_k, seqlens_q, softmax_scale_log2(D, softmax_scale), Hq // k.shape[2])
     return out, lse
 
 
@@ -118,6 +120,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     [B, S_new, Hkv, D] are appended in place first; the query [B, S_new, Hq, D] then
     attends to the first cache_seqlens[b] + S_new keys (causal: bottom-right aligned).
     Returns O [B, S_new, Hq, D]; cache_seqlens itself is not advanced.
+
+    Cache rows past the filled length must hold finite values (a zero-initialised cache,
+    as Hugging Face's StaticCache is): the last key block is read whole and its masked
+    rows still meet P = 0 in the P V product, where 0 * NaN = NaN.
     """
     _validate(q, k_cache, v_cache)
     B, Smax = k_cache.shape[:2]
@@ -137,3 +143,45 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
         lens = cache_seqlens + k_new.shape[1]
     out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens.to(torch.int32).contiguous())
     return out
+
+
+def _lengths(cu: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D int32 tensor [B + 1] of cumulative lengths starting at 0")
+    return (cu[1:] - cu[:-1]).to(torch.int32)
+
+
+def _pad(x: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Packed [total, H, D] -> zero-padded [B, max_len, H, D] (device indexing, no host sync)."""
+    B = cu.numel() - 1
+    pos = torch.arange(max_len, device=x.device)[None, :]
+    idx = (cu[:-1].long()[:, None] + pos).clamp(max=max(x.shape[0] - 1, 0))
+    valid = pos < (cu[1:] - cu[:-1]).long()[:, None]
+    out = x[idx.reshape(-1)].reshape(B, max_len, *x.shape[1:])
+    # where, not multiply: a NaN in a neighbouring sequence must not become padding
+    # (P = 0 times NaN is still NaN in the P V product).
+    return torch.where(valid[..., None, None], out, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                      causal: bool = False, softmax_scale: float | None = None):
+    """Packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D]; sequence b spans rows
+    cu_seqlens_*[b]:cu_seqlens_*[b+1]. Empty sequences are allowed. Returns [total_q, Hq, D].
+
+    Runs as pad -> batched kernel with per-sequence lengths -> unpack (O(total) copies); a
+    kernel that walks the packed layout directly is future work.
+    """
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{n} must be a 3-D packed tensor [total, H, D]")
+    lq, lk = _lengths(cu_seqlens_q, "cu_seqlens_q"), _lengths(cu_seqlens_k, "cu_seqlens_k")
+    if lq.numel() != lk.numel():
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
+    if max_seqlen_q < 1 or max_seqlen_k < 1:
+        raise ValueError("max_seqlen_q and max_seqlen_k must be >= 1")
+    qp, kp, vp = _pad(q, cu_seqlens_q, max_seqlen_q), _pad(k, cu_seqlens_k, max_seqlen_k), _pad(v, cu_seqlens_k, max_seqlen_k)
+    _validate(qp, kp, vp)
+    out, _ = _run(qp, kp, vp, causal, softmax_scale, seqlens_k=lk.contiguous(), seqlens_q=lq.contiguous())
+    pos = torch.arange(max_seqlen_q, device=q.device)[None, :]
+    keep = (pos < lq.long()[:, None]).reshape(-1)
+    return out.reshape(-1, *out.shape[2:])[keep]

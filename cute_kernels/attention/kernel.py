@@ -60,6 +60,7 @@ class FlashAttnFwdSm90:
         mO: cute.Tensor,  # (b, s_q, h_q, d)
         mLSE: cute.Tensor,  # (b, h_q, s_q), fp32
         mSeqlensK: cute.Tensor | None,  # (b,) int32: keys in use per sequence (KV cache); None = all
+        mSeqlensQ: cute.Tensor | None,  # (b,) int32: query rows per sequence (varlen); None = all
         scale_log2: cutlass.Float32,
         qheads_per_kvhead: cutlass.Int32,
         stream,
@@ -101,14 +102,15 @@ class FlashAttnFwdSm90:
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mQ.shape[1], mb), mQ.shape[2], mQ.shape[0])
         self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, scale_log2, qheads_per_kvhead,
+            tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2, qheads_per_kvhead,
             self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------------ device
     @cute.kernel
     def kernel(
-        self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK: cute.Tensor | None, scale_log2, qheads_per_kvhead,
+        self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None,
+        scale_log2, qheads_per_kvhead,
         qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
     ):
@@ -125,6 +127,10 @@ class FlashAttnFwdSm90:
             # KV cache: only the first cache_seqlens[b] keys are valid; later blocks are
             # never loaded and the tail of the last one is masked like any ragged end.
             s_k = mSeqlensK[b]
+        if cutlass.const_expr(mSeqlensQ is not None):
+            # Ragged queries: rows past s_q are neither computed into the causal offset
+            # nor written.
+            s_q = mSeqlensQ[b]
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4)

@@ -45,3 +45,16 @@ def flash_attn_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, k_new=Non
         outs.append(flash_attn_ref(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], causal=causal,
                                    softmax_scale=softmax_scale))
     return torch.cat(outs)
+
+
+def flash_attn_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None):
+    """Reference for packed sequences: each sequence attended on its own."""
+    outs = []
+    for b in range(cu_seqlens_q.numel() - 1):
+        qs, qe = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        ks, ke = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+        if qe == qs:
+            continue
+        outs.append(flash_attn_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], causal=causal,
+                                   softmax_scale=softmax_scale)[0])
+    return torch.cat(outs) if outs else q.new_zeros((0, *q.shape[1:]))
