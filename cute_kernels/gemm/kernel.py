@@ -42,10 +42,6 @@ class Epilogue:
     def is_identity(self) -> bool:
         return self == Epilogue()
 
-    @property
-    def needs_coords(self) -> bool:
-        return self.bias or self.residual or self.row_scale == "vector" or self.col_scale == "vector"
-
 
 class GemmSm90:
     """Hopper GEMM: TMA -> 128B-swizzled smem ring -> wgmma -> fused epilogue -> TMA store.
@@ -55,10 +51,14 @@ class GemmSm90:
         persistent tile schedule and issues the TMA loads of A and B k-tiles into the
         smem ring, multicasting across the cluster the operand that its peers share.
         The other three warps only donate their registers.
-      * warpgroups 1..n (consumers, 232 registers/thread): each owns a 64- or 128-row
-        slice of the CTA tile. They run the wgmma main loop, then the epilogue:
-        accumulators -> epilogue math in fp32 -> output dtype -> stmatrix into a
-        staged smem buffer -> one warp issues the TMA store.
+      * warpgroups 1..n (consumers, 232 registers/thread). Cooperative: each owns a
+        64- or 128-row slice of every CTA tile. Ping-pong: each owns alternate whole
+        tiles, and named barriers 2/3 hand the tensor cores over so one warpgroup's
+        epilogue runs under the other's main loop. Per tile: `mma()` (wgmma main loop;
+        FP8 "promote" adds each k-tile's partial sums into an fp32 accumulator), then
+        `epilogue()`: accumulators -> epilogue math in fp32 -> output dtype -> stmatrix
+        into a staged smem slab -> one warp issues the TMA store. 32-bit outputs
+        (int32, fp32) use `epilogue_direct()`: registers straight to global memory.
 
     Pipelines:
       * ab_pipeline (PipelineTmaAsync, `ab_stages` deep): full barriers complete on
