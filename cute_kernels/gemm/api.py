@@ -6,16 +6,16 @@ cache and launches it on torch's current stream (TVM-FFI reads the stream itself
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
-import functools
-
 from .config import H100_SMS, GemmConfig, default_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
-__all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm"]
+__all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for"]
 
 
 def _major(t: torch.Tensor, rows_name: str) -> str:
@@ -43,7 +43,7 @@ def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, ep
         majors=(a_major, b_major, "n"),
         tile=cfg.tile_mn,
         cluster=cfg.cluster_mn,
-        epilogue=tuple(sorted(vars(epi).items())) if hasattr(epi, "__dict__") else (repr(epi),),
+        epilogue=tuple(sorted(vars(epi).items())),
         extra=(cfg.group, cfg.raster_m, cfg.pingpong, cfg.promote, acc_name),
     )
 
@@ -126,14 +126,16 @@ def run_gemm(
     acc_name: str = "Float32",
 ) -> torch.Tensor:
     """Launch the kernel on validated, TMA-compatible operands: out = epi(a @ b_nk.T)."""
-    M, K = a.shape
-    N = b_nk.shape[0]
-    cfg = config or _pick_config(M, N, K, a.element_size())
-    a_major = _major(a, "m")
-    b_major = _major(b_nk, "n")
-    fn = get_kernel(kernel_name, a.dtype, b_nk.dtype, out.dtype, a_major, b_major, cfg, epi, acc_name)
+    fn = kernel_for(a, b_nk, out.dtype, epi, config=config, kernel_name=kernel_name, acc_name=acc_name)
     fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta)
     return out
+
+
+def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90", acc_name="Float32"):
+    """The compiled kernel for these operands' dtypes and majors (config by heuristic)."""
+    M, K = a.shape
+    cfg = config or _pick_config(M, b_nk.shape[0], K, a.element_size())
+    return get_kernel(kernel_name, a.dtype, b_nk.dtype, out_dtype, _major(a, "m"), _major(b_nk, "n"), cfg, epi, acc_name)
 
 
 # --------------------------------------------------------------------------- validation
@@ -163,14 +165,16 @@ def _prepare_operand(t: torch.Tensor, rows_name: str) -> torch.Tensor:
     if major and _tma_ok(t, major):
         return t
     rows, cols = t.shape
-    cols_p = -(-cols // 8) * 8
+    cols_p = _padded_n(cols, t.dtype)
     buf = torch.zeros((rows, cols_p), dtype=t.dtype, device=t.device)
     buf[:, :cols] = t
     return buf[:, :cols]
 
 
 def _padded_n(N: int, dtype: torch.dtype) -> int:
-    return -(-N // 8) * 8 if dtype.itemsize == 2 else -(-N // 4) * 4
+    """N rounded up so that N elements fill whole 16-byte units (TMA's row alignment)."""
+    per16 = 16 // dtype.itemsize
+    return -(-N // per16) * per16
 
 
 def _alloc_out(M: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -231,12 +235,12 @@ def _gemm_slow(a, b, out_dtype, out, plan_key):
         return out.zero_()
     bt = b.t()
     a_p, b_p = _prepare_operand(a, "m"), _prepare_operand(bt, "n")
+    fn = kernel_for(a_p, b_p, out.dtype, Epilogue())
     if plan_key is not None and a_p is a and b_p is bt:
         # Operands usable as they are: remember the launch for the next call.
-        cfg = _pick_config(M, N, K, a.element_size())
-        fn = get_kernel("gemm_sm90", a.dtype, b.dtype, out.dtype, _major(a, "m"), _major(bt, "n"), cfg, Epilogue())
         _GEMM_PLANS[plan_key] = (fn, M, N, out.stride(0), out.dtype)
-    return run_gemm(a_p, b_p, out, epi=Epilogue())
+    fn(a_p, b_p, out, None, None, None, None, 1.0, 1.0)
+    return out
 
 
 def _check_out(out: torch.Tensor, M: int, N: int, dtype, device) -> None:
@@ -303,9 +307,11 @@ def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
+    copied = False  # any operand copied here makes this call's launch unfit to replay
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or bias.shape != (N,) or bias.dtype != x.dtype or bias.device != x.device:
             raise ValueError(f"bias must be a {x.dtype} tensor of shape ({N},) on {x.device}")
+        copied |= not bias.is_contiguous()
         bias = bias.contiguous()
     res2 = None
     if residual is not None:
@@ -329,15 +335,11 @@ def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
                 beta=res2 is not None and beta != 1.0,
             )
             a_p, w_p = _prepare_operand(x2, "m"), _prepare_operand(weight, "n")
-            run_gemm(a_p, w_p, out, epi=epi, bias=bias, residual=res2, alpha=float(alpha), beta=float(beta))
-            no_copies = (
-                a_p is x2 and x2.data_ptr() == x.data_ptr() and w_p is weight
-                and (residual is None or res2.data_ptr() == residual.data_ptr())
-                and (plan_key is not None and (plan_key[2] is None or plan_key[2][2] == (1,)))
-            )
-            if no_copies and a_p.stride(1) == 1:
-                cfg = _pick_config(M, N, K, x.element_size())
-                fn = get_kernel("gemm_sm90", x.dtype, weight.dtype, out.dtype, _major(a_p, "m"), _major(w_p, "n"), cfg, epi)
+            fn = kernel_for(a_p, w_p, out.dtype, epi)
+            fn(a_p, w_p, out, bias, res2, None, None, float(alpha), float(beta))
+            copied |= a_p is not x2 or x2.data_ptr() != x.data_ptr() or w_p is not weight
+            copied |= residual is not None and res2.data_ptr() != residual.data_ptr()
+            if plan_key is not None and not copied and a_p.stride(1) == 1:
                 _LINEAR_PLANS[plan_key] = (fn, M, N, K, _padded_n(N, x.dtype), tuple(lead))
     if out.is_contiguous():
         return out.reshape(*lead, N)
