@@ -169,7 +169,7 @@ def format_table(rows: Sequence[Row], baseline: str | None = "cublas") -> str:
     return "\n".join(lines)
 
 
-def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "") -> Path:
+def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "", baseline: str = "cublas") -> Path:
     """Write benchmarks/results/<suite>_<gpu>.json and .md; return the JSON path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out_dir = Path(os.environ.get("CUTE_KERNELS_RESULTS_DIR", RESULTS_DIR))
@@ -186,7 +186,7 @@ def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "
     md = [f"# {suite} on {payload['gpu']} ({payload['date']})", ""]
     if notes:
         md += [notes, ""]
-    md += [format_table(rows), "", "## Summary", ""]
+    md += [format_table(rows, baseline=baseline), "", "## Summary", ""]
     md += [f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in summary.items()]
     (out_dir / f"{suite}_{tag}.md").write_text("\n".join(md) + "\n")
     return jpath

@@ -5,8 +5,7 @@ Public ops (torch tensors in, torch tensors out, launched on the current stream)
 - `gemm(a, b)`, `linear(x, weight, bias, activation=..., residual=...)`: BF16/FP16 GEMM
   with a fused epilogue.
 - `scaled_mm`, `scaled_mm_blockwise`, `int8_mm`: FP8 and INT8 GEMM with fused scaling.
-- `flash_attn`: FlashAttention forward (EXPERIMENTAL: compiled, not yet run on a GPU;
-  off unless CUTE_KERNELS_EXPERIMENTAL_ATTENTION=1).
+- `flash_attn`, `flash_attn_with_kvcache`, `flash_attn_varlen`: FlashAttention forward.
 
 Every op has a PyTorch reference beside it (`*_ref`). Importing this package does
 not import cutlass or touch the GPU; kernels compile on first use (and are cached).

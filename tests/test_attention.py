@@ -1,4 +1,4 @@
-"""flash_attn tests: compile tier (CPU), validation (CPU), and the gpu tier (waiting for a GPU run)."""
+"""flash_attn tests: compile tier (CPU), validation and references (CPU), and the gpu tier."""
 
 from __future__ import annotations
 
@@ -57,17 +57,12 @@ def test_validation_on_cpu():
 # ------------------------------------------------------------------------------ gpu tier
 
 
-@pytest.fixture
-def experimental(monkeypatch):
-    monkeypatch.setenv("CUTE_KERNELS_EXPERIMENTAL_ATTENTION", "1")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(12, 12), (32, 8), (12, 1)])
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (128, 128), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_flash_attn_matches_reference(experimental, causal, heads, seqlens, head_dim):
+def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
     import cute_kernels as ck
 
     (hq, hkv), (sq, sk) = heads, seqlens
@@ -95,23 +90,13 @@ def test_flash_attn_matches_reference(experimental, causal, heads, seqlens, head
 
 
 @pytest.mark.gpu
-def test_flash_attn_strided_hf_layout(experimental):
+def test_flash_attn_strided_hf_layout():
     import cute_kernels as ck
 
     # Hugging Face builds [B, H, S, D] and hands over .transpose(1, 2) views: no copies.
     q, k, v = (torch.randn(2, 12, 300, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
     out = ck.flash_attn(q, k, v, causal=True, softmax_scale=1 / math.sqrt(64))
     torch.testing.assert_close(out.float(), flash_attn_ref(q.float(), k.float(), v.float(), causal=True).float(), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-def test_flash_attn_is_gated_without_the_flag(monkeypatch):
-    import cute_kernels as ck
-
-    monkeypatch.delenv("CUTE_KERNELS_EXPERIMENTAL_ATTENTION", raising=False)
-    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="not been verified"):
-        ck.flash_attn(q, q, q)
 
 
 def test_append_kv_and_kvcache_reference_on_cpu():
@@ -148,7 +133,7 @@ def test_kvcache_validation_on_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("s_new", [1, 7])
 @pytest.mark.parametrize("heads", [(12, 12), (32, 8)])
-def test_flash_attn_with_kvcache_ragged(experimental, s_new, heads):
+def test_flash_attn_with_kvcache_ragged(s_new, heads):
     import cute_kernels as ck
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
@@ -183,7 +168,7 @@ def test_varlen_padding_and_reference_on_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attn_varlen(experimental, causal):
+def test_flash_attn_varlen(causal):
     import cute_kernels as ck
     from cute_kernels.attention.reference import flash_attn_varlen_ref
 

@@ -1,4 +1,4 @@
-"""FlashAttention forward for Hopper (CuTe DSL, sm_90a). EXPERIMENTAL: compiled, not yet run.
+"""FlashAttention forward for Hopper (CuTe DSL, sm_90a).
 
     O[b, i, h] = softmax(scale * Q[b, i, h] K[b, :, h_kv]^T + mask) V[b, :, h_kv]
 
@@ -228,6 +228,9 @@ class FlashAttnFwdSm90:
         if n_blocks > 0:
             q_pipe.consumer_wait(q_state)
         rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
+        # acc_o is zero-filled and rescaled in registers, so every P V wgmma accumulates
+        # (the field defaults to overwrite, which would keep only the last 16 keys).
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         for j in range(n_blocks):
             # ---- S = Q K_j^T
             k_pipe.consumer_wait(k_state)
