@@ -280,6 +280,8 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
             res.breakdown["prefill"] = profile_breakdown(prefill)
         if backend == "tensorrt":
             res.note = "prefill only (no-cache engine)"
+        elif gen == 0:
+            res.note = "prefill only (--gen-len 0)"
         else:
             dec = StaticDecoder(model, batch_size=batch, max_len=seq + gen, compile=backend == "compile")
             dms = _decode_ms(dec, ids, max(gen - 1, 1), cuda)

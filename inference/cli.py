@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(b)
     b.add_argument("--batch", type=int, default=8)
     b.add_argument("--prompt-len", type=int, default=1024)
-    b.add_argument("--gen-len", type=int, default=128)
+    b.add_argument("--gen-len", type=int, default=128, help="decode steps to time (0: prefill only)")
     b.add_argument("--backends", type=_csv(BACKENDS), default=list(BACKENDS),
                    help=f"comma-separated, from {','.join(BACKENDS)}")
     b.add_argument("--precisions", type=_csv(PRECISIONS), default=["bf16", "fp8", "int8"],
@@ -80,9 +80,11 @@ def _run_bench(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    for flag in ("max_new_tokens", "batch", "prompt_len", "gen_len"):
+    for flag in ("max_new_tokens", "batch", "prompt_len"):
         if getattr(args, flag, 1) < 1:
             return _fail(f"--{flag.replace('_', '-')} must be >= 1")
+    if getattr(args, "gen_len", 0) < 0:
+        return _fail("--gen-len must be >= 0 (0: prefill only)")
     try:
         return args.func(args)
     except (UserError, NotImplementedError, ValueError, ImportError, OSError) as e:

@@ -116,3 +116,15 @@ def test_bench_cpu_smoke(tiny_checkpoint, tmp_path, capsys):
     gemm_ops = {g["op"] for g in rows[("cute", "bf16")]["breakdown"]["prefill"]["gemms"]}
     assert gemm_ops == {"cute_inference::linear"}
     assert "| cute | int8 |" in (tmp_path / "inference_tiny-gpt2_cpu.md").read_text()
+
+
+def test_bench_prefill_only(tiny_checkpoint, tmp_path, capsys):
+    """--gen-len 0 times prefill alone (a full-context prompt leaves no room to decode)."""
+    import json
+
+    code = main(["bench", "--model", str(tiny_checkpoint), "--device", "cpu", "--batch", "1", "--prompt-len", "16",
+                 "--gen-len", "0", "--backends", "cute", "--precisions", "bf16", "--no-profile", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = json.loads((tmp_path / "inference_tiny-gpt2_cpu.json").read_text())["results"][0]
+    assert row["prefill_ms"] > 0 and row["decode_ms_per_step"] is None and "prefill only" in row["note"]
