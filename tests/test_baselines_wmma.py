@@ -75,7 +75,7 @@ def test_kernel_compiles_for_sm90a(source, tmp_path):
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
     assert spills and max(spills) == 0, f"register spills in {source}:\n{log}"
     if source == "wmma.cu":
-        # one fully-unrolled 4x4-fragment tile per warp must fit in registers
+        # 4x4 accumulator fragments plus two sets of A/B fragments per warp must fit in registers
         regs = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
         assert regs and max(regs) <= 255, log
 
@@ -110,6 +110,16 @@ def test_binding_compiles(tmp_path):
     assert "warning" not in log.lower(), log[-6000:]
 
 
+def test_wmma_tile_requirement_matches_kernel():
+    """The Python-side shape check uses the block tile and K step wmma.cu is built with."""
+    from baselines.wmma import _MULTIPLE_OF
+
+    src = (CSRC / "wmma.cu").read_text()
+    m = re.search(r"constexpr int BM = (\d+), BN = (\d+), BK = (\d+);", src)
+    assert m, "tile constants not found in wmma.cu"
+    assert _MULTIPLE_OF["wmma"] == tuple(int(x) for x in m.groups())
+
+
 def test_python_api_validation():
     """Input checks run before anything is built (no GPU or nvcc needed)."""
     from baselines.wmma import gemm
@@ -139,7 +149,11 @@ def _check_rung(rung: str, M: int, N: int, K: int, out_dtype=torch.bfloat16, see
     assert torch.isfinite(out).all()
     if out_dtype == torch.float32:
         ref = a.double() @ b.double()
-        same = a.float() @ b.float()
+        # The same-precision torch op: bf16 tensor-core products, fp32 output (cuBLAS).
+        try:
+            same = torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            same = a.float() @ b.float()
     else:
         ref = a.float() @ b.float()
         same = torch.mm(a, b)
@@ -160,7 +174,9 @@ def ladder():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", RUNGS)
-@pytest.mark.parametrize("shape", [(256, 256, 256), (384, 512, 96), (4096, 4096, 4096)], ids=str)
+# K = 192 and 320: 3 and 5 K-tiles of the wmma rung (BK = 64, a 3-slot ring), so
+# the ring is filled exactly and wrapped around.
+@pytest.mark.parametrize("shape", [(256, 256, 256), (384, 512, 192), (4096, 4096, 4096)], ids=str)
 def test_rung_correct(rung, shape, ladder):
     _check_rung(rung, *shape)
 
@@ -168,7 +184,14 @@ def test_rung_correct(rung, shape, ladder):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", RUNGS)
 def test_rung_fp32_out(rung, ladder):
-    _check_rung(rung, 256, 512, 160, out_dtype=torch.float32, seed=1)
+    _check_rung(rung, 256, 512, 320, out_dtype=torch.float32, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("K", [64, 128])
+def test_wmma_fewer_k_tiles_than_stages(K, ladder):
+    """1 or 2 K-tiles: the prologue commits empty groups, the main loop refills nothing."""
+    _check_rung("wmma", 256, 512, K, seed=3)
 
 
 @pytest.mark.gpu
@@ -185,4 +208,8 @@ def test_tile_requirements_are_checked(ladder):
     a = torch.randn(128, 64, device="cuda").bfloat16()
     b = torch.randn(64, 128, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="N % 256"):
+        gemm(a, b, rung="wmma")
+    a = torch.randn(128, 96, device="cuda").bfloat16()
+    b = torch.randn(96, 256, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="K % 64"):  # BK = 64
         gemm(a, b, rung="wmma")

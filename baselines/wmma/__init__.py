@@ -3,7 +3,8 @@
 - `naive`:   one thread per output, operands straight from global memory.
 - `smem`:    32x32 shared-memory tiles, one output per thread.
 - `regtile`: 128x128 block tile, 8x8 outputs per thread in registers, 128-bit loads.
-- `wmma`:    tensor cores via nvcuda::wmma, 128x256 block tile, cp.async pipeline.
+- `wmma`:    tensor cores via nvcuda::wmma, 128x256 block tile, 3-stage cp.async ring of
+             BK=64 K-tiles, double-buffered fragments.
 
 All take bf16 row-major A [M, K] and B [K, N], accumulate in fp32 and return
 bf16 (or fp32) C. The sources in csrc/ are compiled for sm_90a on first use with
@@ -28,7 +29,7 @@ SOURCES = ("binding.cpp", "naive.cu", "smem.cu", "regtile.cu", "wmma.cu")
 NVCC_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "-O3")
 
 # (M, N, K) each dimension must be a multiple of, per rung (block tile / K step).
-_MULTIPLE_OF = {"naive": (1, 1, 1), "smem": (1, 1, 1), "regtile": (128, 128, 16), "wmma": (128, 256, 32)}
+_MULTIPLE_OF = {"naive": (1, 1, 1), "smem": (1, 1, 1), "regtile": (128, 128, 16), "wmma": (128, 256, 64)}
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,6 +16,6 @@ cudaError_t ladder_smem(const void* A, const void* B, void* C, bool c_fp32, int 
 // M, N multiples of 128, K a multiple of 16, pointers 16-byte aligned.
 cudaError_t ladder_regtile(const void* A, const void* B, void* C, bool c_fp32, int M, int N, int K,
                            cudaStream_t stream);
-// M a multiple of 128, N of 256, K of 32, pointers 16-byte aligned.
+// M a multiple of 128, N of 256, K of 64, pointers 16-byte aligned.
 cudaError_t ladder_wmma(const void* A, const void* B, void* C, bool c_fp32, int M, int N, int K,
                         cudaStream_t stream);
