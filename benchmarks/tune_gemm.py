@@ -1,6 +1,9 @@
 """Sweep GEMM configs per shape (the data behind the heuristic in cute_kernels/gemm/config.py).
 
-    python -m benchmarks.tune_gemm [--shapes 8192x2304x768,...]
+    python -m benchmarks.tune_gemm [--shapes 8192x2304x768,...] [--splits 2,3,4,5]
+
+--splits adds split-K variants (s = each value) of the heuristic's four tile shapes,
+the data to re-fit the split-K model in config.py (`_US_*` constants).
 
 Checks every candidate for correctness with the full epilogue on a ragged shape, then
 times each candidate against cuBLAS on every shape (CUDA-graph replays, L2-rotated
@@ -10,6 +13,7 @@ inputs) and prints the best configs per shape.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -22,7 +26,8 @@ from .gemm import SUITE
 
 
 def _label(c) -> str:
-    return f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}{'' if c.raster_m else 'n'}{'P' if c.pingpong else ''}"
+    split = f"s{c.split_k}" if c.split_k > 1 else ""
+    return f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}{'' if c.raster_m else 'n'}{'P' if c.pingpong else ''}{split}"
 
 
 def check(cfgs) -> None:
@@ -52,17 +57,21 @@ def sweep(shapes, cfgs):
             t = time_ms(lambda i: run_gemm(A[i], W[i], O[i], epi=Epilogue(), config=cfg), n_rotate=nrot)
             res.append((t_cublas / t, cfg))
         res.sort(key=lambda x: -x[0])
-        d = _pick_config(M, N, K, 2)
+        d = _pick_config(M, N, K, 2, True)
         print(f"{M}x{N}x{K}: heuristic {_label(d)} | " + "  ".join(f"{_label(c)} {r:.3f}" for r, c in res[:5]))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shapes", default="", help="comma-separated MxNxK (default: the GEMM suite)")
+    p.add_argument("--splits", default="", help="comma-separated split-K counts to add (e.g. 2,3,4,5)")
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s] or SUITE
-    check(CANDIDATES)
-    sweep(shapes, CANDIDATES)
+    cfgs = list(CANDIDATES)
+    for s in (int(v) for v in args.splits.split(",") if v):
+        cfgs += [dataclasses.replace(c, split_k=s) for c in CANDIDATES[:4]]
+    check(cfgs)
+    sweep(shapes, cfgs)
 
 
 if __name__ == "__main__":

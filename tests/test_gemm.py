@@ -58,6 +58,52 @@ def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
         assert spills and all(s == ("0", "0") for s in spills), report
 
 
+SPLIT_COMPILE_CASES = [
+    (GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2), "k", "k", torch.bfloat16),
+    (GemmConfig(128, 128, 2, 1, pingpong=True, split_k=2), "k", "k", torch.bfloat16),
+    (GemmConfig(128, 256, 2, 1, split_k=2), "k", "k", torch.bfloat16),
+    (GemmConfig(128, 96, 2, 1, split_k=2), "m", "n", torch.float16),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "cfg,a_major,b_major,dtype",
+    SPLIT_COMPILE_CASES,
+    ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}-{am}{bm}-{str(dt)[6:]}"
+         for c, am, bm, dt in SPLIT_COMPILE_CASES],
+)
+def test_split_k_compiles_for_sm90a(tmp_path, cfg, a_major, b_major, dtype):
+    """The split-K variant: fp32 (M, N, S) partials, split count at run time, direct stores."""
+    from cute_kernels.gemm.api import _compile
+    from cute_kernels.gemm.kernel import Epilogue
+
+    _compile(dtype, dtype, torch.float32, a_major, b_major, cfg, Epilogue(), "Float32", keep_dir=str(tmp_path))
+    ptx_files = glob.glob(str(tmp_path / "*.ptx"))
+    with open(ptx_files[0]) as f:
+        ptx = f.read()
+    assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "setmaxnreg" in ptx
+    assert re.search(r"st\.global\.(f32|b32)", ptx)  # partial sums go straight to the workspace
+    report = _ptxas_report(ptx_files[0])
+    if report:
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills and all(s == ("0", "0") for s in spills), report
+
+
+def test_split_k_compile_key():
+    """Split or not is compiled in (a different kernel); the split count is not."""
+    from cute_kernels.gemm.api import _compile_key
+    from cute_kernels.gemm.kernel import Epilogue
+
+    def key(cfg):
+        return _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.float32, "k", "k", cfg, Epilogue())
+
+    base = GemmConfig(64, 64, 1, 1, pingpong=True)
+    assert key(base) != key(GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2))
+    assert key(GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2)) == key(GemmConfig(64, 64, 1, 1, pingpong=True, split_k=5))
+
+
 def test_config_validation_and_heuristic():
     with pytest.raises(ValueError):
         GemmConfig(96, 256).validate()
@@ -220,3 +266,128 @@ def test_gemm_fp32_output(shape):
     out = ck.gemm(a, b, out_dtype=torch.float32)
     assert out.dtype == torch.float32
     _err_rule(out, (a @ b).float(), a.float() @ b.float())
+
+
+# --------------------------------------------------------------------------- split-K (gpu)
+
+SPLIT_CFGS = {
+    "64x64pp": lambda s: GemmConfig(64, 64, 1, 1, pingpong=True, split_k=s),
+    "128x128pp-c2": lambda s: GemmConfig(128, 128, 2, 1, pingpong=True, split_k=s),
+    "128x256-c2": lambda s: GemmConfig(128, 256, 2, 1, split_k=s),
+    "128x96-c1x2": lambda s: GemmConfig(128, 96, 1, 2, split_k=s),
+}
+
+
+def _torch_linear(x, w, bias, activation, res, alpha, beta):
+    """torch's bf16 path: each op rounds to bf16, as an unfused eager model would."""
+    t = torch.nn.functional.linear(x, w) * alpha
+    if bias is not None:
+        t = t + bias
+    t = apply_activation(t.float(), activation).to(x.dtype)
+    if res is not None:
+        t = t + beta * res
+    return t
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg_name", list(SPLIT_CFGS))
+@pytest.mark.parametrize("split", [2, 3, 5])
+@pytest.mark.parametrize("shape", [(1, 1600, 1600), (8, 1600, 6400), (512, 768, 3072), (512, 768, 768),
+                                   (77, 1600, 1600), (77, 1600, 1000), (130, 520, 1000), (3, 1598, 999)])
+def test_split_k_forced(cfg_name, split, shape):
+    """Forced split-K through run_gemm with the full epilogue, vs the fp32 reference.
+
+    K=1000 ends in a partial k-tile; K=999 (rows not 16-byte aligned) goes through the
+    padded copy; N=1598 gives a padded workspace and output row."""
+    import cute_kernels as ck
+    from cute_kernels.gemm.api import (
+        SplitKLaunch,
+        _alloc_out,
+        _prepare_operand,
+        kernel_for,
+        run_gemm,
+    )
+    from cute_kernels.gemm.kernel import Epilogue
+
+    M, N, K = shape
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    epi = Epilogue(activation="gelu_tanh", bias=True, residual=True, alpha=True, beta=True)
+    xp, wp = _prepare_operand(x, "m"), _prepare_operand(w, "n")
+    out = _alloc_out(M, N, torch.bfloat16, "cuda").fill_(float("nan"))
+    cfg = SPLIT_CFGS[cfg_name](split)
+    assert isinstance(kernel_for(xp, wp, out.dtype, epi, config=cfg), SplitKLaunch)  # K >= 2 k-tiles
+    run_gemm(xp, wp, out, epi=epi, bias=bias, residual=res, alpha=0.5, beta=2.0, config=cfg)
+    ref = ck.linear_ref(x.float(), w.float(), bias.float(), activation="gelu_tanh", residual=res.float(),
+                        alpha=0.5, beta=2.0)
+    _err_rule(out, _torch_linear(x, w, bias, "gelu_tanh", res, 0.5, 2.0), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("shape", [(1, 1600, 6400), (8, 1600, 6400), (1, 768, 3072), (16, 4096, 4096)])
+def test_split_k_auto_linear(activation, shape):
+    """ck.linear on shapes the heuristic splits: the split launch is really taken, and right."""
+    import importlib
+
+    import cute_kernels as ck
+
+    api = importlib.import_module("cute_kernels.gemm.api")
+    M, N, K = shape
+    assert api._pick_config(M, N, K, 2, True).split_k > 1
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):  # slow path, then the recorded plan
+        out = ck.linear(x, w, bias, activation=activation, residual=res)
+        ref = ck.linear_ref(x.float(), w.float(), bias.float(), activation=activation, residual=res.float())
+        _err_rule(out, _torch_linear(x, w, bias, activation, res, 1.0, 1.0), ref)
+    assert any(isinstance(p[0], api.SplitKLaunch) for p in api._LINEAR_PLANS.values())
+    g = ck.gemm(x, w.t())
+    _err_rule(g, x @ w.t(), x.float() @ w.float().t())
+
+
+@pytest.mark.gpu
+def test_split_k_cuda_graph():
+    """The split launch (workspace alloc, GEMM, reduce) captures into a CUDA graph and replays."""
+    import cute_kernels as ck
+
+    M, N, K = 4, 1600, 6400
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            ck.linear(x, w, bias, activation="gelu_tanh")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = ck.linear(x, w, bias, activation="gelu_tanh")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = ck.linear_ref(x.float(), w.float(), bias.float(), activation="gelu_tanh")
+        _err_rule(y, _torch_linear(x, w, bias, "gelu_tanh", None, 1.0, 1.0), ref)
+
+
+@pytest.mark.gpu
+def test_split_k_nan_stays_in_its_row_and_fp32_out():
+    from cute_kernels.gemm.api import run_gemm
+    from cute_kernels.gemm.kernel import Epilogue
+
+    a = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
+    a[3, 1500] = float("nan")  # in the last split's K range
+    out = torch.empty(16, 256, device="cuda", dtype=torch.float32)
+    run_gemm(a, b, out, epi=Epilogue(), config=GemmConfig(64, 64, 1, 1, pingpong=True, split_k=4))
+    assert torch.isnan(out[3]).all() and not torch.isnan(out[:3]).any() and not torch.isnan(out[4:]).any()
+    ok = torch.ones(16, dtype=torch.bool)
+    ok[3] = False
+    _err_rule(out[ok], (a @ b.t()).float()[ok], (a.float() @ b.float().t())[ok])

@@ -36,6 +36,32 @@ def test_8bit_compiles_for_sm90a(tmp_path, cfg, epi, in_dt, out_dt, acc):
     assert not report or "0 bytes spill stores" in report
 
 
+SPLIT_CASES = [
+    (GemmConfig(128, 128, 2, 1, split_k=2), torch.int8, torch.int32, "Int32"),
+    (GemmConfig(128, 128, 2, 1, promote=True, split_k=2), E4M3, torch.float32, "Float32"),
+    (GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2), E4M3, torch.float32, "Float32"),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,in_dt,ws_dt,acc", SPLIT_CASES, ids=["int8-split", "fp8-promoted-split", "fp8-pp64-split"])
+def test_8bit_split_k_compiles_for_sm90a(tmp_path, cfg, in_dt, ws_dt, acc):
+    """Split-K for 8-bit inputs (used when a config asks for it): raw int32 / fp32 partials."""
+    from cute_kernels.gemm.api import _compile
+    from cute_kernels.gemm.kernel import Epilogue
+
+    _compile(in_dt, in_dt, ws_dt, "k", "k", cfg, Epilogue(), acc, keep_dir=str(tmp_path))
+    with open(glob.glob(str(tmp_path / "*.ptx"))[0]) as f:
+        ptx = f.read()
+    form = {"Float32": ".f32.e", "Int32": ".s32.s8.s8"}[acc]
+    assert any(form in line for line in ptx.splitlines() if "wgmma.mma_async" in line)
+    assert "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
+    from tests.test_gemm import _ptxas_report
+
+    report = _ptxas_report(glob.glob(str(tmp_path / "*.ptx"))[0])
+    assert not report or "0 bytes spill stores" in report
+
+
 def test_8bit_api_rejects_bad_input_on_cpu():
     import cute_kernels as ck
 
@@ -159,3 +185,47 @@ def test_scaled_mm_blockwise():
     out = ck.scaled_mm_blockwise(a, b, sa, sb)
     ref = ck.scaled_mm_blockwise_ref(a, b, sa, sb, out_dtype=torch.float32)
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 3, 7])
+@pytest.mark.parametrize("shape", [(1, 1600, 6400), (17, 768, 768), (300, 520, 1024)])
+def test_int8_forced_split_k_bit_exact(split, shape):
+    from cute_kernels.gemm.api import run_gemm
+    from cute_kernels.gemm.kernel import Epilogue
+
+    M, N, K = shape
+    a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8)
+    out = torch.empty(M, N, device="cuda", dtype=torch.int32)
+    run_gemm(a, w, out, epi=Epilogue(), config=GemmConfig(128, 128, 1, 1, split_k=split),
+             kernel_name="int8_mm_sm90", acc_name="Int32")
+    import cute_kernels as ck
+
+    assert torch.equal(out, ck.int8_mm_ref(a, w.t()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("promote", [False, True])
+@pytest.mark.parametrize("shape", [(16, 1600, 6400), (304, 528, 1024)])  # cuBLASLt-friendly sizes
+def test_fp8_forced_split_k(promote, shape):
+    import cute_kernels as ck
+    from cute_kernels.gemm.api import _alloc_out, run_gemm
+    from cute_kernels.gemm.kernel import Epilogue
+
+    M, N, K = shape
+    a, sa = _quant_fp8(torch.randn(M, K, device="cuda"), 1)
+    wq, sw = _quant_fp8(torch.randn(N, K, device="cuda"), 1)
+    sb = sw.reshape(1, -1)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    out = _alloc_out(M, N, torch.bfloat16, "cuda")
+    epi = Epilogue(row_scale="vector", col_scale="vector", bias=True)
+    cfg = GemmConfig(128, 128, 1, 1, promote=promote, split_k=4)
+    run_gemm(a, wq, out, epi=epi, bias=bias, row_scale=sa.reshape(M), col_scale=sb.reshape(N), config=cfg,
+             kernel_name="scaled_mm_sm90")
+    ref = ck.scaled_mm_ref(a, wq.t(), sa, sb, bias=bias, out_dtype=torch.float32)
+    try:
+        theirs = torch._scaled_mm(a, wq.t(), sa, sb, bias=bias, out_dtype=torch.bfloat16, use_fast_accum=not promote)
+    except RuntimeError:  # shapes cuBLASLt refuses: hold ours to bf16 output rounding
+        theirs = ref.to(torch.bfloat16)
+    _rule(out, theirs, ref)

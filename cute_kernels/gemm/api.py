@@ -6,13 +6,14 @@ cache and launches it on torch's current stream (TVM-FFI reads the stream itself
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
-from .config import H100_SMS, GemmConfig, default_config
+from .config import H100_SMS, GemmConfig, default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for"]
@@ -44,7 +45,7 @@ def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, ep
         tile=cfg.tile_mn,
         cluster=cfg.cluster_mn,
         epilogue=tuple(sorted(vars(epi).items())),
-        extra=(cfg.group, cfg.raster_m, cfg.pingpong, cfg.promote, acc_name),
+        extra=(cfg.group, cfg.raster_m, cfg.pingpong, cfg.promote, acc_name, cfg.split_k > 1),
     )
 
 
@@ -66,7 +67,13 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     es = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
     fa = mat(a_dt, m, a_major == "k", 16 // es(a_dt))
     fb = mat(b_dt, n, b_major == "k", 16 // es(b_dt))
-    fd = make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
+    if cfg.split_k > 1:
+        # Split-K workspace (M, N, S): raw 32-bit partial sums, S = split count at run time.
+        assert es(c_dt) == 4 and epi == type(epi)(), "split-K partials are raw fp32/int32 sums"
+        fd = make_fake_tensor(to_cutlass(c_dt), (m, n, cute.sym_int32()),
+                              (cute.sym_int64(divisibility=4), 1, cute.sym_int64(divisibility=4)), assumed_align=16)
+    else:
+        fd = make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
     f32 = cutlass.Float32
     vec = lambda length: make_fake_tensor(f32, (length,), (1,), assumed_align=4)  # noqa: E731
     bias_dt = to_cutlass(epi_bias_dtype(c_dt))
@@ -105,7 +112,10 @@ def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_na
 
 
 @functools.lru_cache(maxsize=4096)
-def _pick_config(M: int, N: int, K: int, in_bytes: int) -> GemmConfig:
+def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False) -> GemmConfig:
+    """The heuristic's config; with split=True it may be a split-K one (config.split_config)."""
+    if split:
+        return split_config(M, N, K, in_bytes=in_bytes)
     return default_config(M, N, K, in_bytes=in_bytes)
 
 
@@ -125,17 +135,83 @@ def run_gemm(
     kernel_name: str = "gemm_sm90",
     acc_name: str = "Float32",
 ) -> torch.Tensor:
-    """Launch the kernel on validated, TMA-compatible operands: out = epi(a @ b_nk.T)."""
+    """Launch the kernel on validated, TMA-compatible operands: out = epi(a @ b_nk.T).
+
+    config=None takes the heuristic's choice (split-K included for 16-bit inputs); a
+    GemmConfig with split_k > 1 forces split-K (clamped to the number of k-tiles).
+    """
     fn = kernel_for(a, b_nk, out.dtype, epi, config=config, kernel_name=kernel_name, acc_name=acc_name)
     fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta)
     return out
 
 
 def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90", acc_name="Float32"):
-    """The compiled kernel for these operands' dtypes and majors (config by heuristic)."""
+    """The launch for these operands' dtypes, majors and shape (config by heuristic).
+
+    Returns a callable fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
+    the compiled kernel itself, or a `SplitKLaunch` (GEMM into fp32/int32 partials,
+    then the reduce with the epilogue) when the config splits K. The heuristic only
+    splits 16-bit GEMMs; 8-bit ones split when a config asks for it.
+    """
     M, K = a.shape
-    cfg = config or _pick_config(M, b_nk.shape[0], K, a.element_size())
-    return get_kernel(kernel_name, a.dtype, b_nk.dtype, out_dtype, _major(a, "m"), _major(b_nk, "n"), cfg, epi, acc_name)
+    in_bytes = a.element_size()
+    cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2)
+    majors = (_major(a, "m"), _major(b_nk, "n"))
+    if cfg.split_k > 1:
+        # Every split needs >= 1 k-tile (an empty one would never be fed by the producer).
+        split = min(cfg.split_k, -(-K // cfg.tile_k(in_bytes)))
+        if split > 1:
+            return _split_launch(kernel_name, a.dtype, b_nk.dtype, out_dtype, majors, cfg, epi, acc_name, split)
+        cfg = dataclasses.replace(cfg, split_k=1)
+    return get_kernel(kernel_name, a.dtype, b_nk.dtype, out_dtype, *majors, cfg, epi, acc_name)
+
+
+class SplitKLaunch:
+    """Split-K launch with the compiled kernel's call signature.
+
+    Per call: an (S, M, N) fp32 (int32 for int8) workspace from torch's caching
+    allocator, the GEMM kernel writing split s's partial sums to ws[s], then one
+    reduce kernel (splitk.py) that adds them and applies the epilogue into `out`.
+    Both launch on torch's current stream with no host sync (CUDA-graph capturable).
+    """
+
+    __slots__ = ("epi", "gemm", "reduce", "split", "ws_dtype")
+
+    def __init__(self, gemm, split: int, epi, ws_dtype: torch.dtype):
+        from .splitk import splitk_reduce  # imports triton: only once something splits
+
+        self.gemm, self.split, self.epi, self.ws_dtype = gemm, split, epi, ws_dtype
+        self.reduce = splitk_reduce
+
+    def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
+        M, N = out.shape
+        n_p = -(-N // 4) * 4  # 16-byte rows: the kernel's D must be TMA-describable
+        ws = torch.empty((self.split, M, n_p), dtype=self.ws_dtype, device=out.device)
+        part = ws.permute(1, 2, 0)  # (M, n_p, S): the kernel's (M, N, L) view
+        self.gemm(a, b_nk, part if n_p == N else part[:, :N], None, None, None, None, 1.0, 1.0)
+        self.reduce(ws, out, self.epi, bias, residual, row_scale, col_scale, alpha, beta)
+        return out
+
+
+_SPLIT_LAUNCHES: dict = {}
+
+
+def _split_launch(kernel_name, a_dt, b_dt, out_dtype, majors, cfg, epi, acc_name, split):
+    key = (kernel_name, a_dt, b_dt, out_dtype, majors, cfg, epi, acc_name, split)
+    launch = _SPLIT_LAUNCHES.get(key)
+    if launch is None:
+        ws_dtype = torch.int32 if acc_name == "Int32" else torch.float32
+        # One compiled kernel serves every split count (S is D's runtime extent).
+        gemm = get_kernel(kernel_name, a_dt, b_dt, ws_dtype, *majors, dataclasses.replace(cfg, split_k=2),
+                          _identity_epilogue(), acc_name)
+        launch = _SPLIT_LAUNCHES[key] = SplitKLaunch(gemm, split, epi, ws_dtype)
+    return launch
+
+
+def _identity_epilogue():
+    from .kernel import Epilogue
+
+    return Epilogue()
 
 
 # --------------------------------------------------------------------------- validation

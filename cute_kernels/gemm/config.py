@@ -25,6 +25,11 @@ class GemmConfig:
     promote (FP8 "2xAcc"): each 128-deep k-tile accumulates into a fresh register
     tile that is then added into an fp32 main accumulator, because Hopper's fp8 wgmma
     keeps fewer accumulator bits than fp32 and long K sums would lose precision.
+    split_k > 1 (split-K): the k-tiles of every output tile are dealt out in split_k
+    contiguous, balanced ranges; each (tile, range) is a work item of its own that
+    writes fp32 (int32 for int8) partial sums into a workspace, and a second kernel
+    (`splitk.py`) adds them and applies the fused epilogue. The kernel is compiled
+    once for "split or not"; the split count itself is a runtime value.
     """
 
     tile_m: int = 128
@@ -35,6 +40,7 @@ class GemmConfig:
     raster_m: bool = True
     pingpong: bool = False
     promote: bool = False
+    split_k: int = 1
 
     @property
     def tile_mn(self) -> tuple[int, int]:
@@ -73,6 +79,8 @@ class GemmConfig:
             raise ValueError("promote keeps two accumulators: needs a cooperative tile of at most 128 x 128")
         if self.group < 1:
             raise ValueError("group must be >= 1")
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"split_k must be an int >= 1, got {self.split_k!r}")
         if _ab_stages(self, in_bytes, out_bytes) < 2:
             raise ValueError(f"{self} leaves fewer than 2 pipeline stages in shared memory")
 
@@ -150,4 +158,73 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
             cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
             best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp), cost
     assert best is not None
+    return best
+
+
+# --------------------------------------------------------------------------- split-K
+#
+# A problem whose output has fewer tiles than there are SMs leaves SMs idle for the
+# whole main loop. Split-K deals each tile's K range out to `s` CTAs and adds the
+# partial sums in a second kernel. It pays: one extra launch and the fp32 partials'
+# traffic (written by the GEMM, read back by the reduce, mostly through L2). The model
+# below turns the tile cost above into microseconds and charges the split for both;
+# its constants are estimates from the H100 GEMM table (gemm_h100.md: 64x64 ping-pong
+# at 512x768 runs 4.8 us at K=768 and 11.2 us at K=3072, i.e. ~2.5 us fixed + 0.3 ps
+# per cost unit) and should be re-fitted from a split-K sweep (benchmarks/tune_gemm.py
+# --splits).
+_US_FIXED = 2.5  # one GEMM launch: prologue, pipeline fill, last epilogue
+_US_PER_UNIT = 0.3e-6  # one unit of `default_config`'s cost (tile area x K / efficiency)
+_US_REDUCE_FIXED = 2.0  # the reduce kernel's launch and drain
+_REDUCE_BYTES_PER_US = 4e6  # partials written then read back (mostly L2)
+_SPLIT_GAIN = 0.8  # a split must be modelled at least 20% faster than no split
+MIN_SPLIT_K_TILES = 4  # each split sums at least 4 k-tiles (256 of K for 16-bit inputs)
+MAX_SPLIT_K = 16
+
+
+def _model_us(tm: int, tn: int, pp: bool, eff: float, ctas: int, k: int, num_sms: int) -> float:
+    waves = math.ceil(ctas / num_sms)
+    return _US_FIXED + _US_PER_UNIT * waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
+
+
+def splitk_k_tiles(k_tiles: int, split: int, index: int) -> tuple[int, int]:
+    """The k-tile range [begin, end) of split `index` (the kernel's exact formula).
+
+    Balanced: every split gets floor or ceil(k_tiles / split) k-tiles, so none is
+    empty as long as split <= k_tiles (the host clamps it). The zero-filled partial
+    k-tile past K, if any, falls in the last split.
+    """
+    return index * k_tiles // split, (index + 1) * k_tiles // split
+
+
+def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
+    """`default_config`, or a split-K config when the output has too few tiles.
+
+    Only problems whose `default_config` fills less than one wave (tiles < SMs) are
+    considered, so every problem with enough tiles gets exactly `default_config`.
+    Candidates: each tile shape with s = 2..MAX_SPLIT_K splits such that tiles x s
+    still fits one wave and every split sums >= MIN_SPLIT_K_TILES k-tiles. The
+    cheapest is taken if the model puts it at least 20% under no split.
+    """
+    base = default_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes)
+    tiles = math.ceil(m / base.tile_m) * math.ceil(n / base.tile_n)
+    if tiles >= num_sms:
+        return base
+    tk = base.tile_k(in_bytes)
+    k_tiles = math.ceil(k / tk)
+    base_eff = _TILE_EFFICIENCY[(base.tile_m, base.tile_n, base.pingpong)]
+    base_us = _model_us(base.tile_m, base.tile_n, base.pingpong, base_eff, tiles, k, num_sms)
+    best, best_us = base, base_us * _SPLIT_GAIN
+    for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        nt = tiles_m * tiles_n
+        for s in range(2, MAX_SPLIT_K + 1):
+            if nt * s > num_sms or s * MIN_SPLIT_K_TILES > k_tiles:
+                break
+            k_split = math.ceil(k_tiles / s) * tk  # the longest split
+            partial_bytes = 2 * s * m * n * 4  # fp32 partials: written, then read back
+            us = (_model_us(tm, tn, pp, eff, nt * s, k_split, num_sms)
+                  + _US_REDUCE_FIXED + partial_bytes / _REDUCE_BYTES_PER_US)
+            if us < best_us - 1e-9:
+                cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
+                best, best_us = GemmConfig(tm, tn, cm, cn, pingpong=pp, split_k=s), us
     return best

@@ -74,11 +74,20 @@ class GemmSm90:
     raster (bands of `group` clusters along M, or N) so tiles in flight share
     A and B panels in L2. Producer and consumers compute the same sequence, so
     no scheduling state is exchanged.
+
+    Split-K (cfg.split_k > 1, compiled once for any split count): D is a 32-bit
+    (M, N, S) workspace and S, its last extent, is the split count. Work item w is
+    (tile w % tiles, split l = w // tiles); split l sums k-tiles
+    [l * kt // S, (l + 1) * kt // S) (config.splitk_k_tiles) and writes its raw
+    partial sums to D[:, :, l] with the direct epilogue. A second kernel (splitk.py)
+    adds the S slices and applies the fused epilogue.
     """
 
     def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue):
         cfg.validate()
         self.cfg = cfg
+        # Only whether to split is compiled in; the split count is D's runtime last extent.
+        self.split = cfg.split_k > 1
         self.acc_dtype = acc_dtype
         self.epi = epilogue
         self.tile_mn = cfg.tile_mn
@@ -123,7 +132,7 @@ class GemmSm90:
         self,
         mA: cute.Tensor,  # (M, K)
         mB: cute.Tensor,  # (N, K)
-        mD: cute.Tensor,  # (M, N), row-major
+        mD: cute.Tensor,  # (M, N), row-major; split-K: (M, N, S) 32-bit partial sums
         mBias: cute.Tensor | None,  # (N,)
         mResidual: cute.Tensor | None,  # (M, N)
         mRowScale: cute.Tensor | None,  # (M,) or (1,)
@@ -136,7 +145,13 @@ class GemmSm90:
         # Append the batch mode CuTe's TMA/tiling helpers expect: (M, K) -> (M, K, 1).
         mA = self._add_batch_mode(mA)
         mB = self._add_batch_mode(mB)
-        mD = self._add_batch_mode(mD)
+        splits = cutlass.Int32(1)
+        if cutlass.const_expr(self.split):
+            # The split workspace already has its third mode: the split index.
+            assert mD.element_type.width == 32 and self.epi.is_identity, "split-K writes raw 32-bit partial sums"
+            splits = mD.shape[2]
+        else:
+            mD = self._add_batch_mode(mD)
         self._setup(
             mA.element_type,
             mB.element_type,
@@ -164,7 +179,10 @@ class GemmSm90:
         tiles_n = cute.ceil_div(mD.shape[1], self.tile_mn[1])
         clusters_m = cute.ceil_div(tiles_m, self.cluster_mn[0])
         clusters_n = cute.ceil_div(tiles_n, self.cluster_mn[1])
-        num_clusters = cutlass.min(clusters_m * clusters_n, max_active_clusters)
+        work_items = clusters_m * clusters_n
+        if cutlass.const_expr(self.split):
+            work_items = work_items * splits
+        num_clusters = cutlass.min(work_items, max_active_clusters)
 
         @cute.struct
         class SharedStorage:
@@ -179,7 +197,7 @@ class GemmSm90:
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, mD,
             mBias, mResidual, mRowScale, mColScale, alpha, beta,
-            clusters_m, clusters_n,
+            clusters_m, clusters_n, splits,
             self.tiled_mma, self.a_smem_staged, self.b_smem_staged, self.c_smem_staged,
         ).launch(
             grid=(self.cluster_mn[0], self.cluster_mn[1], num_clusters),
@@ -217,6 +235,7 @@ class GemmSm90:
         beta: cutlass.Float32,
         clusters_m: cutlass.Int32,
         clusters_n: cutlass.Int32,
+        splits: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
@@ -248,12 +267,12 @@ class GemmSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
-                self.load(tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n)
+                self.load(tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(
                 tiled_mma, sA, sB, sD, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
-                ab_pipeline, cta_coord, clusters_m, clusters_n, cute.ceil_div(mA.shape[1], self.tile_k),
+                ab_pipeline, cta_coord, clusters_m, clusters_n, splits, cute.ceil_div(mA.shape[1], self.tile_k),
             )
 
     def _make_ab_pipeline(self, barrier_ptr, cta_layout, a_smem_staged, b_smem_staged):
@@ -301,8 +320,30 @@ class GemmSm90:
             cm = r // width
         return cm * self.cluster_mn[0] + cta_coord[0], cn * self.cluster_mn[1] + cta_coord[1]
 
+    def _num_work(self, clusters_m, clusters_n, splits):
+        """Work items of the schedule: cluster tiles, times the split count for split-K."""
+        tiles = clusters_m * clusters_n
+        if self.split:  # trace-time branch (plain Python helper, inlined into the kernel)
+            return tiles * splits
+        return tiles
+
+    def _work_item(self, work, clusters_m, clusters_n, splits, k_tiles):
+        """Work item -> (tile work index, split index, first k-tile, number of k-tiles).
+
+        Without split-K this is (work, 0, 0, k_tiles). With it the split is the slow
+        index, so the CTAs running at one time share the K range of their A/B panels;
+        the ranges are balanced (config.splitk_k_tiles), never empty while S <= k_tiles.
+        """
+        if self.split:
+            tiles = clusters_m * clusters_n
+            l_idx = work // tiles
+            k_begin = l_idx * k_tiles // splits
+            k_end = (l_idx + 1) * k_tiles // splits
+            return work - l_idx * tiles, l_idx, k_begin, k_end - k_begin
+        return work, 0, 0, k_tiles
+
     @cute.jit
-    def load(self, tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n):
+    def load(self, tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits):
         """Producer warp: TMA loads of every k-tile of every tile this CTA owns."""
         gA = cute.local_tile(mA, cute.slice_(self.tile_mnk, (None, 0, None)), (None, None, None))
         gB = cute.local_tile(mB, cute.slice_(self.tile_mnk, (0, None, None)), (None, None, None))
@@ -321,13 +362,15 @@ class GemmSm90:
         k_tiles = cute.size(gA, mode=[3])
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-        total = clusters_m * clusters_n
+        total = self._num_work(clusters_m, clusters_n, splits)
         work = cute.arch.block_idx()[2]
         while work < total:
-            tm, tn = self._tile_coord(work, clusters_m, clusters_n, cta_coord)
+            tile_work, _split_idx, k_begin, k_count = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
+            tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
             tAgA_t = tAgA[(None, tm, None, 0)]
             tBgB_t = tBgB[(None, tn, None, 0)]
-            for k in range(k_tiles):
+            for kk in range(k_count):
+                k = k_begin + kk
                 ab_pipeline.producer_acquire(state)
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
@@ -341,7 +384,7 @@ class GemmSm90:
     @cute.jit
     def consumer(
         self, tiled_mma, sA, sB, sD, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
-        ab_pipeline, cta_coord, clusters_m, clusters_n, k_tiles,
+        ab_pipeline, cta_coord, clusters_m, clusters_n, splits, k_tiles,
     ):
         """Consumer warpgroups: for each owned tile, `mma()` then `epilogue()`.
 
@@ -387,17 +430,18 @@ class GemmSm90:
 
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-        total = clusters_m * clusters_n
+        total = self._num_work(clusters_m, clusters_n, splits)
         step = cute.arch.grid_dim()[2]
         work = cute.arch.block_idx()[2]
         local = cutlass.Int32(0)  # index of the tile among this CTA's tiles
         tiles_done = cutlass.Int32(0)
         while work < total:
+            tile_work, split_idx, _k_begin, k_count = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
             mine = True
             if cutlass.const_expr(pingpong):
                 mine = local % 2 == wg_idx
             if mine:
-                tm, tn = self._tile_coord(work, clusters_m, clusters_n, cta_coord)
+                tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
                 if cutlass.const_expr(pingpong):
                     if local > 0:  # wait for the other warpgroup to finish issuing its main loop
                         if wg_idx == 0:
@@ -405,11 +449,12 @@ class GemmSm90:
                         else:
                             turn[1].arrive_and_wait()
                 read_state, release_state = self.mma(
-                    tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles,
+                    tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_count,
                     turn, wg_idx, work + step < total,
                 )
                 if cutlass.const_expr(self.c_dtype.width == 32):
-                    self.epilogue_direct(acc, tCcD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, tm, tn)
+                    self.epilogue_direct(
+                        acc, tCcD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, tm, tn, split_idx)
                 else:
                     self.epilogue(
                         acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
@@ -419,7 +464,7 @@ class GemmSm90:
                 tiles_done += 1
             else:
                 # The other warpgroup's tile: step over its stages in the smem ring.
-                for _k in range(k_tiles):
+                for _k in range(k_count):
                     read_state.advance()
                     release_state.advance()
             local += 1
@@ -542,13 +587,14 @@ class GemmSm90:
             self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
 
     @cute.jit
-    def epilogue_direct(self, acc, tCcD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, tm, tn):
+    def epilogue_direct(self, acc, tCcD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, tm, tn, l_idx):
         """32-bit outputs (raw int32, fp32): registers straight to global memory.
 
         Each quad of threads writes 8 consecutive 4-byte elements of a row (one 32-byte
         sector), so the stores stay sector-efficient without the smem round trip. The
         stmatrix path is 16-bit only, and the generic register->smem copy orders a
-        thread's values differently from the accumulator.
+        thread's values differently from the accumulator. l_idx is the batch index of
+        D (the split index for split-K, else 0).
         """
         M = mD.shape[0]
         N = mD.shape[1]
@@ -560,9 +606,9 @@ class GemmSm90:
             col = col0 + n_local
             if row < M and col < N:
                 if cutlass.const_expr(self.epi.is_identity):
-                    mD[row, col, 0] = self.c_dtype(acc[v])
+                    mD[row, col, l_idx] = self.c_dtype(acc[v])
                 else:
-                    mD[row, col, 0] = self.c_dtype(self._epilogue_value(
+                    mD[row, col, l_idx] = self.c_dtype(self._epilogue_value(
                         cutlass.Float32(acc[v]), row, col, mBias, mResidual, mRowScale, mColScale, alpha, beta))
 
     @cute.jit
