@@ -65,7 +65,11 @@ def providers():
     try:
         from flash_attn.cute import flash_attn_func
 
-        out["fa4"] = lambda q, k, v, causal: flash_attn_func(q, k, v, causal=causal)
+        def fa4(q, k, v, causal):
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out  # (out, lse) in some versions
+
+        out["fa4"] = fa4
     except Exception as e:
         print("[attn] FlashAttention-4 unavailable:", e)
     return out

@@ -13,6 +13,8 @@ from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
 from .reference import flash_attn_ref  # noqa: F401
 
 HEAD_DIMS = (64, 128)
+# Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
+PINGPONG = True
 
 
 def _validate(q, k, v):
@@ -60,7 +62,7 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
     flse = make_fake_tensor(cutlass.Float32, (b, hq, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
-    kernel = FlashAttnFwdSm90(head_dim, causal)
+    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -75,7 +77,7 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None):
     if out.numel():
         lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
         key = CompileKey("flash_fwd_sm90", (dtype_name(q.dtype),), ("bshd",), (128, 128), (1, 1),
-                         epilogue=(("causal", bool(causal)), ("seqlens_k", lens_k), ("seqlens_q", lens_q)), extra=(D,))
+                         epilogue=(("causal", bool(causal)), ("seqlens_k", lens_k), ("seqlens_q", lens_q)), extra=(D, PINGPONG))
         fn = KERNELS.get(key, lambda: _compile(q.dtype, D, bool(causal), seqlens=lens_k, seqlens_q=lens_q))
         fn(q, k, v, out, lse, seqlens_k, seqlens_q, softmax_scale_log2(D, softmax_scale), Hq // k.shape[2])
     return out, lse

@@ -36,12 +36,22 @@ class FlashAttnFwdSm90:
 
     Pipelines (PipelineTmaAsync): q_pipe (1 stage), k_pipe and v_pipe (`stages` deep);
     empty barriers collect one arrive per consumer warp.
+
+    Scheduling: within a warpgroup, S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued
+    together and the softmax of S_j overlaps the second product. With `pingpong`, named
+    barriers 2/3 also take turns between the two warpgroups at every issue point, so one
+    warpgroup's softmax runs while the other's GEMMs own the tensor cores (as in
+    FlashAttention-3).
     """
 
-    def __init__(self, head_dim: int, causal: bool, m_block: int = 128, n_block: int = 128, stages: int = 2):
+    def __init__(self, head_dim: int, causal: bool, m_block: int = 128, n_block: int = 128, stages: int | None = None,
+                 pingpong: bool = True):
         self.head_dim = head_dim
         self.causal = causal
+        # K and V rings: at D = 128 two stages of each already fill ~160 KB of smem with Q.
+        stages = stages or (2 if head_dim > 64 else 4)
         self.m_block, self.n_block, self.stages = m_block, n_block, stages
+        self.pingpong = pingpong
         self.num_mma_wg = 2
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.load_regs, self.mma_regs = 24, 240
@@ -199,7 +209,13 @@ class FlashAttnFwdSm90:
     @cute.jit
     def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
             m_idx, h, b, s_q, s_k, n_blocks):
-        """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store."""
+        """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store.
+
+        Software-pipelined within the warpgroup (as FlashAttention-3 does): S_j = Q K_j^T
+        and O += P_{j-1} V_{j-1} are issued back to back, and the softmax of S_j runs on
+        the CUDA cores while the tensor cores still work on P_{j-1} V_{j-1}. O is only
+        rescaled once that product has landed.
+        """
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         qk_wg = qk_mma.get_slice(wg_idx * 128)
@@ -215,83 +231,68 @@ class FlashAttnFwdSm90:
         # A 64xN wgmma accumulator holds, per thread, rows r and r+8 of its quad:
         # flat index v = col_pair + 2 * row_half + 4 * col_group. The running max and sum
         # of those two rows are loop-carried scalars (m0, m1, l0, l1).
-        neg_inf = -cutlass.Float32.inf
-        m0, m1 = neg_inf, neg_inf
+        m0, m1 = cutlass.Float32(-cutlass.Float32.inf), cutlass.Float32(-cutlass.Float32.inf)
         l0, l1 = cutlass.Float32(0.0), cutlass.Float32(0.0)
         acc_o.fill(0.0)
         row0 = m_idx * self.m_block
         causal_shift = s_k - s_q
+        # acc_o is zero-filled and rescaled in registers, so every P V wgmma accumulates
+        # (the field defaults to overwrite, which would keep only the last 16 keys).
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
+        tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        # Ping-pong turns: warpgroup w waits on barrier 2 + w before issuing and then
+        # arrives on the other's. Every wait pairs with exactly one arrive: warpgroup 1
+        # pre-arrives once so warpgroup 0 goes first, and skips its very last arrive.
+        turn = (pipeline.NamedBarrier(barrier_id=2, num_threads=256), pipeline.NamedBarrier(barrier_id=3, num_threads=256))
         if n_blocks > 0:
+            if cutlass.const_expr(self.pingpong):
+                if wg_idx == 1:
+                    turn[0].arrive()
             q_pipe.consumer_wait(q_state)
-        rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
-        # acc_o is zero-filled and rescaled in registers, so every P V wgmma accumulates
-        # (the field defaults to overwrite, which would keep only the last 16 keys).
-        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        for j in range(n_blocks):
-            # ---- S = Q K_j^T
+            # ---- block 0: S_0, softmax, P_0 (nothing to overlap with yet)
             k_pipe.consumer_wait(k_state)
-            qk_mma.set(warpgroup.Field.ACCUMULATE, False)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)], tSrK[(None, None, kb, k_state.index)], acc_s)
-                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
+            self._wait_turn(turn, wg_idx)
+            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
+            self._pass_turn(turn, wg_idx)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-
-            # ---- mask: keys past s_k (zero-filled by TMA) and, if causal, past the diagonal
-            col0 = j * self.n_block
-            for v in cutlass.range_constexpr(cute.size(acc_s)):
-                r, c = tScS[v]
-                limit = s_k
-                if cutlass.const_expr(self.causal):
-                    limit = cutlass.min(s_k, row0 + r + causal_shift + 1)
-                acc_s[v] = cutlass.select_(col0 + c < limit, acc_s[v], neg_inf)
-
-            # ---- online softmax, scale folded into exp2
-            new_max = [m0, m1]
-            for v in cutlass.range_constexpr(cute.size(acc_s)):
-                half = (v // 2) % 2
-                new_max[half] = cutlass.max(new_max[half], acc_s[v])
-            ref, corr = [None, None], [None, None]
-            for half in cutlass.range_constexpr(2):
-                mx = new_max[half]
-                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                new_max[half] = mx
-                # Rows with every key masked so far keep max -inf: use 0 as the reference
-                # so exp2(-inf - 0) = 0 rather than NaN.
-                ref[half] = cutlass.select_(mx == neg_inf, cutlass.Float32(0.0), mx * scale_log2)
-            old_max = [m0, m1]
-            for half in cutlass.range_constexpr(2):
-                corr[half] = cutlass.select_(
-                    old_max[half] == neg_inf, cutlass.Float32(0.0),
-                    cute.math.exp2(old_max[half] * scale_log2 - ref[half], fastmath=True))
-            sums = [l0 * corr[0], l1 * corr[1]]
-            for v in cutlass.range_constexpr(cute.size(acc_s)):
-                half = (v // 2) % 2
-                p = cute.math.exp2(acc_s[v] * scale_log2 - ref[half], fastmath=True)
-                sums[half] = sums[half] + p
-                acc_s[v] = p
-            for v in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[v] = acc_o[v] * corr[(v // 2) % 2]
-            m0, m1 = new_max[0], new_max[1]
-            l0, l1 = sums[0], sums[1]
+            self._mask(acc_s, tScS, 0, row0, s_k, causal_shift)
+            m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
             rP.store(acc_s.load().to(self.dtype))
-
-            # ---- O += P V_j, with P as the register A operand: the S accumulator of a
-            # 64xN wgmma, split into 16-column k-blocks, is exactly the A fragment layout.
-            tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
+            for j in range(1, n_blocks):
+                # ---- issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}
+                k_pipe.consumer_wait(k_state)
+                v_pipe.consumer_wait(v_state)
+                self._wait_turn(turn, wg_idx)
+                self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                self._pass_turn(turn, wg_idx)
+                # ---- softmax of S_j while P_{j-1} V_{j-1} runs
+                warpgroup.wait_group(1)
+                k_pipe.consumer_release(k_state)
+                k_state.advance()
+                self._mask(acc_s, tScS, j * self.n_block, row0, s_k, causal_shift)
+                m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
+                # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
+                warpgroup.wait_group(0)
+                v_pipe.consumer_release(v_state)
+                v_state.advance()
+                for v in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
+                rP.store(acc_s.load().to(self.dtype))
+            # ---- last block's P V
             v_pipe.consumer_wait(v_state)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(self.n_block // 16):
-                cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, v_state.index)], acc_o)
-            warpgroup.commit_group()
+            self._wait_turn(turn, wg_idx)
+            self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+            if cutlass.const_expr(self.pingpong):
+                if wg_idx == 0:  # warpgroup 1 has no further turn to wait for
+                    turn[1].arrive()
             warpgroup.wait_group(0)
             v_pipe.consumer_release(v_state)
             v_state.advance()
@@ -319,6 +320,93 @@ class FlashAttnFwdSm90:
                 if row < s_q:
                     lse = (maxes[half] * scale_log2 + cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)) * _LN_2
                     mLSE[b, h, row] = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
+
+    @cute.jit
+    def _wait_turn(self, turn, wg_idx):
+        if cutlass.const_expr(self.pingpong):
+            if wg_idx == 0:
+                turn[0].arrive_and_wait()
+            else:
+                turn[1].arrive_and_wait()
+
+    @cute.jit
+    def _pass_turn(self, turn, wg_idx):
+        if cutlass.const_expr(self.pingpong):
+            if wg_idx == 0:
+                turn[1].arrive()
+            else:
+                turn[0].arrive()
+
+    @cute.jit
+    def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
+        """S = Q K^T into acc_s (overwrites), issued and committed, not waited on."""
+        qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            cute.gemm(qk_mma, acc_s, tSrQ[(None, None, kb, 0)], tSrK[(None, None, kb, stage)], acc_s)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
+        """O += P V with P from registers: the S accumulator of a 64xN wgmma, split into
+        16-column k-blocks, is exactly the A fragment layout."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(self.n_block // 16):
+            cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)], acc_o)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _mask(self, acc_s, tScS, col0, row0, s_k, causal_shift):
+        """-inf where a key is past s_k (TMA zero-filled it) or, if causal, past the diagonal.
+
+        Only blocks that straddle a boundary pay for it: the test is uniform across the
+        CTA (it uses the tile's first row, whose causal limit is the smallest).
+        """
+        limit0 = s_k
+        if cutlass.const_expr(self.causal):
+            limit0 = cutlass.min(s_k, row0 + causal_shift + 1)
+        if col0 + self.n_block > limit0:
+            for v in cutlass.range_constexpr(cute.size(acc_s)):
+                r, c = tScS[v]
+                limit = s_k
+                if cutlass.const_expr(self.causal):
+                    limit = cutlass.min(s_k, row0 + r + causal_shift + 1)
+                acc_s[v] = cutlass.select_(col0 + c < limit, acc_s[v], -cutlass.Float32.inf)
+
+    @cute.jit
+    def _online_softmax(self, acc_s, m0, m1, l0, l1, scale_log2):
+        """acc_s (scores) -> unnormalised probabilities in place; returns the new running
+        max and sum of the thread's two rows and the factors that rescale the old O."""
+        neg_inf = -cutlass.Float32.inf
+        mx0, mx1 = m0, m1
+        for v in cutlass.range_constexpr(cute.size(acc_s)):
+            if cutlass.const_expr((v // 2) % 2 == 0):
+                mx0 = cutlass.max(mx0, acc_s[v])
+            else:
+                mx1 = cutlass.max(mx1, acc_s[v])
+        # The four threads of a quad hold the rest of each row.
+        mx0 = cutlass.max(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=1))
+        mx0 = cutlass.max(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=2))
+        mx1 = cutlass.max(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=1))
+        mx1 = cutlass.max(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=2))
+        # Rows with every key masked so far keep max -inf: use 0 as the reference so
+        # exp2(-inf - 0) = 0 rather than NaN.
+        ref0 = cutlass.select_(mx0 == neg_inf, cutlass.Float32(0.0), mx0 * scale_log2)
+        ref1 = cutlass.select_(mx1 == neg_inf, cutlass.Float32(0.0), mx1 * scale_log2)
+        c0 = cutlass.select_(m0 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m0 * scale_log2 - ref0, fastmath=True))
+        c1 = cutlass.select_(m1 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m1 * scale_log2 - ref1, fastmath=True))
+        s0, s1 = l0 * c0, l1 * c1
+        for v in cutlass.range_constexpr(cute.size(acc_s)):
+            if cutlass.const_expr((v // 2) % 2 == 0):
+                p = cute.math.exp2(acc_s[v] * scale_log2 - ref0, fastmath=True)
+                s0 = s0 + p
+                acc_s[v] = p
+            else:
+                p = cute.math.exp2(acc_s[v] * scale_log2 - ref1, fastmath=True)
+                s1 = s1 + p
+                acc_s[v] = p
+        return mx0, mx1, s0, s1, c0, c1
 
     @staticmethod
     def _acc_to_a_layout(layout):
