@@ -116,6 +116,11 @@ class _QuantLinearBase(nn.Module):
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
     inv_smooth: torch.Tensor | None
+    # Epilogue fusion, the protocol inference.patch_model uses for its own linears: an
+    # activation applied after the bias (GPT-2's c_fc takes gelu_tanh) and
+    # forward(x, residual=...) adding the block's residual, both inside the GEMM epilogue.
+    activation: str | None = None
+    fuses_residual = True
 
     def __init__(self, in_features, out_features, bias, qdtype, scale_shape, bias_dtype, device):
         super().__init__()
@@ -192,6 +197,13 @@ class _QuantLinearBase(nn.Module):
     def _epilogue(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def _residual_2d(self, residual: torch.Tensor | None, x2: torch.Tensor) -> torch.Tensor | None:
+        if residual is None:
+            return None
+        if residual.shape[-1] != self.out_features or residual.numel() != x2.shape[0] * self.out_features:
+            raise ValueError(f"residual must have shape [..., {self.out_features}] matching the input's rows")
+        return residual.reshape(x2.shape[0], self.out_features)
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -259,10 +271,12 @@ class FP8Linear(_QuantLinearBase):
         self._copy_bias(module)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x2, bias = self._prologue(x)
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
+        r2 = self._residual_2d(residual, x2)
+        act = self.activation
         use_kernels = _use_kernels(self.backend, x2)
         q, sa = quantize(x2, self.weight.dtype, self.mode, multiplier=self.inv_smooth)
         if self.mode == "row":
@@ -270,24 +284,28 @@ class FP8Linear(_QuantLinearBase):
             if use_kernels:
                 import cute_kernels
 
-                y = cute_kernels.scaled_mm(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype)
+                y = cute_kernels.scaled_mm(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype,
+                                           activation=act, residual=r2)
             else:
                 from cute_kernels.quantized.reference import scaled_mm_ref
 
-                y = scaled_mm_ref(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype)
+                y = scaled_mm_ref(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype,
+                                  activation=act, residual=r2)
         else:
             if use_kernels:
                 import cute_kernels
 
                 y = cute_kernels.scaled_mm_blockwise(
-                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=x.dtype
+                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=x.dtype, activation=act
                 )
             else:
                 from cute_kernels.quantized.reference import scaled_mm_blockwise_ref
 
                 y = scaled_mm_blockwise_ref(
-                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=x.dtype
+                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=x.dtype, activation=act
                 )
+            if r2 is not None:  # the blockwise path is dequantize + bf16 GEMM: add it here
+                y = y + r2
         return self._epilogue(y, x)
 
     def extra_repr(self) -> str:
@@ -329,18 +347,21 @@ class Int8Linear(_QuantLinearBase):
         self._copy_bias(module)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x2, bias = self._prologue(x)
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
+        r2 = self._residual_2d(residual, x2)
         q, sa = quantize(x2, torch.int8, "row", multiplier=self.inv_smooth)
         sb = self.weight_scale.view(1, -1)
         if _use_kernels(self.backend, x2):
             import cute_kernels
 
-            y = cute_kernels.int8_mm(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype)
+            y = cute_kernels.int8_mm(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype,
+                                     activation=self.activation, residual=r2)
         else:
             from cute_kernels.quantized.reference import int8_mm_ref
 
-            y = int8_mm_ref(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype)
+            y = int8_mm_ref(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype,
+                            activation=self.activation, residual=r2)
         return self._epilogue(y, x)

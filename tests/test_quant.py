@@ -351,6 +351,23 @@ def test_linear_matches_manual_dequantized_product(kind):
     torch.testing.assert_close(qlin(x), expect, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_linear_fuses_activation_and_residual(kind):
+    """`activation` and forward(x, residual=...) (the epilogue-fusion protocol patch_model uses)."""
+    from cute_kernels.gemm.reference import apply_activation
+
+    torch.manual_seed(2)
+    lin = nn.Linear(256, 64)
+    x, r = torch.randn(3, 4, 256), torch.randn(3, 4, 64)
+    qlin = _make(kind, lin)
+    plain = qlin(x)
+    qlin.activation = "gelu_tanh"
+    assert qlin.fuses_residual
+    torch.testing.assert_close(qlin(x, residual=r), apply_activation(plain, "gelu_tanh") + r, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        qlin(x, residual=r[..., :10])
+
+
 def test_kernel_dispatch_contract(monkeypatch):
     """backend="kernels" calls cute_kernels.* with the documented operand layouts
     (checked here with stand-ins that delegate to the references)."""
@@ -359,7 +376,7 @@ def test_kernel_dispatch_contract(monkeypatch):
 
     calls = []
 
-    def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None):
+    def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None, residual=None):
         M, K = a.shape
         N = b.shape[1]
         assert a.dtype == E4M3 and a.is_contiguous()
@@ -367,7 +384,8 @@ def test_kernel_dispatch_contract(monkeypatch):
         assert scale_a.shape == (M, 1) and scale_b.shape == (1, N) and scale_b.is_contiguous()
         assert bias is None or bias.dtype == out_dtype
         calls.append("scaled_mm")
-        return ref.scaled_mm_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+        return ref.scaled_mm_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, activation=activation,
+                                 residual=residual)
 
     def scaled_mm_blockwise(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None):
         M, K = a.shape
@@ -377,13 +395,14 @@ def test_kernel_dispatch_contract(monkeypatch):
         calls.append("scaled_mm_blockwise")
         return ref.scaled_mm_blockwise_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
 
-    def int8_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=None):
+    def int8_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=None, activation=None, residual=None):
         M, K = a.shape
         N = b.shape[1]
         assert a.dtype == b.dtype == I8 and b.shape == (K, N) and b.stride() == (1, K)
         assert scale_a.shape == (M, 1) and scale_b.shape == (1, N)
         calls.append("int8_mm")
-        return ref.int8_mm_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+        return ref.int8_mm_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, activation=activation,
+                               residual=residual)
 
     for name, fn in [("scaled_mm", scaled_mm), ("scaled_mm_blockwise", scaled_mm_blockwise), ("int8_mm", int8_mm)]:
         monkeypatch.setitem(vars(cute_kernels), name, fn)  # no lazy import of the real op

@@ -146,6 +146,33 @@ def test_int8_mm_dequantized():
 
 
 @pytest.mark.gpu
+def test_8bit_fused_activation_and_residual():
+    """gelu_tanh after the bias and a residual add, in the 8-bit epilogue (GPT-2's MLP / c_proj)."""
+    import cute_kernels as ck
+    from cute_kernels.quantized.reference import int8_mm_ref, scaled_mm_ref
+
+    torch.manual_seed(0)
+    M, N, K = 300, 1600, 768
+    res = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    a8 = (torch.randn(M, K, device="cuda") / 4).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(N, K, device="cuda") / 4).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, N, device="cuda") / 10
+    for act in ("gelu_tanh", None):
+        out = ck.scaled_mm(a8, b8, sa, sb, bias=bias, activation=act, residual=res)
+        ref = scaled_mm_ref(a8, b8, sa, sb, bias=bias, activation=act, residual=res, out_dtype=torch.float32)
+        assert (out.float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
+    ai = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+    bi = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t()
+    si = torch.rand(1, N, device="cuda") / 1e4
+    out = ck.int8_mm(ai, bi, sa, si, bias=bias, activation="gelu_tanh", residual=res)
+    ref = int8_mm_ref(ai, bi, sa, si, bias=bias, activation="gelu_tanh", residual=res, out_dtype=torch.float32)
+    assert (out.float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
+    with pytest.raises(ValueError, match="residual"):
+        ck.scaled_mm(a8, b8, sa, sb, residual=res[:, :10])
+
+
+@pytest.mark.gpu
 def test_8bit_non_finite_stays_in_its_rows():
     import cute_kernels as ck
 

@@ -67,6 +67,16 @@ def _check_bias(bias, N: int, dtype, device):
     return bias.contiguous()
 
 
+def _check_residual(residual, M: int, N: int, dtype, device):
+    if residual is None:
+        return None
+    if not isinstance(residual, torch.Tensor) or residual.shape != (M, N) or residual.dtype != dtype:
+        raise ValueError(f"residual must be a {dtype} tensor of shape ({M}, {N})")
+    if residual.device != device:
+        raise ValueError(f"residual is on {residual.device}, the operands on {device}")
+    return residual if residual.stride(1) == 1 else residual.contiguous()
+
+
 def scaled_mm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -76,12 +86,13 @@ def scaled_mm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     activation: str | None = None,
+    residual: torch.Tensor | None = None,
     use_fast_accum: bool = False,
 ) -> torch.Tensor:
-    """FP8 GEMM with torch._scaled_mm semantics: act((a * scale_a) @ (b * scale_b) + bias).
+    """FP8 GEMM with torch._scaled_mm semantics: act((a * scale_a) @ (b * scale_b) + bias) + residual.
 
     a [M, K] e4m3/e5m2 row-major; b [K, N] e4m3/e5m2 column-major; scale_a () or [M, 1];
-    scale_b () or [1, N] (float32); bias [N] in out_dtype (bf16 or fp16).
+    scale_b () or [1, N] (float32); bias [N] and residual [M, N] in out_dtype (bf16 or fp16).
 
     use_fast_accum=False (the default, as in torch) promotes the tensor-core partial
     sums into an fp32 accumulator every 128 of K ("2xAcc"); True keeps one wgmma
@@ -101,12 +112,14 @@ def scaled_mm(
     row_mode, sa = _scale_mode(scale_a, M, "scale_a", (M, 1), a.device)
     col_mode, sb = _scale_mode(scale_b, N, "scale_b", (1, N), a.device)
     bias = _check_bias(bias, N, out_dtype, a.device)
+    residual = _check_residual(residual, M, N, out_dtype, a.device)
     out = _alloc_out(M, N, out_dtype, a.device)
     if M == 0 or N == 0:
         return out
-    epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode, bias=bias is not None)
+    epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode, bias=bias is not None,
+                   residual=residual is not None)
     cfg = None if use_fast_accum else _promoted_config(M, N)
-    return run_gemm(a, b.t(), out, epi=epi, bias=bias, row_scale=sa, col_scale=sb, config=cfg,
+    return run_gemm(a, b.t(), out, epi=epi, bias=bias, residual=residual, row_scale=sa, col_scale=sb, config=cfg,
                     kernel_name="scaled_mm_sm90")
 
 
@@ -166,12 +179,14 @@ def int8_mm(
     *,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """INT8 GEMM on the integer tensor cores (s8 x s8 -> s32).
 
     Without scales it equals torch._int_mm(a, b) exactly (int32). With scales
     (scale_a () or [M, 1], scale_b () or [1, N], float32) it returns the dequantized
-    a @ b * scale_a * scale_b + bias in out_dtype (default bfloat16).
+    act(a @ b * scale_a * scale_b + bias) + residual in out_dtype (default bfloat16).
     a [M, K] row-major, b [K, N] column-major (w.t() of an int8 [N, K] weight).
     """
     from ..gemm.kernel import Epilogue
@@ -179,7 +194,9 @@ def int8_mm(
     _check_8bit_operands(a, b, (torch.int8,), "int8_mm")
     M, K = a.shape
     N = b.shape[1]
-    scaled = scale_a is not None or scale_b is not None or bias is not None
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    scaled = scale_a is not None or scale_b is not None or bias is not None or activation or residual is not None
     if not scaled:
         if out_dtype not in (None, torch.int32):
             raise TypeError("int8_mm without scales returns int32; pass scales to get a dequantized output")
@@ -193,9 +210,11 @@ def int8_mm(
     row_mode, sa = _scale_mode(scale_a, M, "scale_a", (M, 1), a.device)
     col_mode, sb = _scale_mode(scale_b, N, "scale_b", (1, N), a.device)
     bias = _check_bias(bias, N, out_dtype, a.device)
+    residual = _check_residual(residual, M, N, out_dtype, a.device)
     out = _alloc_out(M, N, out_dtype, a.device)
     if M and N:
-        epi = Epilogue(row_scale=row_mode, col_scale=col_mode, bias=bias is not None)
-        run_gemm(a, b.t(), out, epi=epi, bias=bias, row_scale=sa, col_scale=sb,
+        epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode,
+                       bias=bias is not None, residual=residual is not None)
+        run_gemm(a, b.t(), out, epi=epi, bias=bias, residual=residual, row_scale=sa, col_scale=sb,
                  kernel_name="int8_mm_sm90", acc_name="Int32")
     return out

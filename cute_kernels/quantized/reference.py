@@ -16,15 +16,19 @@ def scaled_mm_ref(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """act((a * scale_a) @ (b * scale_b) + bias), dequantized inputs in fp32.
+    """act((a * scale_a) @ (b * scale_b) + bias) + residual, dequantized inputs in fp32.
 
     a [M, K] fp8, b [K, N] fp8, scale_a () or [M, 1], scale_b () or [1, N].
     """
     y = (a.float() * scale_a.float()) @ (b.float() * scale_b.float())
     if bias is not None:
         y = y + bias.float()
-    return apply_activation(y, activation).to(out_dtype)
+    y = apply_activation(y, activation)
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(out_dtype)
 
 
 def scaled_mm_blockwise_ref(
@@ -57,14 +61,16 @@ def int8_mm_ref(
     *,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Without scales: exact int32 a @ b (a [M, K] int8, b [K, N] int8), like torch._int_mm.
 
-    With scales (scale_a [M, 1] or (), scale_b [1, N] or ()): the dequantized product
-    plus bias in out_dtype (default bfloat16).
+    With scales (scale_a [M, 1] or (), scale_b [1, N] or ()): act(the dequantized
+    product + bias) + residual in out_dtype (default bfloat16).
     """
     acc = (a.double() @ b.double())  # exact: |sum| < 2^53 for any realistic K
-    if scale_a is None and scale_b is None:
+    if scale_a is None and scale_b is None and bias is None and not activation and residual is None:
         return acc.to(torch.int32)
     y = acc.float()
     if scale_a is not None:
@@ -73,4 +79,7 @@ def int8_mm_ref(
         y = y * scale_b.float()
     if bias is not None:
         y = y + bias.float()
+    y = apply_activation(y, activation)
+    if residual is not None:
+        y = y + residual.float()
     return y.to(out_dtype or torch.bfloat16)
