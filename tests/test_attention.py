@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import itertools
 import math
 import re
 
@@ -182,3 +183,106 @@ def test_flash_attn_varlen(causal):
     out = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal)
     ref = flash_attn_varlen_ref(q.float(), k.float(), v.float(), cu_q, cu_k, causal=causal)
     assert out.shape == q.shape and (out.float() - ref).abs().max().item() < 3e-2
+
+
+# ------------------------------------------------------------------------------ split-KV
+
+
+def test_combine_splits_matches_unsplit_reference_on_cpu():
+    """Partials normalised per key range + their LSE merge into the full softmax, including
+    an empty range (LSE -inf) and rows that see no key at all."""
+    from cute_kernels.attention.api import combine_splits
+
+    torch.manual_seed(3)
+    B, Sq, Sk, H, D = 2, 5, 40, 3, 64
+    q, k, v = torch.randn(B, Sq, H, D), torch.randn(B, Sk, H, D), torch.randn(B, Sk, H, D)
+    full, full_lse = flash_attn_ref(q, k, v, return_lse=True)
+    bounds = [0, 7, 7, 30, 40]  # the second range is empty
+    o_parts, lse_parts = [], []
+    for lo, hi in itertools.pairwise(bounds):
+        if hi == lo:
+            o_parts.append(torch.zeros(B, Sq, H, D))
+            lse_parts.append(torch.full((B, H, Sq), -math.inf))
+            continue
+        o, lse = flash_attn_ref(q, k[:, lo:hi], v[:, lo:hi], return_lse=True)
+        o_parts.append(o.float())
+        lse_parts.append(lse)
+    out, lse = combine_splits(torch.stack(o_parts), torch.stack(lse_parts), torch.float32)
+    torch.testing.assert_close(out, full.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, full_lse, atol=1e-5, rtol=1e-5)
+    # A row with no keys in any split: O = 0, LSE = -inf, nothing NaN.
+    o, lse = combine_splits(torch.zeros(3, 1, 1, 1, D), torch.full((3, 1, 1, 1), -math.inf), torch.float32)
+    assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+
+
+def test_num_splits_heuristic_and_validation(monkeypatch):
+    from cute_kernels.attention.api import (
+        SPLIT_KV_ENV,
+        _resolve_splits,
+        num_splits_heuristic,
+    )
+
+    assert num_splits_heuristic(1, 25, 1, 8192) == 5  # 25 CTAs -> 5 splits fill 125 SMs
+    assert num_splits_heuristic(1, 25, 1, 1024) == 2  # 8 key blocks: at least 4 per split
+    assert num_splits_heuristic(1, 25, 1, 256) == 1
+    assert num_splits_heuristic(64, 32, 1, 32768) == 1  # the grid already fills the GPU
+    assert num_splits_heuristic(1, 1, 1, 1 << 20) == 16  # capped
+    monkeypatch.delenv(SPLIT_KV_ENV, raising=False)
+    assert _resolve_splits(None, 1, 25, 1, 8192) == 1  # auto split is opt-in until verified
+    monkeypatch.setenv(SPLIT_KV_ENV, "1")
+    assert _resolve_splits(None, 1, 25, 1, 8192) == 5
+    assert _resolve_splits(3, 64, 32, 1, 8192) == 3
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="num_splits"):
+            _resolve_splits(bad, 1, 1, 1, 1)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_split_kv_compiles_for_sm90a(tmp_path, head_dim):
+    from cute_kernels.attention.api import _compile
+    from tests.test_gemm import _ptxas_report
+
+    _compile(torch.bfloat16, head_dim, True, keep_dir=str(tmp_path), seqlens=True, split_kv=True)
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+@pytest.mark.parametrize("seqlens", [(1, 1), (1, 300), (1, 4097), (7, 1000), (300, 300)])
+def test_flash_attn_split_kv(causal, num_splits, seqlens):
+    import cute_kernels as ck
+
+    sq, sk = seqlens
+    q = torch.randn(2, sq, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, sk, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, sk, 2, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
+    ref, ref_lse = flash_attn_ref(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
+    one = ck.flash_attn(q, k, v, causal=causal)
+    e_split = (out.float() - ref).abs().max().item()
+    e_one = (one.float() - ref).abs().max().item()
+    assert torch.isfinite(out).all() and e_split <= 2 * e_one + 1e-3, (e_split, e_one)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse)) and (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_flash_attn_with_kvcache_split_kv():
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    B, Smax, hq, hkv, D = 4, 3000, 25, 25, 64
+    kc = torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([0, 1, 700, 2999], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    kn, vn = (torch.randn(B, 1, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float().clone(), vc.float().clone(), lens, k_new=kn.float(), v_new=vn.float())
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, k_new=kn, v_new=vn, num_splits=5)
+    assert (out.float() - ref).abs().max().item() < 3e-2

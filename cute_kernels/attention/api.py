@@ -6,6 +6,8 @@ key/query lengths, head dim) from the compile cache, launch on the current strea
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
@@ -15,6 +17,11 @@ from .reference import flash_attn_ref  # noqa: F401
 HEAD_DIMS = (64, 128)
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
 PINGPONG = True
+# Split-KV is compiled and its math is checked on the CPU, but it has not run on a GPU:
+# the automatic choice stays off unless this is "1" (an explicit num_splits > 1 is honoured).
+SPLIT_KV_ENV = "CUTE_KERNELS_ATTN_SPLIT_KV"
+H100_SMS = 132
+MAX_SPLITS = 16
 
 
 def _validate(q, k, v):
@@ -43,7 +50,7 @@ def _validate(q, k, v):
 
 
 def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, seqlens: bool = False,
-             seqlens_q: bool = False):
+             seqlens_q: bool = False, split_kv: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -60,37 +67,95 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
 
     fq, fk, fv, fo = bshd(sq, hq), bshd(sk, hkv), bshd(sk, hkv), bshd(sq, hq)
     flse = make_fake_tensor(cutlass.Float32, (b, hq, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    if split_kv:  # fp32 partials with a leading split mode, contiguous (allocated by _run)
+        ns = cute.sym_int32()
+        fo = make_fake_tensor(cutlass.Float32, (ns, b, sq, hq, head_dim),
+                              tuple(cute.sym_int64() for _ in range(4)) + (1,), assumed_align=16)
+        flse = make_fake_tensor(cutlass.Float32, (ns, b, hq, sq), tuple(cute.sym_int64() for _ in range(3)) + (1,),
+                                assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
-    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG)
+    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG, split_kv=split_kv)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None):
+def num_splits_heuristic(batch: int, heads: int, seqlen_q: int, seqlen_k: int, *, num_sms: int = H100_SMS) -> int:
+    """Split the keys when the (query block, head, batch) grid leaves SMs idle.
+
+    Each split keeps at least 4 key blocks of 128 (the pipeline needs a few to reach
+    bandwidth), and splits x CTAs stays within one wave.
+    """
+    ctas = -(-seqlen_q // 128) * heads * batch
+    if ctas >= num_sms:
+        return 1
+    n_blocks = -(-seqlen_k // 128)
+    return max(1, min(MAX_SPLITS, num_sms // ctas, n_blocks // 4))
+
+
+def combine_splits(o_parts: torch.Tensor, lse_parts: torch.Tensor, out_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge split-KV partials: o_parts [S, B, Sq, H, D] (each normalised by its own sum),
+    lse_parts [S, B, H, Sq] -> O [B, Sq, H, D], LSE [B, H, Sq].
+
+    O = sum_s exp(lse_s - lse) O_s with lse = logsumexp_s(lse_s). Splits with no keys carry
+    lse_s = -inf (weight 0); rows with no keys at all get O = 0 and LSE = -inf.
+    """
+    lse = torch.logsumexp(lse_parts, dim=0)
+    w = torch.exp(lse_parts - lse).nan_to_num(0.0)  # -inf - -inf: rows with no keys
+    out = (o_parts * w.permute(0, 1, 3, 2).unsqueeze(-1)).sum(0)
+    return out.to(out_dtype), lse
+
+
+def _resolve_splits(num_splits, B, Hq, Sq, Sk) -> int:
+    if num_splits is None:
+        if os.environ.get(SPLIT_KV_ENV) != "1":
+            return 1
+        return num_splits_heuristic(B, Hq, Sq, Sk)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
+        raise ValueError(f"num_splits must be an int >= 1 or None (heuristic), got {num_splits!r}")
+    return min(num_splits, MAX_SPLITS)
+
+
+def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_splits=1):
     from .kernel import softmax_scale_log2
 
     B, Sq, Hq, D = q.shape
+    splits = num_splits
     out = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     if out.numel():
         lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
+        split_kv = splits > 1
         key = CompileKey("flash_fwd_sm90", (dtype_name(q.dtype),), ("bshd",), (128, 128), (1, 1),
-                         epilogue=(("causal", bool(causal)), ("seqlens_k", lens_k), ("seqlens_q", lens_q)), extra=(D, PINGPONG))
-        fn = KERNELS.get(key, lambda: _compile(q.dtype, D, bool(causal), seqlens=lens_k, seqlens_q=lens_q))
-        fn(q, k, v, out, lse, seqlens_k, seqlens_q, softmax_scale_log2(D, softmax_scale), Hq // k.shape[2])
+                         epilogue=(("causal", bool(causal)), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
+                                   ("split_kv", split_kv)), extra=(D, PINGPONG))
+        fn = KERNELS.get(key, lambda: _compile(q.dtype, D, bool(causal), seqlens=lens_k, seqlens_q=lens_q,
+                                               split_kv=split_kv))
+        scale = softmax_scale_log2(D, softmax_scale)
+        if split_kv:
+            o_parts = torch.empty((splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
+            lse_parts = torch.empty((splits, B, Hq, Sq), dtype=torch.float32, device=q.device)
+            fn(q, k, v, o_parts, lse_parts, seqlens_k, seqlens_q, scale, Hq // k.shape[2])
+            out, lse = combine_splits(o_parts, lse_parts, q.dtype)
+        else:
+            fn(q, k, v, out, lse, seqlens_k, seqlens_q, scale, Hq // k.shape[2])
     return out, lse
 
 
-def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
+def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,
+               num_splits: int | None = 1):
     """Attention forward: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (GQA: Hq a multiple of Hkv),
     any strides with unit stride on D. Causal masks are aligned bottom-right.
 
+    num_splits > 1 splits the keys over that many CTAs per query block (split-KV, for
+    grids that leave SMs idle, e.g. decode); None picks by `num_splits_heuristic` when
+    CUTE_KERNELS_ATTN_SPLIT_KV=1 (split-KV has not been verified on a GPU yet).
     Returns O [B, Sq, Hq, D] (and the fp32 log-sum-exp [B, Hq, Sq] with return_lse).
     """
     _validate(q, k, v)
-    out, lse = _run(q, k, v, causal, softmax_scale)
+    splits = _resolve_splits(num_splits, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    out, lse = _run(q, k, v, causal, softmax_scale, num_splits=splits)
     return (out, lse) if return_lse else out
 
 
@@ -107,7 +172,7 @@ def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
-                            causal: bool = True, softmax_scale: float | None = None):
+                            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = 1):
     """Decode / chunked prefill against a preallocated cache [B, Smax, Hkv, D].
 
     cache_seqlens [B] (int32) holds each sequence's filled length. k_new/v_new
@@ -117,7 +182,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
 
     Cache rows past the filled length must hold finite values (a zero-initialised cache,
     as Hugging Face's StaticCache is): the last key block is read whole and its masked
-    rows still meet P = 0 in the P V product, where 0 * NaN = NaN.
+    rows still meet P = 0 in the P V product, where 0 * NaN = NaN. num_splits: as in
+    `flash_attn` (the heuristic sizes by the cache capacity Smax).
     """
     _validate(q, k_cache, v_cache)
     B, Smax = k_cache.shape[:2]
@@ -135,7 +201,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
             raise TypeError("k_new/v_new must have the cache dtype")
         append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
         lens = cache_seqlens + k_new.shape[1]
-    out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens.to(torch.int32).contiguous())
+    splits = _resolve_splits(num_splits, B, q.shape[2], q.shape[1], Smax)
+    out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens.to(torch.int32).contiguous(),
+                  num_splits=splits)
     return out
 
 

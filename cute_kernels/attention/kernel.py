@@ -45,13 +45,17 @@ class FlashAttnFwdSm90:
     """
 
     def __init__(self, head_dim: int, causal: bool, m_block: int = 128, n_block: int = 128, stages: int | None = None,
-                 pingpong: bool = True):
+                 pingpong: bool = True, split_kv: bool = False):
         self.head_dim = head_dim
         self.causal = causal
         # K and V rings: at D = 128 two stages of each already fill ~160 KB of smem with Q.
         stages = stages or (2 if head_dim > 64 else 4)
         self.m_block, self.n_block, self.stages = m_block, n_block, stages
         self.pingpong = pingpong
+        # Split-KV (decode): the key blocks of a query block are dealt out to `splits`
+        # CTAs (the runtime leading extent of mO); each writes its own normalised fp32 O
+        # and LSE, and api.py's combine step merges them with LSE weights.
+        self.split_kv = split_kv
         self.num_mma_wg = 2
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.load_regs, self.mma_regs = 24, 240
@@ -67,8 +71,8 @@ class FlashAttnFwdSm90:
         mQ: cute.Tensor,  # (b, s_q, h_q, d)
         mK: cute.Tensor,  # (b, s_k, h_kv, d)
         mV: cute.Tensor,  # (b, s_k, h_kv, d)
-        mO: cute.Tensor,  # (b, s_q, h_q, d)
-        mLSE: cute.Tensor,  # (b, h_q, s_q), fp32
+        mO: cute.Tensor,  # (b, s_q, h_q, d); split_kv: (splits, b, s_q, h_q, d) fp32
+        mLSE: cute.Tensor,  # (b, h_q, s_q), fp32; split_kv: (splits, b, h_q, s_q)
         mSeqlensK: cute.Tensor | None,  # (b,) int32: keys in use per sequence (KV cache); None = all
         mSeqlensQ: cute.Tensor | None,  # (b,) int32: query rows per sequence (varlen); None = all
         scale_log2: cutlass.Float32,
@@ -110,7 +114,10 @@ class FlashAttnFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(mQ.shape[1], mb), mQ.shape[2], mQ.shape[0])
+        grid_z = mQ.shape[0]
+        if cutlass.const_expr(self.split_kv):
+            grid_z = mQ.shape[0] * mO.shape[0]
+        grid = (cute.ceil_div(mQ.shape[1], mb), mQ.shape[2], grid_z)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2, qheads_per_kvhead,
             self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
@@ -130,8 +137,14 @@ class FlashAttnFwdSm90:
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
         m_idx, h, b = cute.arch.block_idx()
-        h_kv = h // qheads_per_kvhead
+        split, splits = 0, 1
         s_q = mO.shape[1]
+        if cutlass.const_expr(self.split_kv):
+            splits = mO.shape[0]
+            split = b % splits
+            b = b // splits
+            s_q = mO.shape[2]
+        h_kv = h // qheads_per_kvhead
         s_k = tK.shape[0]
         if cutlass.const_expr(mSeqlensK is not None):
             # KV cache: only the first cache_seqlens[b] keys are valid; later blocks are
@@ -162,16 +175,20 @@ class FlashAttnFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        n_blocks = self._n_blocks(m_idx, s_q, s_k)
+        # This CTA's key blocks: [j_begin, j_begin + n_blocks). Split-KV deals the query
+        # block's blocks out in balanced ranges (an empty range writes O = 0, LSE = -inf).
+        n_total = self._n_blocks(m_idx, s_q, s_k)
+        j_begin = split * n_total // splits
+        n_blocks = (split + 1) * n_total // splits - j_begin
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 self.load(tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe,
-                          m_idx, h, h_kv, b, n_blocks)
+                          m_idx, h, h_kv, b, j_begin, n_blocks)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
-                     m_idx, h, b, s_q, s_k, n_blocks)
+                     m_idx, h, b, split, s_q, s_k, j_begin, n_blocks)
 
     @cute.jit
     def _n_blocks(self, m_idx, s_q, s_k):
@@ -182,8 +199,9 @@ class FlashAttnFwdSm90:
         return cutlass.max(cute.ceil_div(n_end, self.n_block), 0)
 
     @cute.jit
-    def load(self, tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe, m_idx, h, h_kv, b, n_blocks):
-        """Producer warp: Q once, then K_j and V_j for every key block."""
+    def load(self, tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe, m_idx, h, h_kv, b,
+             j_begin, n_blocks):
+        """Producer warp: Q once, then K_j and V_j for every key block of this CTA."""
         gQ = cute.local_tile(tQ[(None, None, h, b)], (self.m_block, self.head_dim), (m_idx, 0))
         gK = cute.local_tile(tK[(None, None, h_kv, b)], (self.n_block, self.head_dim), (None, 0))
         gV = cute.local_tile(tVt[(None, None, h_kv, b)], (self.head_dim, self.n_block), (0, None))
@@ -196,7 +214,8 @@ class FlashAttnFwdSm90:
         if n_blocks > 0:
             q_pipe.producer_acquire(q_state)
             cute.copy(tma_q, tQg, tQs[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-        for j in range(n_blocks):
+        for jj in range(n_blocks):
+            j = j_begin + jj
             k_pipe.producer_acquire(k_state)
             cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
             k_state.advance()
@@ -208,7 +227,7 @@ class FlashAttnFwdSm90:
 
     @cute.jit
     def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
-            m_idx, h, b, s_q, s_k, n_blocks):
+            m_idx, h, b, split, s_q, s_k, j_begin, n_blocks):
         """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store.
 
         Software-pipelined within the warpgroup (as FlashAttention-3 does): S_j = Q K_j^T
@@ -262,7 +281,7 @@ class FlashAttnFwdSm90:
             warpgroup.wait_group(0)
             k_pipe.consumer_release(k_state)
             k_state.advance()
-            self._mask(acc_s, tScS, 0, row0, s_k, causal_shift)
+            self._mask(acc_s, tScS, j_begin * self.n_block, row0, s_k, causal_shift)
             m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
             rP.store(acc_s.load().to(self.dtype))
             for j in range(1, n_blocks):
@@ -277,7 +296,7 @@ class FlashAttnFwdSm90:
                 warpgroup.wait_group(1)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
-                self._mask(acc_s, tScS, j * self.n_block, row0, s_k, causal_shift)
+                self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
                 m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
                 # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
                 warpgroup.wait_group(0)
@@ -312,14 +331,21 @@ class FlashAttnFwdSm90:
             r, c = tOcO[v]
             row = row0 + r
             if row < s_q:
-                mO[b, row, h, c] = self.dtype(acc_o[v] * inv[(v // 2) % 2])
+                if cutlass.const_expr(self.split_kv):
+                    mO[split, b, row, h, c] = acc_o[v] * inv[(v // 2) % 2]
+                else:
+                    mO[b, row, h, c] = self.dtype(acc_o[v] * inv[(v // 2) % 2])
         r0, c0 = tOcO[0]
         if c0 == 0:  # one thread of each quad writes its two rows' LSE
             for half in cutlass.range_constexpr(2):
                 row = row0 + r0 + 8 * half
                 if row < s_q:
                     lse = (maxes[half] * scale_log2 + cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)) * _LN_2
-                    mLSE[b, h, row] = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
+                    lse = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
+                    if cutlass.const_expr(self.split_kv):
+                        mLSE[split, b, h, row] = lse
+                    else:
+                        mLSE[b, h, row] = lse
 
     @cute.jit
     def _wait_turn(self, turn, wg_idx):
