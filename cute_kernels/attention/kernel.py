@@ -42,6 +42,10 @@ class FlashAttnFwdSm90:
     barriers 2/3 also take turns between the two warpgroups at every issue point, so one
     warpgroup's softmax runs while the other's GEMMs own the tensor cores (as in
     FlashAttention-3).
+
+    Split-KV (`split_kv`, for grids too small to fill the GPU, e.g. decode): grid z is
+    batch x splits, each CTA takes a balanced range of the query block's key blocks and
+    writes its own normalised fp32 O and LSE; api.combine_splits merges them.
     """
 
     def __init__(self, head_dim: int, causal: bool, m_block: int = 128, n_block: int = 128, stages: int | None = None,
