@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -151,10 +152,17 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     Returns a callable fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
     the compiled kernel itself, or a `SplitKLaunch` (GEMM into fp32/int32 partials,
     then the reduce with the epilogue) when the config splits K. The heuristic only
-    splits 16-bit GEMMs; 8-bit ones split when a config asks for it.
+    splits 16-bit GEMMs; 8-bit ones split when a config asks for it. With
+    CUTE_KERNELS_GEMV=1, 16-bit products of at most 8 rows take gemv.GemvLaunch (not yet
+    verified on a GPU, hence opt-in).
     """
     M, K = a.shape
     in_bytes = a.element_size()
+    if config is None and M <= 8 and in_bytes == 2 and os.environ.get("CUTE_KERNELS_GEMV") == "1":
+        from .gemv import GemvLaunch, gemv_applies  # imports triton: only when asked for
+
+        if gemv_applies(a, b_nk, out_dtype, epi):
+            return GemvLaunch(epi)
     cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2)
     majors = (_major(a, "m"), _major(b_nk, "n"))
     if cfg.split_k > 1:

@@ -86,6 +86,40 @@ def splitk_reduce(ws, out, epi, bias=None, residual=None, row_scale=None, col_sc
 
 
 @triton.jit
+def epilogue_math(x, rows, cols, rmask, cmask, bias_ptr, res_ptr, row_ptr, col_ptr, alpha, beta, stride_res_m,
+                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
+                  COL_SCALE: tl.constexpr, USE_ALPHA: tl.constexpr, USE_BETA: tl.constexpr):
+    """The GEMM epilogue on an fp32 [rows, cols] tile, in the kernel's order (also used by gemv.py)."""
+    if USE_ALPHA:
+        x = x * alpha
+    if ROW_SCALE == 1:
+        x = x * tl.load(row_ptr)
+    if ROW_SCALE == 2:
+        x = x * tl.load(row_ptr + rows, mask=rmask, other=0.0)[:, None]
+    if COL_SCALE == 1:
+        x = x * tl.load(col_ptr)
+    if COL_SCALE == 2:
+        x = x * tl.load(col_ptr + cols, mask=cmask, other=0.0)[None, :]
+    if HAS_BIAS:
+        x = x + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        x = tl.where(x < 0.0, 0.0, x)  # relu that keeps NaN (torch.relu does)
+    if ACT == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    if ACT == 3:
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = x / (1.0 + tl.exp(-2.0 * u))  # == 0.5 x (1 + tanh(u))
+    if HAS_RES:
+        mask = rmask[:, None] & cmask[None, :]
+        r = tl.load(res_ptr + rows[:, None] * stride_res_m + cols[None, :], mask=mask, other=0.0)
+        r = r.to(tl.float32)
+        if USE_BETA:
+            r = r * beta
+        x = x + r
+    return x
+
+
+@triton.jit
 def _splitk_reduce_kernel(
     ws_ptr, out_ptr, bias_ptr, res_ptr, row_ptr, col_ptr, alpha, beta,
     M, N, S, stride_ws_s, stride_ws_m, stride_out_m, stride_res_m,
@@ -111,33 +145,8 @@ def _splitk_reduce_kernel(
     if RAW_OUT:
         y = acc
     else:
-        x = acc.to(tl.float32)
-        if USE_ALPHA:
-            x = x * alpha
-        if ROW_SCALE == 1:
-            x = x * tl.load(row_ptr)
-        if ROW_SCALE == 2:
-            x = x * tl.load(row_ptr + rows, mask=rmask, other=0.0)[:, None]
-        if COL_SCALE == 1:
-            x = x * tl.load(col_ptr)
-        if COL_SCALE == 2:
-            x = x * tl.load(col_ptr + cols, mask=cmask, other=0.0)[None, :]
-        if HAS_BIAS:
-            x = x + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        if ACT == 1:
-            x = tl.where(x < 0.0, 0.0, x)  # relu that keeps NaN (torch.relu does)
-        if ACT == 2:
-            x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-        if ACT == 3:
-            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            x = x / (1.0 + tl.exp(-2.0 * u))  # == 0.5 x (1 + tanh(u))
-        if HAS_RES:
-            r = tl.load(res_ptr + rows[:, None] * stride_res_m + cols[None, :], mask=mask, other=0.0)
-            r = r.to(tl.float32)
-            if USE_BETA:
-                r = r * beta
-            x = x + r
-        y = x
+        y = epilogue_math(acc.to(tl.float32), rows, cols, rmask, cmask, bias_ptr, res_ptr, row_ptr, col_ptr,
+                          alpha, beta, stride_res_m, ACT, HAS_BIAS, HAS_RES, ROW_SCALE, COL_SCALE, USE_ALPHA, USE_BETA)
     out_ptrs = out_ptr + rows[:, None] * stride_out_m + cols[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
