@@ -1,24 +1,70 @@
 """BF16 GEMM suite: ours vs cuBLAS (torch), QuACK and the Triton baseline, in one run.
 
     python -m benchmarks.gemm [--providers cute,cublas,quack,triton] [--quick]
+    python -m benchmarks.gemm --decode [--gemv]
 
 Layout is the F.linear one (A [M, K] row-major, B = W.t() with W [N, K]) for every
 provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
+
+--decode: GPT-2 XL's linears at M = 1 and 8 (decode steps), bias fused, reported as
+weight GB/s and % of HBM bandwidth (gemm_decode_<gpu>.*); --gemv opts in to the
+skinny path (CUTE_KERNELS_GEMV=1, cute_kernels/gemm/gemv.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
+import torch.nn.functional as F
 
-from .common import PEAK_TFLOPS, Row, format_table, geomean, rotation_count, speedups, time_ms, write_results
+from .common import (
+    PEAK_TBPS,
+    PEAK_TFLOPS,
+    Row,
+    format_table,
+    geomean,
+    rotation_count,
+    speedups,
+    time_ms,
+    write_results,
+)
 
 SQUARE = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)]
 GPT2 = [(m, n, k) for m in (512, 8192) for (k, n) in ((768, 2304), (768, 768), (768, 3072), (3072, 768), (1600, 6400), (6400, 1600))]
 LLM = [(8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336)]
 SUITE = SQUARE + GPT2 + LLM
+# GPT-2 XL decode: c_attn, attn c_proj, c_fc, mlp c_proj, lm_head (N, K) at M tokens.
+DECODE = [(m, n, k) for m in (1, 8) for (n, k) in ((4800, 1600), (1600, 1600), (6400, 1600), (1600, 6400),
+                                                     (50257, 1600))]
+
+
+def run_decode(shapes=DECODE, dtype=torch.bfloat16):
+    """ck.linear vs F.linear (cuBLAS) with a bias, as a decode step calls them."""
+    import cute_kernels as ck
+
+    fns = {"cute": lambda x, w, b: ck.linear(x, w, b), "cublas": F.linear}
+    rows: list[Row] = []
+    for (M, N, K) in shapes:
+        case = f"{M}x{N}x{K}"
+        nrot = rotation_count((M * K + N * K + M * N) * 2)
+        X = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(nrot)]
+        W = [torch.randn(N, K, device="cuda", dtype=dtype) / K**0.5 for _ in range(nrot)]
+        B = [torch.randn(N, device="cuda", dtype=dtype) for _ in range(nrot)]
+        ref = F.linear(X[0].float(), W[0].float(), B[0].float())
+        for name, fn in fns.items():
+            err = (fn(X[0], W[0], B[0]).float() - ref).abs().max().item() / ref.abs().max().item()
+            if not err < 2e-2:
+                print(f"[gemm-decode] {name} {case}: WRONG (rel err {err:.3g}); not timed")
+                continue
+            ms = time_ms(lambda i, fn=fn, X=X, W=W, B=B: fn(X[i], W[i], B[i]), n_rotate=nrot)
+            gbps = N * K * 2 / ms / 1e6  # the weight stream, which bounds a decode GEMM
+            rows.append(Row(case, name, ms, gbps=gbps, extra={"pct_hbm": round(100 * gbps / (PEAK_TBPS * 1e3), 1)}))
+        del X, W, B
+        torch.cuda.empty_cache()
+    return rows
 
 
 def _providers(names):
@@ -112,7 +158,22 @@ def main(argv=None):
     p.add_argument("--providers", default="cute,cublas,quack,triton")
     p.add_argument("--quick", action="store_true", help="square shapes only")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--decode", action="store_true", help="decode-step (M = 1, 8) linears instead of the suite")
+    p.add_argument("--gemv", action="store_true", help="with --decode: opt in to the skinny path")
     args = p.parse_args(argv)
+    if args.decode:
+        if args.gemv:
+            os.environ["CUTE_KERNELS_GEMV"] = "1"
+        rows = run_decode()
+        s = speedups(rows, "cute", "cublas")
+        summary = {"geomean_speedup_vs_cublas": geomean(list(s.values())), "min_speedup_vs_cublas": min(s.values()),
+                   "gemv": bool(args.gemv)}
+        print(format_table(rows))
+        for k, v in summary.items():
+            print(f"{k}: {v}")
+        if not args.no_write:
+            print("wrote", write_results("gemm_decode", rows, summary))
+        return rows, summary
     shapes = SQUARE if args.quick else SUITE
     rows = run(shapes, args.providers.split(","))
     summary = summarize(rows)

@@ -7,3 +7,11 @@ def test_bench_gemm_bf16():
 
     rows, summary = main([])
     assert rows
+
+
+@pytest.mark.bench
+def test_bench_gemm_decode():
+    from benchmarks.gemm import main
+
+    rows, summary = main(["--decode"])
+    assert rows
