@@ -181,7 +181,7 @@ class _QuantLinearBase(nn.Module):
 
     # -- forward helpers ---------------------------------------------------
 
-    def _prologue(self, x: torch.Tensor):
+    def _prologue(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"{type(self).__name__} expects input [..., {self.in_features}], got {tuple(x.shape)}"
@@ -192,7 +192,7 @@ class _QuantLinearBase(nn.Module):
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
-        return x2, bias
+        return x2, bias, self._residual_2d(residual, x2)
 
     def _epilogue(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -272,10 +272,9 @@ class FP8Linear(_QuantLinearBase):
         return self
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        x2, bias = self._prologue(x)
+        x2, bias, r2 = self._prologue(x, residual)
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
-        r2 = self._residual_2d(residual, x2)
         act = self.activation
         use_kernels = _use_kernels(self.backend, x2)
         q, sa = quantize(x2, self.weight.dtype, self.mode, multiplier=self.inv_smooth)
@@ -348,10 +347,9 @@ class Int8Linear(_QuantLinearBase):
         return self
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        x2, bias = self._prologue(x)
+        x2, bias, r2 = self._prologue(x, residual)
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
-        r2 = self._residual_2d(residual, x2)
         q, sa = quantize(x2, torch.int8, "row", multiplier=self.inv_smooth)
         sb = self.weight_scale.view(1, -1)
         if _use_kernels(self.backend, x2):
