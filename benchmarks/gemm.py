@@ -164,30 +164,23 @@ def main(argv=None):
     if args.decode:
         if args.gemv:
             os.environ["CUTE_KERNELS_GEMV"] = "1"
-        rows = run_decode()
+        suite, rows = "gemm_decode", run_decode()
         s = speedups(rows, "cute", "cublas")
         summary = {"geomean_speedup_vs_cublas": geomean(list(s.values())), "min_speedup_vs_cublas": min(s.values()),
                    "gemv": bool(args.gemv)}
-        print(format_table(rows))
-        for k, v in summary.items():
-            print(f"{k}: {v}")
-        if not args.no_write:
-            print("wrote", write_results("gemm_decode", rows, summary))
-        return rows, summary
-    shapes = SQUARE if args.quick else SUITE
-    rows = run(shapes, args.providers.split(","))
-    summary = summarize(rows)
-    try:
-        summary.update({f"host_overhead_us[{k}]": v for k, v in host_overhead_us().items()})
-    except Exception as e:
-        print("host overhead not measured:", e)
+    else:
+        suite, rows = "gemm", run(SQUARE if args.quick else SUITE, args.providers.split(","))
+        summary = summarize(rows)
+        try:
+            summary.update({f"host_overhead_us[{k}]": v for k, v in host_overhead_us().items()})
+        except Exception as e:
+            print("host overhead not measured:", e)
     print(format_table(rows))
     for k, v in summary.items():
-        print(f"{k}: {v:.3f}")
+        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
     if not args.no_write:
-        print("wrote", write_results("gemm", rows, summary))
+        print("wrote", write_results(suite, rows, summary))
     return rows, summary
-
 
 if __name__ == "__main__":
     main()
