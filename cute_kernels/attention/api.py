@@ -117,6 +117,23 @@ def _resolve_splits(num_splits, B, Hq, Sq, Sk) -> int:
     return min(num_splits, MAX_SPLITS)
 
 
+_FAST: dict = {}
+
+
+def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: bool):
+    # A flat-tuple front cache (as gemm/api.py has): building and hashing a CompileKey
+    # on every call costs microseconds of host time.
+    fast = (dtype, D, causal, lens_k, lens_q, split_kv)
+    fn = _FAST.get(fast)
+    if fn is None:
+        key = CompileKey("flash_fwd_sm90", (dtype_name(dtype),), ("bshd",), (128, 128), (1, 1),
+                         epilogue=(("causal", causal), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
+                                   ("split_kv", split_kv)), extra=(D, PINGPONG))
+        fn = _FAST[fast] = KERNELS.get(key, lambda: _compile(dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
+                                                              split_kv=split_kv))
+    return fn
+
+
 def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_splits=1):
     from .kernel import softmax_scale_log2
 
@@ -127,11 +144,7 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
     if out.numel():
         lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
         split_kv = splits > 1
-        key = CompileKey("flash_fwd_sm90", (dtype_name(q.dtype),), ("bshd",), (128, 128), (1, 1),
-                         epilogue=(("causal", bool(causal)), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
-                                   ("split_kv", split_kv)), extra=(D, PINGPONG))
-        fn = KERNELS.get(key, lambda: _compile(q.dtype, D, bool(causal), seqlens=lens_k, seqlens_q=lens_q,
-                                               split_kv=split_kv))
+        fn = _kernel(q.dtype, D, bool(causal), lens_k, lens_q, split_kv)
         scale = softmax_scale_log2(D, softmax_scale)
         if split_kv:
             o_parts = torch.empty((splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
