@@ -13,7 +13,6 @@ Writes benchmarks/results/attention_<gpu>.json and .md.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
@@ -52,10 +51,7 @@ def providers():
     try:
         import cute_kernels as ck
 
-        # num_splits=None: split-KV where the grid leaves SMs idle (decode). Opted in here
-        # because every provider is checked against the reference before it is timed.
-        os.environ.setdefault("CUTE_KERNELS_ATTN_SPLIT_KV", "1")
-        out["cute"] = lambda q, k, v, causal: ck.flash_attn(q, k, v, causal=causal, num_splits=None)
+        out["cute"] = lambda q, k, v, causal: ck.flash_attn(q, k, v, causal=causal)
     except Exception as e:
         print("[attn] cute unavailable:", e)
     out["cudnn"] = _sdpa("cudnn")

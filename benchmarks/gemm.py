@@ -1,14 +1,14 @@
 """BF16 GEMM suite: ours vs cuBLAS (torch), QuACK and the Triton baseline, in one run.
 
     python -m benchmarks.gemm [--providers cute,cublas,quack,triton] [--quick]
-    python -m benchmarks.gemm --decode [--gemv]
+    python -m benchmarks.gemm --decode [--no-gemv]
 
 Layout is the F.linear one (A [M, K] row-major, B = W.t() with W [N, K]) for every
 provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
 
 --decode: GPT-2 XL's linears at M = 1 and 8 (decode steps), bias fused, reported as
-weight GB/s and % of HBM bandwidth (gemm_decode_<gpu>.*); --gemv opts in to the
-skinny path (CUTE_KERNELS_GEMV=1, cute_kernels/gemm/gemv.py).
+weight GB/s and % of HBM bandwidth (gemm_decode_<gpu>.*). M <= 8 runs the skinny path
+(cute_kernels/gemm/gemv.py); --no-gemv times the wgmma path instead (CUTE_KERNELS_GEMV=0).
 """
 
 from __future__ import annotations
@@ -159,15 +159,15 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="square shapes only")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--decode", action="store_true", help="decode-step (M = 1, 8) linears instead of the suite")
-    p.add_argument("--gemv", action="store_true", help="with --decode: opt in to the skinny path")
+    p.add_argument("--no-gemv", action="store_true", help="with --decode: the wgmma path instead of the skinny one")
     args = p.parse_args(argv)
     if args.decode:
-        if args.gemv:
-            os.environ["CUTE_KERNELS_GEMV"] = "1"
+        if args.no_gemv:
+            os.environ["CUTE_KERNELS_GEMV"] = "0"
         suite, rows = "gemm_decode", run_decode()
         s = speedups(rows, "cute", "cublas")
         summary = {"geomean_speedup_vs_cublas": geomean(list(s.values())), "min_speedup_vs_cublas": min(s.values()),
-                   "gemv": bool(args.gemv)}
+                   "gemv": not args.no_gemv}
     else:
         suite, rows = "gemm", run(SQUARE if args.quick else SUITE, args.providers.split(","))
         summary = summarize(rows)

@@ -15,7 +15,15 @@ from .runtime import arch as _arch  # noqa: F401  (pins CUTE_DSL_ARCH=sm_90a fir
 
 # Bound eagerly: the function `gemm` must shadow the subpackage `cute_kernels.gemm`
 # on the package object (the api modules import torch only, not cutlass).
-from .gemm.api import ACTIVATIONS, gemm, gemm_ref, linear, linear_ref  # noqa: E402
+from .gemm.api import (  # noqa: E402
+    ACTIVATIONS,
+    gemm,
+    gemm_ref,
+    layernorm_linear,
+    layernorm_linear_ref,
+    linear,
+    linear_ref,
+)
 
 __version__ = "0.1.0"
 
@@ -32,7 +40,8 @@ _LAZY = {
     "flash_attn_varlen": "cute_kernels.attention.api",
 }
 
-__all__ = sorted([*_LAZY, "gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS"])
+__all__ = sorted([*_LAZY, "gemm", "linear", "gemm_ref", "linear_ref", "layernorm_linear", "layernorm_linear_ref",
+                  "ACTIVATIONS"])
 
 
 def __getattr__(name):

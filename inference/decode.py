@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ops
-from .patch import apply_linear
+from .patch import CuteConv1D, CuteLMHead, apply_linear
 
 
 class StaticDecoder:
@@ -73,6 +73,17 @@ class StaticDecoder:
                                            is_causal=True, scale=scale)
         return o.transpose(1, 2)
 
+    @staticmethod
+    def _ln_linear(ln, lin, x: torch.Tensor) -> torch.Tensor:
+        """lin(ln(x)); one op (LayerNorm in the skinny GEMM's prologue at decode sizes) when
+        lin is one of our bf16 linears, the two modules otherwise (quantized, unpatched)."""
+        if isinstance(lin, (CuteConv1D, CuteLMHead)):
+            w = lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
+            y = ops.ln_linear(x.reshape(-1, x.shape[-1]).contiguous(), ln.weight, ln.bias, float(ln.eps), w, lin.bias,
+                              lin.activation or "", lin.backend)
+            return y.view(*x.shape[:-1], w.shape[0])
+        return lin(ln(x))
+
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]."""
         gpt = self.gpt
@@ -80,19 +91,23 @@ class StaticDecoder:
         h = gpt.wte(tokens) + gpt.wpe(positions)
         if decode:  # keys 0..pos are valid; everything after is stale or zero
             mask = (self._arange <= positions[-1]).view(1, 1, 1, -1)
+            seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, blk in enumerate(gpt.h):
             attn, mlp = blk.attn, blk.mlp
-            q, k, v = attn.c_attn(blk.ln_1(h)).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+            q, k, v = self._ln_linear(blk.ln_1, attn.c_attn, h).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
             self.k[i].index_copy_(2, positions, k.transpose(1, 2))
             self.v[i].index_copy_(2, positions, v.transpose(1, 2))
-            if decode:  # masked SDPA over the whole buffer (a kv-cache kernel with seqlens would go here)
+            if decode and self._flash_backend is not None:  # our decode kernel on the first pos+1 keys
+                o = ops.attend_cache(q, self.k[i].transpose(1, 2), self.v[i].transpose(1, 2), seqlens,
+                                     float(attn.scaling), self._flash_backend)
+            elif decode:  # masked SDPA over the whole buffer
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i], self.v[i], attn_mask=mask,
                                                    scale=attn.scaling).transpose(1, 2)
             else:
                 o = self._attend_prefill(q, k, v, attn.scaling)
             h = apply_linear(attn.c_proj, o.reshape(B, S, -1), h)
-            h = apply_linear(mlp.c_proj, mlp.act(mlp.c_fc(blk.ln_2(h))), h)
-        logits = self.model.lm_head(gpt.ln_f(h[:, -1:]))
+            h = apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
+        logits = self._ln_linear(gpt.ln_f, self.model.lm_head, h[:, -1:])
         return logits.argmax(-1)
 
     def _decode_step(self):

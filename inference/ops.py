@@ -53,6 +53,30 @@ def _(x, weight, bias, residual, activation, alpha, beta, backend):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+@torch.library.custom_op("cute_inference::ln_linear", mutates_args=())
+def ln_linear(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],  # noqa: UP045
+    activation: str,
+    backend: str,
+) -> torch.Tensor:
+    """linear(LayerNorm(x)); x [M, K], weight [N, K]. One launch at decode sizes (gemv prologue)."""
+    if backend == "reference":
+        h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
+        return linear(h, weight, bias, None, activation, 1.0, 1.0, backend)
+    out = _cute().layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps=eps, activation=activation or None)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+@ln_linear.register_fake
+def _(x, ln_weight, ln_bias, eps, weight, bias, activation, backend):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
 def flash_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
     """Reference for cute_kernels.flash_attn: q [B, S, H, D], k/v [B, L, H, D] -> [B, S, H, D].
 
@@ -78,6 +102,33 @@ def flash_attn(
 @flash_attn.register_fake
 def _(q, k, v, causal, softmax_scale, backend):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale):
+    """Reference for attend_cache: q [B, 1, H, D] against the first seqlens[b] rows of
+    k/v_cache [B, L, H, D] (masked SDPA over the whole buffer)."""
+    L = k_cache.shape[1]
+    mask = (torch.arange(L, device=q.device)[None, :] < seqlens.long()[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                         attn_mask=mask, scale=softmax_scale)
+    return out.transpose(1, 2).contiguous()
+
+
+@torch.library.custom_op("cute_inference::attend_cache", mutates_args=())
+def attend_cache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor, softmax_scale: float,
+    backend: str,
+) -> torch.Tensor:
+    """One decode step's attention against a KV cache (cute_kernels.flash_attn_with_kvcache,
+    the cache already written): q [B, 1, H, D], caches [B, L, H, D] (any strides, unit D)."""
+    if backend == "reference":
+        return attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale)
+    return _cute().flash_attn_with_kvcache(q, k_cache, v_cache, seqlens, softmax_scale=softmax_scale)
+
+
+@attend_cache.register_fake
+def _(q, k_cache, v_cache, seqlens, softmax_scale, backend):
+    return q.new_empty(q.shape)
 
 
 def cute_attention_available() -> tuple[bool, str]:

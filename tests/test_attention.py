@@ -215,10 +215,11 @@ def test_combine_splits_matches_unsplit_reference_on_cpu():
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
 
 
-def test_num_splits_heuristic_and_validation(monkeypatch):
+def test_num_splits_heuristic_and_validation():
     from cute_kernels.attention.api import (
-        SPLIT_KV_ENV,
         _resolve_splits,
+        decode_heads_per_cta,
+        decode_splits_heuristic,
         num_splits_heuristic,
     )
 
@@ -227,14 +228,34 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
     assert num_splits_heuristic(1, 25, 1, 256) == 1
     assert num_splits_heuristic(64, 32, 1, 32768) == 1  # the grid already fills the GPU
     assert num_splits_heuristic(1, 1, 1, 1 << 20) == 16  # capped
-    monkeypatch.delenv(SPLIT_KV_ENV, raising=False)
-    assert _resolve_splits(None, 1, 25, 1, 8192) == 1  # auto split is opt-in until verified
-    monkeypatch.setenv(SPLIT_KV_ENV, "1")
     assert _resolve_splits(None, 1, 25, 1, 8192) == 5
     assert _resolve_splits(3, 64, 32, 1, 8192) == 3
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="num_splits"):
             _resolve_splits(bad, 1, 1, 1, 1)
+    # Decode: GQA heads per CTA divide the ratio and stay <= 4; splits aim at 2 CTAs per SM.
+    assert [decode_heads_per_cta(g) for g in (1, 2, 3, 4, 6, 8, 12, 7)] == [1, 2, 3, 4, 3, 4, 4, 1]
+    assert decode_splits_heuristic(1, 12, 1, 8192, 64) == 17  # 12 CTAs x 17 = 204, 1.5 per SM
+    assert decode_splits_heuristic(8, 12, 1, 8192, 64) == 3
+    assert decode_splits_heuristic(64, 12, 1, 8192, 64) == 1  # 768 CTAs already
+    assert decode_splits_heuristic(1, 12, 1, 256, 64) == 1  # one key block of 256: one split
+    assert decode_splits_heuristic(1, 1, 1, 1 << 20, 128) == 64  # capped
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim,heads,split", [(64, 1, False), (64, 1, True), (128, 4, True), (64, 3, True)])
+def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split):
+    from cute_kernels.attention.api import _compile_decode
+    from tests.test_gemm import _ptxas_report
+
+    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    # K and V rows arrive as 16-byte loads; the split merge counts arrivals with an atomic.
+    assert len(re.findall(r"ld\.global[.\w]*\.v4", ptx)) >= 4 and "shfl.sync.bfly" in ptx and "ex2.approx" in ptx
+    assert ("atom." in ptx) == split
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
 
 
 @pytest.mark.compile
@@ -286,3 +307,62 @@ def test_flash_attn_with_kvcache_split_kv():
     ref = flash_attn_with_kvcache_ref(q.float(), kc.float().clone(), vc.float().clone(), lens, k_new=kn.float(), v_new=vn.float())
     out = ck.flash_attn_with_kvcache(q, kc, vc, lens, k_new=kn, v_new=vn, num_splits=5)
     assert (out.float() - ref).abs().max().item() < 3e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("hq,hkv", [(12, 12), (32, 8), (8, 1), (12, 4), (48, 4)])
+@pytest.mark.parametrize("num_splits", [1, 3, None, 64])
+def test_decode_kernel(D, hq, hkv, num_splits):
+    """S_q = 1 through decode.py: GQA packing, split merge, ragged and empty caches, LSE."""
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    B, Smax = 3, 2100
+    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([0, 1, 2047], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    sdpa_err = 0.0
+    for b, n in enumerate(lens.tolist()):  # the 2x rule against bf16 SDPA, per sequence
+        if n:
+            sd = torch.nn.functional.scaled_dot_product_attention(
+                q[b:b + 1].transpose(1, 2), kc[b:b + 1, :n].transpose(1, 2), vc[b:b + 1, :n].transpose(1, 2),
+                enable_gqa=hq != hkv).transpose(1, 2)
+            sdpa_err = max(sdpa_err, (sd.float() - ref[b:b + 1]).abs().max().item())
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # no keys: zeros, not NaN
+    assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+    # Plain flash_attn at S_q = 1 (all Sk keys), with its log-sum-exp.
+    k, v = kc[:, :1500], vc[:, :1500]
+    o2, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True, num_splits=num_splits)
+    r2, rlse = flash_attn_ref(q.float(), k.float(), v.float(), causal=True, return_lse=True)
+    assert (o2.float() - r2).abs().max().item() < 2e-2
+    assert (lse - rlse).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_decode_nan_stays_in_its_rows_and_graph_replay():
+    """A NaN key poisons only the query heads of its KV head in its sequence; the split
+    counters reset themselves, so replaying a captured call gives the same answer."""
+    import cute_kernels as ck
+
+    B, S, hq, hkv, D = 2, 4000, 32, 8, 128
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, S, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k[1, 1234, 5, 7] = float("nan")
+    out = ck.flash_attn(q, k, v, num_splits=8)
+    bad = torch.isnan(out).any(-1)[:, 0]  # [B, Hq]
+    expect = torch.zeros_like(bad)
+    expect[1, 5 * 4:6 * 4] = True
+    assert torch.equal(bad, expect)
+    k[1, 1234, 5, 7] = 0.0
+    first = ck.flash_attn(q, k, v, num_splits=8)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o = ck.flash_attn(q, k, v, num_splits=8)
+    for _ in range(3):
+        o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o, first)

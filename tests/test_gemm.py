@@ -329,13 +329,16 @@ def test_split_k_forced(cfg_name, split, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("shape", [(1, 1600, 6400), (8, 1600, 6400), (1, 768, 3072), (16, 4096, 4096)])
-def test_split_k_auto_linear(activation, shape):
-    """ck.linear on shapes the heuristic splits: the split launch is really taken, and right."""
+def test_split_k_auto_linear(monkeypatch, activation, shape):
+    """ck.linear on shapes the heuristic splits: the split launch is really taken, and right
+    (the skinny path, default for M <= 8, is off here)."""
     import importlib
 
     import cute_kernels as ck
 
     api = importlib.import_module("cute_kernels.gemm.api")
+    monkeypatch.setenv("CUTE_KERNELS_GEMV", "0")
+    monkeypatch.setattr(api, "_LINEAR_PLANS", {})
     M, N, K = shape
     assert api._pick_config(M, N, K, 2, True).split_k > 1
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -352,10 +355,14 @@ def test_split_k_auto_linear(activation, shape):
 
 
 @pytest.mark.gpu
-def test_split_k_cuda_graph():
+def test_split_k_cuda_graph(monkeypatch):
     """The split launch (workspace alloc, GEMM, reduce) captures into a CUDA graph and replays."""
+    import importlib
+
     import cute_kernels as ck
 
+    monkeypatch.setenv("CUTE_KERNELS_GEMV", "0")
+    monkeypatch.setattr(importlib.import_module("cute_kernels.gemm.api"), "_LINEAR_PLANS", {})
     M, N, K = 4, 1600, 6400
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
@@ -398,7 +405,7 @@ def test_split_k_nan_stays_in_its_row_and_fp32_out():
 @pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("NK", [(1600, 1600), (4800, 1600), (1600, 6400), (50257, 1600), (40, 300)])
 def test_gemv_path_matches_reference(monkeypatch, activation, M, NK):
-    """The opt-in skinny path (CUTE_KERNELS_GEMV=1) against the fp32 reference, fused epilogue included."""
+    """The skinny path (the default for M <= 8) against the fp32 reference, fused epilogue included."""
     import cute_kernels as ck
     from cute_kernels.gemm import api
 
@@ -420,3 +427,28 @@ def test_gemv_path_matches_reference(monkeypatch, activation, M, NK):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out_g, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 17])
+@pytest.mark.parametrize("NK,activation", [((4800, 1600), None), ((6400, 1600), "gelu_tanh"), ((50257, 1600), None)])
+def test_layernorm_linear(M, NK, activation):
+    """LN in the skinny GEMM's prologue (M <= 8) or LN + linear (M = 17) vs the fp32 reference,
+    within 2x the error of torch's bf16 LayerNorm + F.linear; rows with GPT-2-like large means."""
+    import torch.nn.functional as F
+
+    import cute_kernels as ck
+
+    N, K = NK
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * 4 + 30
+    g = torch.randn(K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if N != 50257 else None
+    ref = ck.layernorm_linear_ref(x, g, b, w, bias, activation=activation)
+    out = ck.layernorm_linear(x, g, b, w, bias, activation=activation)
+    h = F.layer_norm(x, (K,), g, b)
+    t = F.linear(h, w, bias)
+    t = F.gelu(t, approximate="tanh") if activation else t
+    e_torch = (t.float() - ref).abs().max().item()
+    assert out.shape == (M, N) and (out.float() - ref).abs().max().item() <= 2 * e_torch + 1e-2

@@ -63,6 +63,8 @@ def fake_kernels(monkeypatch):
 
     monkeypatch.setattr(api, "get_kernel", get_kernel)
     monkeypatch.setattr(api, "check_device", lambda t, what="tensor": 132)
+    # Small-M calls here exercise the wgmma plans, not the (Triton, GPU-only) skinny path.
+    monkeypatch.setenv("CUTE_KERNELS_GEMV", "0")
     api._LINEAR_PLANS.clear()
     api._GEMM_PLANS.clear()
     api._SPLIT_LAUNCHES.clear()  # they hold the kernel get_kernel returned
@@ -440,6 +442,18 @@ for (M, N, K) in [(1, 40, 300), (3, 17, 64), (8, 33, 513), (5, 16, 1)]:
             if M > 1:
                 assert torch.isnan(out[0]).all() and not torch.isnan(out[1:]).any()
             n += 1
+# LayerNorm prologue (layernorm_gemv): large-mean rows (GPT-2's residual stream), K not a
+# multiple of the tile, fp32 reference of LN -> linear.
+from cute_kernels.gemm.gemv import layernorm_gemv
+from cute_kernels.gemm.api import layernorm_linear_ref
+for (M, N, K, act) in [(1, 40, 300, "gelu_tanh"), (8, 17, 513, None)]:
+    x = (torch.randn(M, K) * 3 + 50).half()
+    g, bb = torch.randn(K).half(), torch.randn(K).half()
+    w, bias = (torch.randn(N, K) / K ** 0.5).half(), torch.randn(N).half()
+    out = layernorm_gemv(x, g, bb, 1e-5, w, bias, act, torch.float32)
+    ref = layernorm_linear_ref(x, g, bb, w, bias, activation=act)
+    assert torch.allclose(out, ref, rtol=2e-2, atol=2e-2), (M, N, K, (out - ref).abs().max())
+    n += 1
 print("OK", n)
 """
 
@@ -450,15 +464,16 @@ def test_gemv_triton_interpreted():
 
 
 def test_gemv_routing(monkeypatch):
-    """Opt-in only, 16-bit, <= 8 rows, K-major operands, no 8-bit scales; a forced config wins."""
+    """On by default (CUTE_KERNELS_GEMV=0 turns it off): 16-bit, <= 8 rows, K-major operands,
+    no 8-bit scales; a forced config wins."""
     from cute_kernels.gemm.gemv import GEMV_ENV, GemvLaunch
 
     a = torch.randn(4, 64, dtype=torch.bfloat16)
     w = torch.randn(32, 64, dtype=torch.bfloat16)
-    monkeypatch.delenv(GEMV_ENV, raising=False)
+    monkeypatch.setenv(GEMV_ENV, "0")
     monkeypatch.setattr(api, "get_kernel", lambda *args, **kw: "wgmma")
     assert api.kernel_for(a, w, torch.bfloat16, Epilogue()) == "wgmma"
-    monkeypatch.setenv(GEMV_ENV, "1")
+    monkeypatch.delenv(GEMV_ENV, raising=False)
     assert isinstance(api.kernel_for(a, w, torch.bfloat16, Epilogue(bias=True)), GemvLaunch)
     assert api.kernel_for(torch.randn(9, 64, dtype=torch.bfloat16), w, torch.bfloat16, Epilogue()) == "wgmma"
     assert api.kernel_for(a.t().contiguous().t(), w, torch.bfloat16, Epilogue()) == "wgmma"  # M-major a
@@ -472,8 +487,21 @@ def test_gemv_triton_compiles_for_sm90():
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
            "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-           "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32"}
+           "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
+           "eps": "fp32"}
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=16, BLOCK_N=16,
-                 BLOCK_K=256)
+                 BLOCK_K=256, LN=True, K_PAD=2048)  # the LayerNorm prologue too
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and "mma.sync" in ptx and "st.global" in ptx
+
+
+def test_layernorm_linear_validates():
+    import cute_kernels as ck
+
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    g = torch.ones(64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        ck.layernorm_linear(x.float(), g, g, w.float())
+    with pytest.raises(ValueError, match="CUDA|cuda|GPU"):
+        ck.layernorm_linear(x, g, g, w)

@@ -6,8 +6,6 @@ key/query lengths, head dim) from the compile cache, launch on the current strea
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
@@ -17,11 +15,12 @@ from .reference import flash_attn_ref  # noqa: F401
 HEAD_DIMS = (64, 128)
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
 PINGPONG = True
-# Split-KV is compiled and its math is checked on the CPU, but it has not run on a GPU:
-# the automatic choice stays off unless this is "1" (an explicit num_splits > 1 is honoured).
-SPLIT_KV_ENV = "CUTE_KERNELS_ATTN_SPLIT_KV"
 H100_SMS = 132
 MAX_SPLITS = 16
+# Decode (S_q = 1) runs decode.py. Per head dim: how many query heads of one KV head share a
+# CTA at most (more would push the per-thread softmax state past the register budget), and
+# how many 16-byte chunks of a row each thread loads (vec). Part of the compile key.
+DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": None}, 128: {"max_heads": 4, "vec": 1, "unroll": None}}
 
 
 def _validate(q, k, v):
@@ -107,14 +106,123 @@ def combine_splits(o_parts: torch.Tensor, lse_parts: torch.Tensor, out_dtype) ->
     return out.to(out_dtype), lse
 
 
-def _resolve_splits(num_splits, B, Hq, Sq, Sk) -> int:
-    if num_splits is None:
-        if os.environ.get(SPLIT_KV_ENV) != "1":
-            return 1
-        return num_splits_heuristic(B, Hq, Sq, Sk)
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
+def _check_splits(num_splits):
+    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 or None (heuristic), got {num_splits!r}")
+
+
+def _resolve_splits(num_splits, B, Hq, Sq, Sk) -> int:
+    _check_splits(num_splits)
+    if num_splits is None:
+        return num_splits_heuristic(B, Hq, Sq, Sk)
     return min(num_splits, MAX_SPLITS)
+
+
+# ----------------------------------------------------------------------------- decode (S_q = 1)
+
+def decode_heads_per_cta(qheads_per_kvhead: int, head_dim: int = 64) -> int:
+    """The largest divisor of the GQA ratio within DECODE_CONFIG's max_heads."""
+    cap = DECODE_CONFIG[head_dim]["max_heads"]
+    return max(h for h in range(1, cap + 1) if qheads_per_kvhead % h == 0)
+
+
+def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool):
+    from .decode import FlashDecodeSm90
+
+    cfg = DECODE_CONFIG[head_dim]
+    return FlashDecodeSm90(head_dim, heads, split, seqlens, vec=cfg["vec"], unroll=cfg["unroll"])
+
+
+def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen_k: int, head_dim: int, *,
+                            num_sms: int = H100_SMS) -> int:
+    """Key splits for decode.py: about 1.5 CTAs per SM in total (one wave was best at batch 1,
+    three at batch 8, in an H100 sweep over batch 1-64 x 1k-32k keys), and no split shorter
+    than one key block."""
+    from .decode import MAX_DECODE_SPLITS
+
+    ctas = batch * (q_heads // heads_per_cta)
+    block_n = _decode_kernel_obj(head_dim, heads_per_cta, True, True).block_n
+    n_blocks = -(-seqlen_k // block_n)
+    return max(1, min(MAX_DECODE_SPLITS, -(-3 * num_sms // (2 * ctas)), n_blocks))
+
+
+def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from ..runtime.dtypes import to_cutlass
+
+    dt = to_cutlass(dtype)
+    b, sk, hq, hkv, ns = (cute.sym_int32() for _ in range(5))
+
+    def bshd(s, h):
+        return make_fake_tensor(dt, (b, s, h, head_dim), (cute.sym_int64(divisibility=8),
+                                cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1), assumed_align=16)
+
+    f32 = cutlass.Float32
+    fq, fk, fv, fo = bshd(1, hq), bshd(sk, hkv), bshd(sk, hkv), bshd(1, hq)
+    flse = make_fake_tensor(f32, (b, hq, 1), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    fop = flp = fsem = None
+    if split:
+        fop = make_fake_tensor(f32, (b, hq, ns, head_dim), tuple(cute.sym_int64() for _ in range(3)) + (1,),
+                               assumed_align=16)
+        flp = make_fake_tensor(f32, (b, hq, ns), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+        fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+    fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
+    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens)
+    return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, f32(1.0), cutlass.Int32(1),
+                        cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
+
+
+_FAST_DECODE: dict = {}
+# Split-merge arrival counters, one per (batch, head group), zero between launches (the last
+# CTA of each group resets its own). Grown on demand, one buffer per device.
+_SEMAPHORES: dict = {}
+
+
+def _semaphores(n: int, device) -> torch.Tensor:
+    buf = _SEMAPHORES.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _SEMAPHORES[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
+def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None):
+    """q [B, 1, Hq, D] against k/v [B, Sk, Hkv, D] (the first seqlens_k[b] keys) -> O, LSE."""
+    from .kernel import softmax_scale_log2
+
+    B, _, Hq, D = q.shape
+    G = Hq // k.shape[2]
+    heads = decode_heads_per_cta(G, D)
+    splits = num_splits if num_splits is not None else decode_splits_heuristic(B, Hq, heads, k.shape[1], D)
+    from .decode import MAX_DECODE_SPLITS
+
+    splits = min(splits, MAX_DECODE_SPLITS)
+    out = torch.empty((B, 1, Hq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    split = splits > 1
+    lens = seqlens_k is not None
+    vec, unroll = DECODE_CONFIG[D]["vec"], DECODE_CONFIG[D]["unroll"]
+    fast = (q.dtype, D, heads, split, lens, vec, unroll)
+    fn = _FAST_DECODE.get(fast)
+    if fn is None:
+        key = CompileKey("flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",), (heads, D), (1, 1),
+                         epilogue=(("split", split), ("seqlens_k", lens)), extra=(D, vec, unroll))
+        fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens))
+    scale = softmax_scale_log2(D, softmax_scale)
+    if split:
+        o_parts = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
+        l_parts = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
+        sem = _semaphores(B * (Hq // heads), q.device)
+        fn(q, k, v, out, lse, o_parts, l_parts, sem, seqlens_k, scale, G, splits)
+    else:
+        fn(q, k, v, out, lse, None, None, None, seqlens_k, scale, G, 1)
+    return out, lse
 
 
 _FAST: dict = {}
@@ -157,18 +265,23 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
 
 
 def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,
-               num_splits: int | None = 1):
+               num_splits: int | None = None):
     """Attention forward: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (GQA: Hq a multiple of Hkv),
     any strides with unit stride on D. Causal masks are aligned bottom-right.
 
-    num_splits > 1 splits the keys over that many CTAs per query block (split-KV, for
-    grids that leave SMs idle, e.g. decode); None picks by `num_splits_heuristic` when
-    CUTE_KERNELS_ATTN_SPLIT_KV=1 (split-KV has not been verified on a GPU yet).
+    Sq = 1 runs the decode kernel (decode.py: SIMT, GQA heads packed per CTA, split-KV
+    merged in the same launch); longer queries run the wgmma kernel (kernel.py).
+    num_splits: how many CTAs share one query block's keys (split-KV, for grids that
+    leave SMs idle); None picks by `num_splits_heuristic` / `decode_splits_heuristic`.
     Returns O [B, Sq, Hq, D] (and the fp32 log-sum-exp [B, Hq, Sq] with return_lse).
     """
     _validate(q, k, v)
-    splits = _resolve_splits(num_splits, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-    out, lse = _run(q, k, v, causal, softmax_scale, num_splits=splits)
+    if q.shape[1] == 1:  # one query row sees every key, causal or not (bottom-right alignment)
+        _check_splits(num_splits)
+        out, lse = _run_decode(q, k, v, softmax_scale, num_splits=num_splits)
+    else:
+        splits = _resolve_splits(num_splits, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+        out, lse = _run(q, k, v, causal, softmax_scale, num_splits=splits)
     return (out, lse) if return_lse else out
 
 
@@ -185,7 +298,7 @@ def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
-                            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = 1):
+                            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None):
     """Decode / chunked prefill against a preallocated cache [B, Smax, Hkv, D].
 
     cache_seqlens [B] (int32) holds each sequence's filled length. k_new/v_new
@@ -195,8 +308,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
 
     Cache rows past the filled length must hold finite values (a zero-initialised cache,
     as Hugging Face's StaticCache is): the last key block is read whole and its masked
-    rows still meet P = 0 in the P V product, where 0 * NaN = NaN. num_splits: as in
-    `flash_attn` (the heuristic sizes by the cache capacity Smax).
+    rows still meet P = 0 in the P V product, where 0 * NaN = NaN (the decode kernel,
+    S_new = 1, never reads them). num_splits: as in `flash_attn` (the heuristic sizes by
+    the cache capacity Smax).
     """
     _validate(q, k_cache, v_cache)
     B, Smax = k_cache.shape[:2]
@@ -214,9 +328,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
             raise TypeError("k_new/v_new must have the cache dtype")
         append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
         lens = cache_seqlens + k_new.shape[1]
+    lens = lens.to(torch.int32).contiguous()
+    if q.shape[1] == 1:
+        _check_splits(num_splits)
+        return _run_decode(q, k_cache, v_cache, softmax_scale, seqlens_k=lens, num_splits=num_splits)[0]
     splits = _resolve_splits(num_splits, B, q.shape[2], q.shape[1], Smax)
-    out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens.to(torch.int32).contiguous(),
-                  num_splits=splits)
+    out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens, num_splits=splits)
     return out
 
 

@@ -152,14 +152,13 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     Returns a callable fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
     the compiled kernel itself, or a `SplitKLaunch` (GEMM into fp32/int32 partials,
     then the reduce with the epilogue) when the config splits K. The heuristic only
-    splits 16-bit GEMMs; 8-bit ones split when a config asks for it. With
-    CUTE_KERNELS_GEMV=1, 16-bit products of at most 8 rows take gemv.GemvLaunch (not yet
-    verified on a GPU, hence opt-in).
+    splits 16-bit GEMMs; 8-bit ones split when a config asks for it. 16-bit products of
+    at most 8 rows take gemv.GemvLaunch (decode), unless CUTE_KERNELS_GEMV=0.
     """
     M, K = a.shape
     in_bytes = a.element_size()
-    if config is None and M <= 8 and in_bytes == 2 and os.environ.get("CUTE_KERNELS_GEMV") == "1":
-        from .gemv import GemvLaunch, gemv_applies  # imports triton: only when asked for
+    if config is None and M <= 8 and in_bytes == 2 and os.environ.get("CUTE_KERNELS_GEMV", "1") != "0":
+        from .gemv import GemvLaunch, gemv_applies  # imports triton: only for skinny products
 
         if gemv_applies(a, b_nk, out_dtype, epi):
             return GemvLaunch(epi)
@@ -375,6 +374,54 @@ def linear(
             return out.view(*lead, N)
         return out[0] if not lead else _reshape_padded(out, lead, N)
     return _linear_slow(x, weight, bias, activation, residual, alpha, beta, key)
+
+
+def layernorm_linear(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-5,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """linear(LayerNorm(x), weight, bias, activation=...): GPT-2's ln_1 -> c_attn, ln_2 -> c_fc
+    and ln_f -> lm_head. At decode sizes (<= 8 rows, 16-bit, dense) the LayerNorm runs as the
+    prologue of the skinny GEMM (gemm/gemv.py), one launch instead of two; otherwise it is
+    F.layer_norm followed by `linear`.
+    """
+    import torch.nn.functional as F
+
+    _check_16bit_operands(x, weight, "x", "weight")
+    K = weight.shape[-1]
+    for t, n in ((ln_weight, "ln_weight"), (ln_bias, "ln_bias")):
+        if not isinstance(t, torch.Tensor) or t.shape != (K,) or t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{n} must be a {x.dtype} tensor of shape ({K},) on {x.device}")
+    from .gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
+
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() >= 1 else x
+    fused = (
+        gemv_enabled() and weight.dim() == 2 and K <= LN_MAX_K and x.dim() >= 1 and x.shape[-1] == K and 0 < x2.shape[0] <= GEMV_MAX_M
+        and x2.stride(-1) == 1 and weight.stride(-1) == 1 and ln_weight.is_contiguous() and ln_bias.is_contiguous()
+        and activation in ACTIVATIONS and weight.shape[0] > 0
+        and (bias is None or (isinstance(bias, torch.Tensor) and bias.shape == (weight.shape[0],)
+                              and bias.dtype == x.dtype and bias.is_contiguous()))
+    )
+    if not fused:
+        return linear(F.layer_norm(x, (K,), ln_weight, ln_bias, eps), weight, bias, activation=activation)
+    from .gemv import layernorm_gemv
+
+    out = layernorm_gemv(x2, ln_weight, ln_bias, eps, weight, bias, activation, x.dtype)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def layernorm_linear_ref(x, ln_weight, ln_bias, weight, bias=None, *, eps=1e-5, activation=None):
+    """fp32 reference for layernorm_linear."""
+    import torch.nn.functional as F
+
+    h = F.layer_norm(x.float(), (x.shape[-1],), ln_weight.float(), ln_bias.float(), eps)
+    return linear_ref(h, weight.float(), None if bias is None else bias.float(), activation=activation)
 
 
 def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
