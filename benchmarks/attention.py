@@ -1,6 +1,6 @@
 """Attention suite: prefill TFLOP/s and decode KV bandwidth, all providers in one run.
 
-    python -m benchmarks.attention [--quick] [--no-write]
+    python -m benchmarks.attention [--quick] [--no-write] [--decode]
 
 Providers: ours (`cute`), SDPA with the
 cuDNN backend (`cudnn`) and the flash backend (`sdpa_flash`), the Triton baseline, and
@@ -169,14 +169,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="first prefill shape and four decode points")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--decode", action="store_true",
+                   help="the decode points only (writes attention_decode_<gpu>.*, leaving the full suite's file)")
     args = p.parse_args(argv)
-    rows = run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(DECODE[:4] if args.quick else DECODE)
+    decode = DECODE[:4] if args.quick else DECODE
+    rows = run_decode(decode) if args.decode else run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
     summary = summarize(rows)
     print(format_table(rows, baseline="cudnn"))
     for k, v in summary.items():
         print(f"{k}: {v:.3f}")
     if not args.no_write:
-        print("wrote", write_results("attention", rows, summary, baseline="cudnn"))
+        suite = "attention_decode" if args.decode else "attention"
+        print("wrote", write_results(suite, rows, summary, baseline="cudnn"))
     return rows, summary
 
 
