@@ -159,6 +159,10 @@ def summarize(rows):
     sd = speedups(dec, "cute", "cudnn") or speedups(dec, "cute", "sdpa_flash")
     if sd:
         s["min_speedup_vs_sdpa[decode]"] = min(sd.values())
+    for other in ("cudnn", "sdpa_flash", "triton"):
+        sp = speedups(dec, "cute", other)
+        if sp:
+            s[f"geomean_speedup_vs_{other}[decode]"] = geomean(list(sp.values()))
     long = [r.extra["pct_hbm"] for r in dec if r.provider == "cute" and int(r.case.split("-L")[1].split("-")[0]) >= 8192]
     if long:
         s["min_pct_hbm[decode,L>=8k]"] = min(long)

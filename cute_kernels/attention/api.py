@@ -20,7 +20,8 @@ MAX_SPLITS = 16
 # Decode (S_q = 1) runs decode.py. Per head dim: how many query heads of one KV head share a
 # CTA at most (more would push the per-thread softmax state past the register budget), and
 # how many 16-byte chunks of a row each thread loads (vec). Part of the compile key.
-DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": None}, 128: {"max_heads": 4, "vec": 1, "unroll": None}}
+DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
+                 128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256}}
 
 
 def _validate(q, k, v):
@@ -130,20 +131,21 @@ def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool):
     from .decode import FlashDecodeSm90
 
     cfg = DECODE_CONFIG[head_dim]
-    return FlashDecodeSm90(head_dim, heads, split, seqlens, vec=cfg["vec"], unroll=cfg["unroll"])
+    return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
+                           unroll=cfg["unroll"], stages=cfg["stages"])
 
 
 def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen_k: int, head_dim: int, *,
                             num_sms: int = H100_SMS) -> int:
-    """Key splits for decode.py: about 1.5 CTAs per SM in total (one wave was best at batch 1,
-    three at batch 8, in an H100 sweep over batch 1-64 x 1k-32k keys), and no split shorter
-    than one key block."""
+    """Key splits for decode.py: at most one wave of CTAs (in an H100 sweep over batch 1-64 x
+    8k-32k keys the best split counts filled the SMs once: 12 CTAs -> 8-11 splits, 64 -> 2,
+    96 -> 1), and no split shorter than one key block."""
     from .decode import MAX_DECODE_SPLITS
 
     ctas = batch * (q_heads // heads_per_cta)
     block_n = _decode_kernel_obj(head_dim, heads_per_cta, True, True).block_n
     n_blocks = -(-seqlen_k // block_n)
-    return max(1, min(MAX_DECODE_SPLITS, -(-3 * num_sms // (2 * ctas)), n_blocks))
+    return max(1, min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks))
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None):
@@ -207,12 +209,12 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None):
         return out, lse
     split = splits > 1
     lens = seqlens_k is not None
-    vec, unroll = DECODE_CONFIG[D]["vec"], DECODE_CONFIG[D]["unroll"]
-    fast = (q.dtype, D, heads, split, lens, vec, unroll)
+    cfg = tuple(sorted(DECODE_CONFIG[D].items()))
+    fast = (q.dtype, D, heads, split, lens, cfg)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
         key = CompileKey("flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",), (heads, D), (1, 1),
-                         epilogue=(("split", split), ("seqlens_k", lens)), extra=(D, vec, unroll))
+                         epilogue=(("split", split), ("seqlens_k", lens)), extra=(D, *cfg))
         fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens))
     scale = softmax_scale_log2(D, softmax_scale)
     if split:
