@@ -27,6 +27,16 @@ from . import ops
 from .patch import CuteConv1D, CuteLMHead, apply_linear
 
 
+def _weight_only_eligible(lin, x2: torch.Tensor) -> bool:
+    """An FP8Linear (per-channel) / Int8Linear that runs its weight-only skinny path here."""
+    from cute_kernels.gemm.gemv import GEMV_MAX_M, gemv_enabled
+    from quant.nn import FP8Linear, Int8Linear, _use_kernels
+
+    return (isinstance(lin, Int8Linear) or (isinstance(lin, FP8Linear) and lin.mode == "row")) and (
+        x2.is_cuda and 0 < x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.bfloat16, torch.float16)
+        and gemv_enabled() and _use_kernels(lin.backend, x2))
+
+
 class StaticDecoder:
     """Greedy decoder over a GPT2LMHeadModel with a preallocated [B, H, max_len, D] cache per layer."""
 
@@ -75,13 +85,20 @@ class StaticDecoder:
 
     @staticmethod
     def _ln_linear(ln, lin, x: torch.Tensor) -> torch.Tensor:
-        """lin(ln(x)); one op (LayerNorm in the skinny GEMM's prologue at decode sizes) when
-        lin is one of our bf16 linears, the two modules otherwise (quantized, unpatched)."""
+        """lin(ln(x)) as one op (LayerNorm in the skinny GEMM's prologue at decode sizes) when
+        lin is one of our bf16 linears, or an 8-bit one on the GPU at <= 8 rows (weight-only,
+        as its own forward does there); the two modules otherwise."""
+        x2 = x.reshape(-1, x.shape[-1])
         if isinstance(lin, (CuteConv1D, CuteLMHead)):
             w = lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
-            y = ops.ln_linear(x.reshape(-1, x.shape[-1]).contiguous(), ln.weight, ln.bias, float(ln.eps), w, lin.bias,
-                              lin.activation or "", lin.backend)
+            y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, lin.bias, lin.activation or "",
+                              lin.backend)
             return y.view(*x.shape[:-1], w.shape[0])
+        if _weight_only_eligible(lin, x2):
+            bias = lin.bias if lin.bias is None or lin.bias.dtype == x.dtype else lin.bias.to(x.dtype)
+            y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), lin.weight, bias,
+                              lin.activation or "", "cute", lin.weight_scale.view(-1), lin.inv_smooth)
+            return y.view(*x.shape[:-1], lin.weight.shape[0])
         return lin(ln(x))
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:

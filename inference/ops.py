@@ -63,8 +63,25 @@ def ln_linear(
     bias: Optional[torch.Tensor],  # noqa: UP045
     activation: str,
     backend: str,
+    weight_scale: Optional[torch.Tensor] = None,  # noqa: UP045
+    x_scale: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> torch.Tensor:
-    """linear(LayerNorm(x)); x [M, K], weight [N, K]. One launch at decode sizes (gemv prologue)."""
+    """linear(LayerNorm(x)); x [M, K], weight [N, K]. One launch at decode sizes (gemv prologue).
+
+    With weight_scale [N] (fp32), weight is fp8/int8 and the product is weight-only
+    quantized: (LN(x) * x_scale) @ (weight * weight_scale).T, for <= 8 rows only."""
+    if weight_scale is not None:
+        if backend == "reference":
+            h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps).float()
+            h = h * (x_scale if x_scale is not None else 1.0)
+            y = h @ (weight.float() * weight_scale[:, None]).t() + (bias.float() if bias is not None else 0.0)
+            from cute_kernels.gemm.reference import apply_activation
+
+            return apply_activation(y, activation or None).to(x.dtype)
+        from cute_kernels.gemm.gemv import skinny_gemm
+
+        return skinny_gemm(x.contiguous(), weight, bias, activation or None, ln=(ln_weight, ln_bias, eps),
+                           w_scale=weight_scale, x_scale=x_scale)
     if backend == "reference":
         h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
         return linear(h, weight, bias, None, activation, 1.0, 1.0, backend)
@@ -73,7 +90,7 @@ def ln_linear(
 
 
 @ln_linear.register_fake
-def _(x, ln_weight, ln_bias, eps, weight, bias, activation, backend):
+def _(x, ln_weight, ln_bias, eps, weight, bias, activation, backend, weight_scale=None, x_scale=None):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 

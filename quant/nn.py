@@ -111,6 +111,20 @@ def _use_kernels(backend: str, x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
+def _weight_only_decode(module, x2: torch.Tensor, bias, r2) -> torch.Tensor | None:
+    """Decode-sized inputs (<= 8 rows) on the weight-only skinny GEMM (16-bit activations,
+    8-bit weights, per-channel scale), or None where it does not apply."""
+    from cute_kernels.gemm.gemv import GEMV_MAX_M, gemv_enabled
+
+    if not (x2.is_cuda and 0 < x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.bfloat16, torch.float16)
+            and gemv_enabled()):
+        return None
+    from cute_kernels.gemm.gemv import weight_only_gemv
+
+    return weight_only_gemv(x2.contiguous(), module.weight, module.weight_scale.view(-1), bias, module.activation,
+                            None if r2 is None else r2.contiguous(), module.inv_smooth)
+
+
 class _QuantLinearBase(nn.Module):
     weight: torch.Tensor
     weight_scale: torch.Tensor
@@ -277,6 +291,10 @@ class FP8Linear(_QuantLinearBase):
             return x.new_empty(*x.shape[:-1], self.out_features)
         act = self.activation
         use_kernels = _use_kernels(self.backend, x2)
+        if use_kernels and self.mode == "row":
+            y = _weight_only_decode(self, x2, bias, r2)
+            if y is not None:
+                return self._epilogue(y, x)
         q, sa = quantize(x2, self.weight.dtype, self.mode, multiplier=self.inv_smooth)
         if self.mode == "row":
             sb = self.weight_scale.view(1, -1)
@@ -350,9 +368,14 @@ class Int8Linear(_QuantLinearBase):
         x2, bias, r2 = self._prologue(x, residual)
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
+        use_kernels = _use_kernels(self.backend, x2)
+        if use_kernels:
+            y = _weight_only_decode(self, x2, bias, r2)
+            if y is not None:
+                return self._epilogue(y, x)
         q, sa = quantize(x2, torch.int8, "row", multiplier=self.inv_smooth)
         sb = self.weight_scale.view(1, -1)
-        if _use_kernels(self.backend, x2):
+        if use_kernels:
             import cute_kernels
 
             y = cute_kernels.int8_mm(q, self.weight.t(), sa, sb, bias=bias, out_dtype=x.dtype,

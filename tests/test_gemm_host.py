@@ -450,12 +450,43 @@ for (M, N, K, act) in [(1, 40, 300, "gelu_tanh"), (8, 17, 513, None)]:
     x = (torch.randn(M, K) * 3 + 50).half()
     g, bb = torch.randn(K).half(), torch.randn(K).half()
     w, bias = (torch.randn(N, K) / K ** 0.5).half(), torch.randn(N).half()
-    out = layernorm_gemv(x, g, bb, 1e-5, w, bias, act, torch.float32)
+    out = layernorm_gemv(x, g, bb, 1e-5, w, bias, act)
     ref = layernorm_linear_ref(x, g, bb, w, bias, activation=act)
-    assert torch.allclose(out, ref, rtol=2e-2, atol=2e-2), (M, N, K, (out - ref).abs().max())
+    assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), (M, N, K, (out.float() - ref).abs().max())
     n += 1
 print("OK", n)
 """
+
+
+_WEIGHT_ONLY_SCRIPT = r"""
+import torch
+from cute_kernels.gemm.gemv import weight_only_gemv
+from cute_kernels.gemm.reference import linear_ref
+torch.manual_seed(0)
+for wdt in (torch.int8, torch.float8_e4m3fn):
+    for (M, N, K) in [(1, 40, 300), (5, 17, 513)]:
+        x = torch.randn(M, K).half()
+        wf = torch.randn(N, K)
+        if wdt == torch.int8:
+            wq = torch.randint(-127, 128, (N, K), dtype=torch.int8)
+        else:
+            wq = wf.to(wdt)
+        s = torch.rand(N) + 0.5
+        xs = torch.rand(K) + 0.5
+        bias = torch.randn(N).half()
+        res = torch.randn(M, N).half()
+        out = weight_only_gemv(x, wq, s, bias, "gelu_tanh", res, xs)
+        ref = linear_ref((x.float() * xs), wq.float() * s[:, None], bias.float(), activation="gelu_tanh", residual=res.float())
+        err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
+        assert err < 2e-2
+print("OK")
+"""
+
+
+def test_weight_only_gemv_interpreted():
+    """8-bit weights (int8 and fp8) widened in the skinny GEMM, per-channel scale, SmoothQuant
+    activation scale, bias, gelu and residual, under TRITON_INTERPRET=1."""
+    _run_interpreted(_WEIGHT_ONLY_SCRIPT)
 
 
 def test_gemv_triton_interpreted():
@@ -488,9 +519,9 @@ def test_gemv_triton_compiles_for_sm90():
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
            "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
            "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
-           "eps": "fp32"}
+           "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32"}
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=16, BLOCK_N=16,
-                 BLOCK_K=256, LN=True, K_PAD=2048)  # the LayerNorm prologue too
+                 BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True)  # every prologue/epilogue option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and "mma.sync" in ptx and "st.global" in ptx
 

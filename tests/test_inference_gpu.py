@@ -146,3 +146,22 @@ def test_tensorrt_prefill(tmp_path):
     out = runner(x).float()
     torch.cuda.synchronize()
     assert float((out - ref).norm() / ref.norm()) < 0.02
+
+
+@pytest.mark.parametrize("wdtype", [torch.float8_e4m3fn, torch.int8])
+@torch.no_grad()
+def test_ln_linear_weight_only_op(wdtype):
+    """The decode loop's fused LayerNorm + 8-bit weight-only linear against its reference."""
+    from inference import ops
+
+    torch.manual_seed(0)
+    M, K, N = 1, 1600, 4800
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * 3 + 10
+    g, b = (torch.randn(K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = (torch.randn(N, K, device="cuda") * 8).clamp(-100, 100).to(wdtype)
+    ws = torch.rand(N, device="cuda") / 64
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    xs = torch.rand(K, device="cuda") + 0.5
+    out = ops.ln_linear(x, g, b, 1e-5, w, bias, "gelu_tanh", "cute", ws, xs)
+    ref = ops.ln_linear(x, g, b, 1e-5, w, bias, "gelu_tanh", "reference", ws, xs)
+    assert (out.float() - ref.float()).abs().max().item() <= 1e-2 * ref.float().abs().max().item()

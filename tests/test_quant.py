@@ -700,3 +700,31 @@ def test_quantize_bandwidth_gpu(hopper, granularity):
     bw_q = (5 if granularity == "tensor" else 3) * n / t_q  # scales are negligible
     print(f"{granularity}: copy {bw_copy / 1e9:.2f} TB/s, quantize {bw_q / 1e9:.2f} TB/s")
     assert bw_q >= 0.8 * bw_copy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fp8", "int8", "int8-smoothquant"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_weight_only_decode_path_gpu(hopper, kind, rows):
+    """<= 8 rows run the weight-only skinny GEMM (16-bit activations, 8-bit weights): it must
+    match x @ dequantized(W)^T (+ bias, gelu_tanh, residual) in fp32 within bf16 rounding,
+    and stay within the W8A8 path's error of the float layer."""
+    torch.manual_seed(0)
+    lin = nn.Linear(1600, 6400).to(hopper, torch.bfloat16)
+    x = torch.randn(rows, 1600, device=hopper, dtype=torch.bfloat16)
+    res = torch.randn(rows, 6400, device=hopper, dtype=torch.bfloat16)
+    if kind == "fp8":
+        q = quant.FP8Linear.from_float(lin)
+    else:
+        smooth = torch.rand(1600, device=hopper) + 0.5 if kind == "int8-smoothquant" else None
+        q = quant.Int8Linear.from_float(lin, smooth=smooth)
+    q.activation = "gelu_tanh"
+    w = q.weight.float() * q.weight_scale.float()
+    xs = x.float() * (q.inv_smooth if q.inv_smooth is not None else 1.0)
+    ref = nn.functional.gelu(xs @ w.t() + lin.bias.float(), approximate="tanh") + res.float()
+    with torch.no_grad():
+        y = q(x, residual=res)
+    assert y.dtype == torch.bfloat16 and (y.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+    flt = nn.functional.gelu(lin(x).float(), approximate="tanh") + res.float()
+    big = q(torch.cat([x] * 3, 0), residual=torch.cat([res] * 3, 0))[:rows]  # 3 x rows > 8: the W8A8 kernels
+    assert _rel(y, flt) <= _rel(big, flt) + 1e-3

@@ -412,7 +412,7 @@ def layernorm_linear(
         return linear(F.layer_norm(x, (K,), ln_weight, ln_bias, eps), weight, bias, activation=activation)
     from .gemv import layernorm_gemv
 
-    out = layernorm_gemv(x2, ln_weight, ln_bias, eps, weight, bias, activation, x.dtype)
+    out = layernorm_gemv(x2, ln_weight, ln_bias, eps, weight, bias, activation)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

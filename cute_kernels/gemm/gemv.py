@@ -58,6 +58,7 @@ def _gemv_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_ALPHA: tl.constexpr,
     USE_BETA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ln_w_ptr=None, ln_b_ptr=None, eps=1e-5, LN: tl.constexpr = False, K_PAD: tl.constexpr = 16,
+    col_scale_ptr=None, xs_ptr=None, COL_SCALE: tl.constexpr = 0, XSCALE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -94,12 +95,17 @@ def _gemv_kernel(
             xn = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + bb[None, :]
             # Padding columns must stay 0 (they meet masked-to-0 weights, but 0 * NaN = NaN).
             x = tl.where(kmask[None, :], xn, 0.0).to(x_ptr.dtype.element_ty)
+        if XSCALE:  # SmoothQuant: the activation side of the smoothing (x / s), per K column
+            xs = tl.load(xs_ptr + k0 + ks, mask=kmask, other=0.0)
+            x = (x.to(tl.float32) * xs[None, :]).to(x_ptr.dtype.element_ty)
         w = tl.load(w_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
-        acc = tl.dot(x, w, acc)
+        # 8-bit weights (weight-only decode path) widen to the activation dtype here; the
+        # per-channel scale is applied to the fp32 sums in the epilogue.
+        acc = tl.dot(x, w.to(x_ptr.dtype.element_ty), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, bias_ptr, alpha, beta, stride_rm,
-                      ACT, HAS_BIAS, HAS_RES, 0, 0, USE_ALPHA, USE_BETA)
+    y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
+                      stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
@@ -107,7 +113,8 @@ def _gemv_kernel(
 def _blocks(N: int, K: int) -> tuple[int, int]:
     # From a 54-config sweep on the H100 at GPT-2 XL's decode shapes: narrow tiles while N
     # alone gives few programs (N = 1600: 100 programs of 16 rows), 64 rows beyond; long K
-    # rows stream in 512-element steps.
+    # rows stream in 512-element steps (8-bit weights: the same steps; at these sizes the
+    # kernel is latency-bound, and 1-byte weights measured no faster than 2-byte ones.)
     return (16 if N <= 2048 else 64), (512 if K >= 4096 else 256)
 
 
@@ -138,20 +145,44 @@ class GemvLaunch:
         return out
 
 
-LN_MAX_K = 8192  # the prologue holds a whole row in registers (K_PAD / 128 fp32 per thread)
+LN_MAX_K = 8192  # the LayerNorm prologue holds a whole row in registers (K_PAD / 128 fp32 per thread)
 
 
-def layernorm_gemv(x, ln_weight, ln_bias, eps: float, w_nk, bias, activation, out_dtype):
-    """out = act(LayerNorm(x) @ w_nk.T + bias) for x [M <= GEMV_MAX_M, K <= LN_MAX_K] (dense rows), one launch."""
+def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, ln=None, w_scale=None, x_scale=None):
+    """One launch of the skinny kernel for x [M <= GEMV_MAX_M, K] (dense rows):
+
+        act(((LN(x) if ln else x) * x_scale) @ (w_nk * w_scale).T + bias) + residual
+
+    ln = (weight, bias, eps) runs LayerNorm as the prologue (K <= LN_MAX_K). w_nk is 16-bit
+    like x, or fp8/int8 with w_scale [N] fp32 per output channel (weight-only decode: the
+    activations stay unquantized, more accurate than W8A8 and one quantize launch fewer; it
+    reads half the weight bytes, though at GPT-2 XL's decode sizes the kernel is bound by
+    latency, not bytes, and measured as fast as with bf16 weights, no faster). x_scale [K]
+    fp32 is SmoothQuant's activation factor.
+    """
     M, K = x.shape
     N = w_nk.shape[0]
-    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     block_n, block_k = _blocks(N, K)
+    ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w_nk, out, bias if bias is not None else out, out, 1.0, 1.0, M, N, K, x.stride(0), w_nk.stride(0),
-        out.stride(0), 0, ACT=_ACT_CODE[activation or "none"], HAS_BIAS=bias is not None, HAS_RES=False,
+        x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out, 1.0, 1.0,
+        M, N, K, x.stride(0), w_nk.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
+        ACT=_ACT_CODE[activation or "none"], HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         USE_ALPHA=False, USE_BETA=False, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        ln_w_ptr=ln_weight, ln_b_ptr=ln_bias, eps=float(eps), LN=True, K_PAD=triton.next_power_of_2(K),
+        ln_w_ptr=ln_w, ln_b_ptr=ln_b, eps=float(eps), LN=ln is not None,
+        K_PAD=triton.next_power_of_2(K) if ln is not None else 16,
+        col_scale_ptr=w_scale, xs_ptr=x_scale, COL_SCALE=2 if w_scale is not None else 0, XSCALE=x_scale is not None,
         num_warps=4, num_stages=4,
     )
     return out
+
+
+def layernorm_gemv(x, ln_weight, ln_bias, eps: float, w_nk, bias, activation):
+    """out = act(LayerNorm(x) @ w_nk.T + bias) for x [M <= GEMV_MAX_M, K <= LN_MAX_K], one launch."""
+    return skinny_gemm(x, w_nk, bias, activation, ln=(ln_weight, ln_bias, eps))
+
+
+def weight_only_gemv(x, w_q, w_scale, bias=None, activation=None, residual=None, x_scale=None):
+    """Decode with 8-bit weights and 16-bit activations (see skinny_gemm)."""
+    return skinny_gemm(x, w_q, bias, activation, residual, w_scale=w_scale, x_scale=x_scale)
