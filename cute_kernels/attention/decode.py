@@ -13,7 +13,7 @@ what matters is bytes in flight per SM. This kernel is the FlashDecoding shape, 
   chunks of K and of V per row); the CTA's threads cover `rows` key rows at once, `unroll`
   times per step, so a CTA streams block_n = rows x unroll keys per step. Each thread
   cp.asyncs its own chunks into a `stages`-deep shared-memory ring, stages - 1 steps ahead.
-- Each row group keeps its own online softmax (running max, sum and 8 output columns per
+- Each row group keeps its own online softmax (running max, sum and C output columns per
   head, all fp32, exp2 with the softmax scale folded into q). Q K^T partial sums are
   reduced across the D/C threads with butterfly shuffles.
 - At the end the row groups merge through shared memory. With one split that is the
@@ -33,9 +33,10 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor  # noqa: F401  (used by api._compile_decode)
 
 _LN_2 = math.log(2.0)
+# Splits per (batch, head group) at most: the merge keeps one weight per split and head in smem.
+MAX_DECODE_SPLITS = 64
 
 
 class FlashDecodeSm90:
@@ -109,7 +110,7 @@ class FlashDecodeSm90:
         sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, H)), byte_alignment=16)
         sO = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, H, D), stride=(H * D, D, 1)),
                                   byte_alignment=16)
-        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, 64)), byte_alignment=16)
+        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, MAX_DECODE_SPLITS)), byte_alignment=16)
         sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
         # Per (K|V, stage, row u, chunk j) one 16-byte slot per thread, threads adjacent: each
         # thread reads back only what it copied itself, so the ring needs no CTA barrier.
@@ -321,6 +322,3 @@ class FlashDecodeSm90:
                 for sp in cutlass.range(num_splits, unroll=8):
                     o += sW[h, sp] * mOpart[b, hq0 + h, sp, d]
                 mO[b, 0, hq0 + h, d] = o.to(mO.element_type)
-
-
-MAX_DECODE_SPLITS = 64
