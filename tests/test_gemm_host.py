@@ -512,18 +512,20 @@ def test_gemv_routing(monkeypatch):
     assert api.kernel_for(a, w, torch.bfloat16, Epilogue(row_scale="vector")) == "wgmma"
 
 
-def test_gemv_triton_compiles_for_sm90():
-    """The skinny kernel through Triton's GPU pipeline (PTX for sm_90) on the CPU."""
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (1, 8)])
+def test_gemv_triton_compiles_for_sm90(block_m, block_n):
+    """The skinny kernel through Triton's GPU pipeline (PTX for sm_90) on the CPU: the
+    tl.dot form and the one-row FMA form."""
     from cute_kernels.gemm.gemv import _gemv_kernel as K
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
            "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
            "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
            "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32"}
-    const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=16, BLOCK_N=16,
-                 BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True)  # every prologue/epilogue option
+    const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
+                 BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True)  # every option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
-    assert ".target sm_90" in ptx and "mma.sync" in ptx and "st.global" in ptx
+    assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
 
 
 def test_layernorm_linear_validates():

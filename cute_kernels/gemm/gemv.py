@@ -86,6 +86,11 @@ def _gemv_kernel(
             mean = tl.where(rows == m, mu, mean)
             rstd = tl.where(rows == m, r, rstd)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BLOCK_M == 1:
+        # One row: FMAs into a [BLOCK_K, BLOCK_N] fp32 tile, reduced over K once at the end.
+        # tl.dot would pad the row to 16 and needs BLOCK_N >= 16; this allows narrower tiles
+        # and so more programs when N is small.
+        acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kmask = (k0 + ks) < K
         x = tl.load(x_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
@@ -101,13 +106,30 @@ def _gemv_kernel(
         w = tl.load(w_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
         # 8-bit weights (weight-only decode path) widen to the activation dtype here; the
         # per-channel scale is applied to the fp32 sums in the epilogue.
-        acc = tl.dot(x, w.to(x_ptr.dtype.element_ty), acc)
+        if BLOCK_M == 1:
+            acc2 += tl.trans(x.to(tl.float32)) * w.to(tl.float32)
+        else:
+            acc = tl.dot(x, w.to(x_ptr.dtype.element_ty), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if BLOCK_M == 1:
+        acc = tl.sum(acc2, 0)[None, :]
     y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
                       stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+# M = 1 with N up to this takes the one-row FMA form (BLOCK_M = 1, BLOCK_N = 8): 4x the
+# programs of the 16-wide tl.dot tiles at N = 1600. 0 turns it off.
+ONE_ROW_MAX_N = 2048
+
+
+def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for one launch."""
+    if M == 1 and N <= ONE_ROW_MAX_N:
+        return 1, 8, 512 if K >= 4096 else 256
+    return (16, *_blocks(N, K))
 
 
 def _blocks(N: int, K: int) -> tuple[int, int]:
@@ -130,7 +152,7 @@ class GemvLaunch:
         M, K = a.shape
         N = out.shape[1]
         assert M <= GEMV_MAX_M and out.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
-        block_n, block_k = _blocks(N, K)
+        block_m, block_n, block_k = _launch_blocks(M, N, K)
         dummy = out
         _gemv_kernel[(triton.cdiv(N, block_n),)](
             a, b_nk, out,
@@ -140,7 +162,7 @@ class GemvLaunch:
             residual.stride(0) if residual is not None else 0,
             ACT=_ACT_CODE[self.epi.activation], HAS_BIAS=bool(self.epi.bias), HAS_RES=bool(self.epi.residual),
             USE_ALPHA=bool(self.epi.alpha), USE_BETA=bool(self.epi.beta),
-            BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4,
         )
         return out
 
@@ -163,13 +185,13 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, ln=None, 
     M, K = x.shape
     N = w_nk.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    block_n, block_k = _blocks(N, K)
+    block_m, block_n, block_k = _launch_blocks(M, N, K)
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out, 1.0, 1.0,
         M, N, K, x.stride(0), w_nk.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
         ACT=_ACT_CODE[activation or "none"], HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        USE_ALPHA=False, USE_BETA=False, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         ln_w_ptr=ln_w, ln_b_ptr=ln_b, eps=float(eps), LN=ln is not None,
         K_PAD=triton.next_power_of_2(K) if ln is not None else 16,
         col_scale_ptr=w_scale, xs_ptr=x_scale, COL_SCALE=2 if w_scale is not None else 0, XSCALE=x_scale is not None,
