@@ -23,18 +23,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quant.nn import weight_only_eligible
+
 from . import ops
 from .patch import CuteConv1D, CuteLMHead, apply_linear
-
-
-def _weight_only_eligible(lin, x2: torch.Tensor) -> bool:
-    """An FP8Linear (per-channel) / Int8Linear that runs its weight-only skinny path here."""
-    from cute_kernels.gemm.gemv import GEMV_MAX_M, gemv_enabled
-    from quant.nn import FP8Linear, Int8Linear, _use_kernels
-
-    return (isinstance(lin, Int8Linear) or (isinstance(lin, FP8Linear) and lin.mode == "row")) and (
-        x2.is_cuda and 0 < x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.bfloat16, torch.float16)
-        and gemv_enabled() and _use_kernels(lin.backend, x2))
 
 
 class StaticDecoder:
@@ -94,7 +86,7 @@ class StaticDecoder:
             y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, lin.bias, lin.activation or "",
                               lin.backend)
             return y.view(*x.shape[:-1], w.shape[0])
-        if _weight_only_eligible(lin, x2):
+        if weight_only_eligible(lin, x2):
             bias = lin.bias if lin.bias is None or lin.bias.dtype == x.dtype else lin.bias.to(x.dtype)
             y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), lin.weight, bias,
                               lin.activation or "", "cute", lin.weight_scale.view(-1), lin.inv_smooth)

@@ -111,13 +111,22 @@ def _use_kernels(backend: str, x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-def _weight_only_decode(module, x2: torch.Tensor, bias, r2) -> torch.Tensor | None:
-    """Decode-sized inputs (<= 8 rows) on the weight-only skinny GEMM (16-bit activations,
-    8-bit weights, per-channel scale), or None where it does not apply."""
+def weight_only_eligible(module, x2: torch.Tensor) -> bool:
+    """Whether this FP8Linear (per-channel) / Int8Linear runs x2 [M, K] weight-only: decode
+    sizes (<= 8 rows, 16-bit, on a GPU the kernels serve) on the skinny GEMM with 16-bit
+    activations against the 8-bit weights and their per-channel scale."""
     from cute_kernels.gemm.gemv import GEMV_MAX_M, gemv_enabled
 
-    if not (x2.is_cuda and 0 < x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.bfloat16, torch.float16)
-            and gemv_enabled()):
+    return (
+        (isinstance(module, Int8Linear) or (isinstance(module, FP8Linear) and module.mode == "row"))
+        and x2.is_cuda and 0 < x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.bfloat16, torch.float16)
+        and gemv_enabled() and _use_kernels(module.backend, x2)
+    )
+
+
+def _weight_only_decode(module, x2: torch.Tensor, bias, r2) -> torch.Tensor | None:
+    """module(x2) on the weight-only skinny GEMM, or None where it does not apply."""
+    if not weight_only_eligible(module, x2):
         return None
     from cute_kernels.gemm.gemv import weight_only_gemv
 
@@ -291,10 +300,9 @@ class FP8Linear(_QuantLinearBase):
             return x.new_empty(*x.shape[:-1], self.out_features)
         act = self.activation
         use_kernels = _use_kernels(self.backend, x2)
-        if use_kernels and self.mode == "row":
-            y = _weight_only_decode(self, x2, bias, r2)
-            if y is not None:
-                return self._epilogue(y, x)
+        y = _weight_only_decode(self, x2, bias, r2)
+        if y is not None:
+            return self._epilogue(y, x)
         q, sa = quantize(x2, self.weight.dtype, self.mode, multiplier=self.inv_smooth)
         if self.mode == "row":
             sb = self.weight_scale.view(1, -1)
@@ -369,10 +377,9 @@ class Int8Linear(_QuantLinearBase):
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
         use_kernels = _use_kernels(self.backend, x2)
-        if use_kernels:
-            y = _weight_only_decode(self, x2, bias, r2)
-            if y is not None:
-                return self._epilogue(y, x)
+        y = _weight_only_decode(self, x2, bias, r2)
+        if y is not None:
+            return self._epilogue(y, x)
         q, sa = quantize(x2, torch.int8, "row", multiplier=self.inv_smooth)
         sb = self.weight_scale.view(1, -1)
         if use_kernels:

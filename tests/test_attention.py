@@ -240,6 +240,11 @@ def test_num_splits_heuristic_and_validation():
     assert decode_splits_heuristic(8, 12, 1, 8192, 64) == 1  # 96 CTAs: a second split would make 2 waves
     assert decode_splits_heuristic(1, 12, 1, 64, 64) == 1  # one key block (64 keys): one split
     assert decode_splits_heuristic(1, 1, 1, 1 << 20, 128) == 64  # capped
+    from cute_kernels.attention.api import DECODE_CONFIG, _decode_kernel_obj
+
+    for D, cfg in DECODE_CONFIG.items():  # the heuristic's block_n formula is the kernel's
+        n = _decode_kernel_obj(D, 1, True, True).block_n
+        assert decode_splits_heuristic(1, 1, 1, 64 * n, D) == 64 and decode_splits_heuristic(1, 1, 1, n, D) == 1
 
 
 @pytest.mark.compile

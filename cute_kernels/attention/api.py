@@ -143,7 +143,8 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     from .decode import MAX_DECODE_SPLITS
 
     ctas = batch * (q_heads // heads_per_cta)
-    block_n = _decode_kernel_obj(head_dim, heads_per_cta, True, True).block_n
+    cfg = DECODE_CONFIG[head_dim]
+    block_n = cfg["threads"] // (head_dim // (8 * cfg["vec"])) * cfg["unroll"]  # = FlashDecodeSm90.block_n
     n_blocks = -(-seqlen_k // block_n)
     return max(1, min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks))
 

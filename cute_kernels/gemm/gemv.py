@@ -149,32 +149,22 @@ class GemvLaunch:
         self.epi = epi
 
     def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
-        M, K = a.shape
-        N = out.shape[1]
-        assert M <= GEMV_MAX_M and out.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
-        block_m, block_n, block_k = _launch_blocks(M, N, K)
-        dummy = out
-        _gemv_kernel[(triton.cdiv(N, block_n),)](
-            a, b_nk, out,
-            bias if bias is not None else dummy,
-            residual if residual is not None else dummy,
-            float(alpha), float(beta), M, N, K, a.stride(0), b_nk.stride(0), out.stride(0),
-            residual.stride(0) if residual is not None else 0,
-            ACT=_ACT_CODE[self.epi.activation], HAS_BIAS=bool(self.epi.bias), HAS_RES=bool(self.epi.residual),
-            USE_ALPHA=bool(self.epi.alpha), USE_BETA=bool(self.epi.beta),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4,
-        )
-        return out
+        e = self.epi
+        assert a.shape[0] <= GEMV_MAX_M and out.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
+        return skinny_gemm(a, b_nk, bias if e.bias else None, e.activation, residual if e.residual else None,
+                           out=out, alpha=alpha if e.alpha else 1.0, beta=beta if e.beta else 1.0)
 
 
 LN_MAX_K = 8192  # the LayerNorm prologue holds a whole row in registers (K_PAD / 128 fp32 per thread)
 
 
-def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, ln=None, w_scale=None, x_scale=None):
-    """One launch of the skinny kernel for x [M <= GEMV_MAX_M, K] (dense rows):
+def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None, alpha=1.0, beta=1.0, ln=None,
+                w_scale=None, x_scale=None):
+    """One launch of the skinny kernel for x [M <= GEMV_MAX_M, K] (unit stride on K):
 
-        act(((LN(x) if ln else x) * x_scale) @ (w_nk * w_scale).T + bias) + residual
+        act(alpha * ((LN(x) if ln else x) * x_scale) @ (w_nk * w_scale).T + bias) + beta * residual
 
+    into `out` (allocated when None; its rows must be dense).
     ln = (weight, bias, eps) runs LayerNorm as the prologue (K <= LN_MAX_K). w_nk is 16-bit
     like x, or fp8/int8 with w_scale [N] fp32 per output channel (weight-only decode: the
     activations stay unquantized, more accurate than W8A8 and one quantize launch fewer; it
@@ -184,14 +174,17 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, ln=None, 
     """
     M, K = x.shape
     N = w_nk.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     block_m, block_n, block_k = _launch_blocks(M, N, K)
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out, 1.0, 1.0,
-        M, N, K, x.stride(0), w_nk.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
+        x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out,
+        float(alpha), float(beta), M, N, K, x.stride(0), w_nk.stride(0), out.stride(0),
+        residual.stride(0) if residual is not None else 0,
         ACT=_ACT_CODE[activation or "none"], HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        USE_ALPHA=alpha != 1.0, USE_BETA=residual is not None and beta != 1.0,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         ln_w_ptr=ln_w, ln_b_ptr=ln_b, eps=float(eps), LN=ln is not None,
         K_PAD=triton.next_power_of_2(K) if ln is not None else 16,
         col_scale_ptr=w_scale, xs_ptr=x_scale, COL_SCALE=2 if w_scale is not None else 0, XSCALE=x_scale is not None,
