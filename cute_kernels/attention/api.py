@@ -182,13 +182,19 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
 
 _FAST_DECODE: dict = {}
 # Split-merge arrival counters, one per (batch, head group), zero between launches (the last
-# CTA of each group resets its own). Grown on demand, one buffer per device.
+# CTA of each group resets its own). Grown on demand, one buffer per device, never inside a
+# CUDA-graph capture (its memory would belong to that graph). Limitation: split decode
+# launches running concurrently on two streams of one device share these counters and must
+# not overlap.
 _SEMAPHORES: dict = {}
 
 
 def _semaphores(n: int, device) -> torch.Tensor:
     buf = _SEMAPHORES.get(device)
     if buf is None or buf.numel() < n:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("flash_attn decode: run one call of this size eagerly before capturing a CUDA graph "
+                               "(its split-merge counters are allocated on first use)")
         buf = _SEMAPHORES[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
     return buf
 
