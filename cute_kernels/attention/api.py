@@ -180,6 +180,8 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
 
+# Flat-tuple front cache, as _FAST above (DECODE_CONFIG is in the CompileKey, not here: a
+# sweep that edits DECODE_CONFIG clears this dict).
 _FAST_DECODE: dict = {}
 # Split-merge arrival counters, one per (batch, head group), zero between launches (the last
 # CTA of each group resets its own). Grown on demand, one buffer per device, never inside a
@@ -216,10 +218,10 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None):
         return out, lse
     split = splits > 1
     lens = seqlens_k is not None
-    cfg = tuple(sorted(DECODE_CONFIG[D].items()))
-    fast = (q.dtype, D, heads, split, lens, cfg)
+    fast = (q.dtype, D, heads, split, lens)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
+        cfg = tuple(sorted(DECODE_CONFIG[D].items()))
         key = CompileKey("flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",), (heads, D), (1, 1),
                          epilogue=(("split", split), ("seqlens_k", lens)), extra=(D, *cfg))
         fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens))
