@@ -180,7 +180,7 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-# Flat-tuple front cache, as _FAST above (DECODE_CONFIG is in the CompileKey, not here: a
+# Flat-tuple front cache, like the prefill kernel's _FAST (DECODE_CONFIG is in the CompileKey, not here: a
 # sweep that edits DECODE_CONFIG clears this dict).
 _FAST_DECODE: dict = {}
 # Split-merge arrival counters, one per (batch, head group), zero between launches (the last
