@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
 from quant.nn import weight_only_eligible
 
 from . import ops
@@ -76,22 +77,43 @@ class StaticDecoder:
         return o.transpose(1, 2)
 
     @staticmethod
-    def _ln_linear(ln, lin, x: torch.Tensor) -> torch.Tensor:
-        """lin(ln(x)) as one op (LayerNorm in the skinny GEMM's prologue at decode sizes) when
-        lin is one of our bf16 linears, or an 8-bit one on the GPU at <= 8 rows (weight-only,
-        as its own forward does there); the two modules otherwise."""
-        x2 = x.reshape(-1, x.shape[-1])
+    def _ln_linear_args(lin, x2: torch.Tensor):
+        """(weight [N, K], bias, activation, backend, weight_scale, x_scale) of lin for the
+        fused LayerNorm + linear op, or None where lin runs as its own module: our bf16
+        linears, and 8-bit ones on the GPU at <= 8 rows (weight-only, as their own forward
+        does there)."""
         if isinstance(lin, (CuteConv1D, CuteLMHead)):
             w = lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
-            y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, lin.bias, lin.activation or "",
-                              lin.backend)
-            return y.view(*x.shape[:-1], w.shape[0])
+            return w, lin.bias, lin.activation or "", lin.backend, None, None
         if weight_only_eligible(lin, x2):
-            bias = lin.bias if lin.bias is None or lin.bias.dtype == x.dtype else lin.bias.to(x.dtype)
-            y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), lin.weight, bias,
-                              lin.activation or "", "cute", lin.weight_scale.view(-1), lin.inv_smooth)
-            return y.view(*x.shape[:-1], lin.weight.shape[0])
-        return lin(ln(x))
+            bias = lin.bias if lin.bias is None or lin.bias.dtype == x2.dtype else lin.bias.to(x2.dtype)
+            return lin.weight, bias, lin.activation or "", "cute", lin.weight_scale.view(-1), lin.inv_smooth
+        return None
+
+    def _ln_linear(self, ln, lin, x: torch.Tensor) -> torch.Tensor:
+        """lin(ln(x)) as one op (LayerNorm in the skinny GEMM's prologue at decode sizes) where
+        _ln_linear_args allows it; the two modules otherwise."""
+        x2 = x.reshape(-1, x.shape[-1])
+        args = self._ln_linear_args(lin, x2)
+        if args is None:
+            return lin(ln(x))
+        w, bias, act, backend, ws, xs = args
+        y = ops.ln_linear(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, bias, act, backend, ws, xs)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    def _qkv_append(self, ln, lin, x: torch.Tensor, i: int, positions: torch.Tensor):
+        """c_attn(ln_1(x)) for one token per sequence, with the new k/v rows written into layer
+        i's cache by the same launch (the skinny GEMM's epilogue); None where that path does
+        not apply (then the caller appends with index_copy)."""
+        x2 = x.reshape(-1, x.shape[-1])
+        args = self._ln_linear_args(lin, x2)
+        if args is None or args[2] or x.shape[1] != 1 or x2.shape[0] > GEMV_MAX_M:
+            return None
+        w, bias, _, backend, ws, xs = args
+        if backend != "reference" and not (x2.is_cuda and gemv_enabled() and x2.shape[-1] <= LN_MAX_K):
+            return None
+        return ops.ln_linear_kv(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, bias, self.k[i], self.v[i],
+                                positions, backend, ws, xs).view(*x.shape[:-1], w.shape[0])
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]."""
@@ -103,9 +125,13 @@ class StaticDecoder:
             seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, blk in enumerate(gpt.h):
             attn, mlp = blk.attn, blk.mlp
-            q, k, v = self._ln_linear(blk.ln_1, attn.c_attn, h).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
-            self.k[i].index_copy_(2, positions, k.transpose(1, 2))
-            self.v[i].index_copy_(2, positions, v.transpose(1, 2))
+            qkv = self._qkv_append(blk.ln_1, attn.c_attn, h, i, positions) if decode else None
+            if qkv is not None:
+                q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0]
+            else:
+                q, k, v = self._ln_linear(blk.ln_1, attn.c_attn, h).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+                self.k[i].index_copy_(2, positions, k.transpose(1, 2))
+                self.v[i].index_copy_(2, positions, v.transpose(1, 2))
             if decode and self._flash_backend is not None:  # our decode kernel on the first pos+1 keys
                 o = ops.attend_cache(q, self.k[i].transpose(1, 2), self.v[i].transpose(1, 2), seqlens,
                                      float(attn.scaling), self._flash_backend)

@@ -94,6 +94,44 @@ def _(x, ln_weight, ln_bias, eps, weight, bias, activation, backend, weight_scal
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+@torch.library.custom_op("cute_inference::ln_linear_kv", mutates_args=("k_cache", "v_cache"))
+def ln_linear_kv(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],  # noqa: UP045
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    backend: str,
+    weight_scale: Optional[torch.Tensor] = None,  # noqa: UP045
+    x_scale: Optional[torch.Tensor] = None,  # noqa: UP045
+) -> torch.Tensor:
+    """GPT-2's ln_1 -> c_attn for one decode token per sequence (x [M <= 8, K]), which also
+    appends the new keys and values (columns [C, 2C) and [2C, 3C) of the result, C = N / 3)
+    to k_cache/v_cache [B, H, Smax, D] at row pos (one position for every row). On the GPU
+    the append is the skinny GEMM's epilogue: no copy launches."""
+    if backend == "reference":
+        y = ln_linear(x, ln_weight, ln_bias, eps, weight, bias, "", backend, weight_scale, x_scale)
+        M, C = y.shape[0], y.shape[1] // 3
+        H, D = k_cache.shape[1], k_cache.shape[3]
+        rows, at = torch.arange(M, device=y.device), pos.long().expand(M)
+        k_cache[rows, :, at] = y[:, C:2 * C].reshape(M, H, D)
+        v_cache[rows, :, at] = y[:, 2 * C:].reshape(M, H, D)
+        return y
+    from cute_kernels.gemm.gemv import skinny_gemm
+
+    return skinny_gemm(x.contiguous(), weight, bias, None, ln=(ln_weight, ln_bias, eps), w_scale=weight_scale,
+                       x_scale=x_scale, kv=(k_cache, v_cache, pos))
+
+
+@ln_linear_kv.register_fake
+def _(x, ln_weight, ln_bias, eps, weight, bias, k_cache, v_cache, pos, backend, weight_scale=None, x_scale=None):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
 def flash_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
     """Reference for cute_kernels.flash_attn: q [B, S, H, D], k/v [B, L, H, D] -> [B, S, H, D].
 

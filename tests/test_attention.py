@@ -215,7 +215,7 @@ def test_combine_splits_matches_unsplit_reference_on_cpu():
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
 
 
-def test_num_splits_heuristic_and_validation():
+def test_num_splits_heuristic_and_validation(monkeypatch):
     from cute_kernels.attention.api import (
         _resolve_splits,
         decode_heads_per_cta,
@@ -240,8 +240,13 @@ def test_num_splits_heuristic_and_validation():
     assert decode_splits_heuristic(8, 12, 1, 8192, 64) == 1  # 96 CTAs: a second split would make 2 waves
     assert decode_splits_heuristic(1, 12, 1, 64, 64) == 1  # one key block (64 keys): one split
     assert decode_splits_heuristic(1, 1, 1, 1 << 20, 128) == 64  # capped
+    assert decode_splits_heuristic(1, 25, 1, 448, 64) == 1  # GPT-2 XL: too little K/V to split
+    assert decode_splits_heuristic(1, 25, 1, 1024, 64) == 2
+    assert decode_splits_heuristic(1, 32, 4, 1024, 128) == 16  # 4 heads per CTA: more work per key
+    from cute_kernels.attention import api as attn_api
     from cute_kernels.attention.api import DECODE_CONFIG, _decode_kernel_obj
 
+    monkeypatch.setattr(attn_api, "MIN_SPLIT_WORK", 1)
     for D, cfg in DECODE_CONFIG.items():  # the heuristic's block_n formula is the kernel's
         n = _decode_kernel_obj(D, 1, True, True).block_n
         assert decode_splits_heuristic(1, 1, 1, 64 * n, D) == 64 and decode_splits_heuristic(1, 1, 1, n, D) == 1
@@ -261,6 +266,9 @@ def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split):
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
     assert "shfl.sync.bfly" in ptx and "ex2.approx" in ptx
     assert ("atom." in ptx) == split
+    # Launched as a programmatic dependent launch: the wait comes before any global read.
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert i_wait < ptx.index("griddepcontrol.launch_dependents") and "ld.global" not in ptx[:i_wait]
     report = _ptxas_report(ptx_path)
     assert not report or "0 bytes spill stores" in report
 

@@ -454,6 +454,27 @@ for (M, N, K, act) in [(1, 40, 300, "gelu_tanh"), (8, 17, 513, None)]:
     ref = layernorm_linear_ref(x, g, bb, w, bias, activation=act)
     assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2), (M, N, K, (out.float() - ref).abs().max())
     n += 1
+# KV-cache append fused into the epilogue (c_attn at decode): caches [B, H, Smax, D] as a
+# transposed view of [B, Smax, H, D]; one position for every row, or one per row.
+from cute_kernels.gemm.gemv import skinny_gemm
+for M, per_row in ((1, False), (3, True)):
+    H, D, B, S = 2, 64, 4, 9
+    C = H * D
+    x = torch.randn(M, 96).half()
+    w = (torch.randn(3 * C, 96) / 10).half()
+    kc = torch.randn(B, S, H, D).half().transpose(1, 2)
+    vc = torch.randn(B, S, H, D).half().transpose(1, 2)
+    k0, v0 = kc.clone(), vc.clone()
+    pos = torch.tensor([5, 0, 8][:M]) if per_row else torch.tensor([7], dtype=torch.int32)
+    y = skinny_gemm(x, w, kv=(kc, vc, pos))
+    ref = (x.float() @ w.float().t()).half()
+    assert torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    for m in range(M):
+        p = int(pos[m if per_row else 0])
+        k0[m, :, p] = y[m, C:2 * C].view(H, D)
+        v0[m, :, p] = y[m, 2 * C:].view(H, D)
+    assert torch.equal(kc, k0) and torch.equal(vc, v0), "kv append wrote the wrong cache rows"
+    n += 1
 print("OK", n)
 """
 
@@ -521,11 +542,18 @@ def test_gemv_triton_compiles_for_sm90(block_m, block_n):
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
            "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
            "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
-           "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32"}
+           "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32", "pf_row_stride": "i32", "pf_bytes": "i32",
+           "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i32", "pos_stride": "i32", "kv_c": "i32",
+           "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32"}
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True)  # every option
+                 BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True,
+                 PDL=True, PREFETCH=True, KV=True, KV_D=64)  # every option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
+    # PDL: the L2 prefetch comes before the wait, the wait before any activation load.
+    i_pf, i_wait = ptx.index("cp.async.bulk.prefetch.L2.global"), ptx.index("griddepcontrol.wait")
+    assert i_pf < i_wait < ptx.index("griddepcontrol.launch_dependents")
+    assert "ld.global" not in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
 
 
 def test_layernorm_linear_validates():

@@ -140,6 +140,24 @@ def test_static_decoder_matches_hf_generate(model, which):
     assert torch.equal(dec.generate(x[:, :5], 20), hf_generate(model, x[:, :5], 20))  # the decoder is reusable
 
 
+def test_static_decoder_fuses_kv_append(model, monkeypatch):
+    """Decode steps write the new k/v rows through ln_linear_kv (the c_attn epilogue on the
+    GPU), not index_copy, and still generate the reference tokens."""
+    calls = []
+    real = ops.ln_linear_kv
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(ops, "ln_linear_kv", counting)
+    pm = patched(model, attention="cute")
+    x = ids(seq=7)
+    dec = StaticDecoder(pm, batch_size=2, max_len=40)
+    assert torch.equal(dec.generate(x, 6), hf_generate(model, x, 6))
+    assert calls and len(calls) % model.config.n_layer == 0 and all(c[0] == 2 for c in calls)
+
+
 def test_static_decoder_compiled_step(model):
     pm = patched(model)
     x = ids(seq=6)

@@ -139,14 +139,26 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
                             num_sms: int = H100_SMS) -> int:
     """Key splits for decode.py: at most one wave of CTAs (in an H100 sweep over batch 1-64 x
     8k-32k keys the best split counts filled the SMs once: 12 CTAs -> 8-11 splits, 64 -> 2,
-    96 -> 1), and no split shorter than one key block."""
+    96 -> 1), no split shorter than one key block, and none with less work than
+    MIN_SPLIT_WORK (bytes of K and V to read times the query heads sharing them): the
+    in-launch merge (partials out, a fence, the counter, the last CTA reading them back)
+    costs ~2.5 us of dependent memory round trips. GPT-2 XL's decode (25 heads, D = 64)
+    chained in a CUDA graph, per call: 448 keys 6.5 us with the one-wave split count vs
+    4.5 us unsplit; 64 keys 5.6 vs 2.7. A CTA with 4 GQA heads does 4x the math per byte
+    and splits sooner (B = 1, 1k keys, h32/8, D = 128: 8.5 us at 16 splits, 11.9 at 4)."""
     from .decode import MAX_DECODE_SPLITS
 
     ctas = batch * (q_heads // heads_per_cta)
     cfg = DECODE_CONFIG[head_dim]
     block_n = cfg["threads"] // (head_dim // (8 * cfg["vec"])) * cfg["unroll"]  # = FlashDecodeSm90.block_n
     n_blocks = -(-seqlen_k // block_n)
-    return max(1, min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks))
+    by_work = seqlen_k * 4 * head_dim * heads_per_cta // MIN_SPLIT_WORK  # K + V, 2 bytes each
+    return max(1, min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, by_work))
+
+
+# Below this much work per split (K+V bytes of one KV head x query heads per CTA), splitting
+# costs more than it saves (see above).
+MIN_SPLIT_WORK = 128 << 10
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None):

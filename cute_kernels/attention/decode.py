@@ -92,7 +92,8 @@ class FlashDecodeSm90:
         B, Hq = mQ.shape[0], mQ.shape[2]
         self.kernel(mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, scale_log2, qheads_per_kvhead,
                     num_splits).launch(
-            grid=(num_splits, Hq // self.heads, B), block=(self.num_threads, 1, 1), stream=stream)
+            grid=(num_splits, Hq // self.heads, B), block=(self.num_threads, 1, 1), stream=stream,
+            use_pdl=True)
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, scale_log2, qheads_per_kvhead,
@@ -122,6 +123,13 @@ class FlashDecodeSm90:
                                      8 * T * self.vec * self.unroll * self.stages)),
             byte_alignment=128)
 
+        # Programmatic dependent launch: this grid may be resident before the kernel ahead of
+        # it (the q projection, the KV append) has finished; wait for it before the first
+        # global read, then let the next kernel (the output projection) launch and prefetch
+        # its weights while this one streams the cache. Without the PDL launch attribute the
+        # wait returns at once.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
         seqlen = mK.shape[1]
         if cutlass.const_expr(self.seqlens):
             seqlen = mSeqlens[b]
