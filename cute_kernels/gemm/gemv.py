@@ -198,11 +198,12 @@ def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int, int
     tiles with long K steps while N is small (1600 wide: 4 rows, 400 programs), wider tiles
     as N grows; a grid capped at a few programs per SM (persistent) was slower at every
     shape. Versus the tl.dot form: 9.2 -> 7.3 us at 1x4800x1600, 4.2 -> 3.6 at 1x1600x1600,
-    11.0 -> 9.3 at 1x6400x1600, 13.5 -> 10.6 at 1x1600x6400, 65 -> 61 at the lm_head.
+    11.0 -> 9.3 at 1x6400x1600, 13.5 -> 9.2 at 1x1600x6400 (one 12.8 KB weight row per
+    program, 1024-element steps: 10.6 us with 4 rows of 512), 65 -> 61 at the lm_head.
     """
     if M == 1:
         if N <= ONE_ROW_MAX_N:
-            return 1, 4, 512, 4, 3, 0
+            return (1, 1, 1024, 4, 2, 0) if K >= 4096 else (1, 4, 512, 4, 3, 0)
         if N < 6144:
             return 1, 8, 512, 4, 3, 0
         return 1, 16, 256, 8, 4, 0
