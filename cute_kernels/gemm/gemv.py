@@ -16,7 +16,8 @@ logic runs on a CPU under TRITON_INTERPRET=1 for tests).
 At M = 1 the row is not padded to a tl.dot tile: the one-row form does FMAs into a
 [BLOCK_K, BLOCK_N] fp32 tile with tiles as narrow as 4 output columns, so even N = 1600
 gives 400 programs. Decode runs one small GEMV after another, so each launch is a
-programmatic dependent launch (PDL): the next kernel's CTAs are resident and waiting
+programmatic dependent launch (PDL): the next kernel's CTAs are resident, with their first
+weight tiles already loading (weights do not depend on the previous kernel), and waiting
 (griddepcontrol.wait) when this one ends, instead of paying launch latency and ramp-up.
 The KV-cache append of c_attn can ride in the epilogue (`kv=`).
 
@@ -61,6 +62,38 @@ def gemv_applies(a: torch.Tensor, b_nk: torch.Tensor, out_dtype, epi) -> bool:
 
 
 @triton.jit
+def _x_tile(x_ptrs, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN: tl.constexpr,
+            XSCALE: tl.constexpr):
+    """The activation tile for K columns [k0, k0 + BLOCK_K), LayerNorm and SmoothQuant applied."""
+    kmask = (k0 + ks) < K
+    x = tl.load(x_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
+    if LN:
+        g = tl.load(ln_w_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
+        bb = tl.load(ln_b_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
+        xn = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + bb[None, :]
+        # Padding columns must stay 0 (they meet masked-to-0 weights, but 0 * NaN = NaN).
+        x = tl.where(kmask[None, :], xn, 0.0).to(x_ptrs.dtype.element_ty)
+    if XSCALE:  # SmoothQuant: the activation side of the smoothing (x / s), per K column
+        xs = tl.load(xs_ptr + k0 + ks, mask=kmask, other=0.0)
+        x = (x.to(tl.float32) * xs[None, :]).to(x_ptrs.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def _mac(acc, acc2, x, w, BLOCK_M: tl.constexpr):
+    """acc += x @ w for one K step. 8-bit weights (weight-only decode) widen here; their
+    per-channel scale is applied to the fp32 sums in the epilogue. One row (BLOCK_M = 1)
+    takes FMAs into a [BLOCK_K, BLOCK_N] fp32 tile (acc2), reduced over K once at the end:
+    tl.dot would pad the row to 16 and needs BLOCK_N >= 16, this allows narrower tiles and
+    so more programs."""
+    if BLOCK_M == 1:
+        acc2 += tl.trans(x.to(tl.float32)) * w.to(tl.float32)
+    else:
+        acc = tl.dot(x, w.to(x.dtype), acc)
+    return acc, acc2
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, alpha, beta,
     M, N, K, stride_xm, stride_wn, stride_om, stride_rm,
@@ -68,30 +101,35 @@ def _gemv_kernel(
     USE_BETA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ln_w_ptr=None, ln_b_ptr=None, eps=1e-5, LN: tl.constexpr = False, K_PAD: tl.constexpr = 16,
     col_scale_ptr=None, xs_ptr=None, COL_SCALE: tl.constexpr = 0, XSCALE: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, pf_row_stride=0, pf_bytes=0,
+    PDL: tl.constexpr = False, FIRST_STEPS: tl.constexpr = 1,
     KV: tl.constexpr = False, k_cache_ptr=None, v_cache_ptr=None, pos_ptr=None, pos_stride=0,
     kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    if PDL:
-        # Programmatic dependent launch: this grid may start while the previous kernel in
-        # the stream is still running. Nothing before gdc_wait may read what an earlier
-        # kernel writes or write anything at all; the weights are constant, so this
-        # program's rows may go to L2 first (the HBM stream then continues across the
-        # kernel boundary instead of draining and ramping up again), then wait.
-        if PREFETCH:
-            for t in range(pid, n_tiles, nprog):
-                _l2_prefetch_rows(w_ptr + t.to(tl.int64) * BLOCK_N * stride_wn, pf_row_stride, pf_bytes,
-                                  tl.minimum(N - t * BLOCK_N, BLOCK_N))
-        tl.extra.cuda.gdc_wait()
-        # Let the next kernel launch now: its CTAs take the slots this grid leaves free and
-        # prefetch their own weights while this one computes.
-        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.arange(0, BLOCK_M)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     rmask = rows < M
+    cmask = cols < N
+    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :]
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BLOCK_K, BLOCK_N]
+    # The weights of the first FIRST_STEPS K steps are loaded before anything else: they are
+    # constant, so with PDL the loads are in flight while the previous kernel still runs.
+    w0 = tl.load(w_ptrs, mask=(ks < K)[:, None] & cmask[None, :], other=0.0)
+    if FIRST_STEPS == 2:
+        w1 = tl.load(w_ptrs + BLOCK_K, mask=((BLOCK_K + ks) < K)[:, None] & cmask[None, :], other=0.0)
+    if PDL:
+        # Programmatic dependent launch: this grid may be resident before the previous
+        # kernel has finished. Nothing before gdc_wait may read what an earlier kernel
+        # writes, or write anything. The wait costs ~1.4 us per kernel (a chain of empty
+        # PDL kernels), and HBM idles through it unless loads are already in flight, hence
+        # w0/w1: GPT-2 XL's 192 decode GEMVs in one graph took 1.49 ms without them, 1.36
+        # with, and 1.12 with no wait at all (unsafe; the bound for this structure).
+        tl.extra.cuda.gdc_wait()
+        # The next kernel may launch now: its CTAs take the slots this grid leaves free.
+        tl.extra.cuda.gdc_launch_dependents()
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if LN:
         # LayerNorm prologue: every program recomputes its rows' mean and rstd (a row is a
         # few KB, read from L2), cheaper than a separate LayerNorm launch per layer. Each row
@@ -100,8 +138,6 @@ def _gemv_kernel(
         # GPT-2's residual stream has large means.
         kk = tl.arange(0, K_PAD)
         kkmask = kk < K
-        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for m in range(0, M):
             xr = tl.load(x_ptr + m * stride_xm + kk, mask=kkmask, other=0.0).to(tl.float32)
             mu = tl.sum(xr, 0) / K
@@ -109,115 +145,65 @@ def _gemv_kernel(
             r = 1.0 / tl.sqrt(tl.sum(d * d, 0) / K + eps)
             mean = tl.where(rows == m, mu, mean)
             rstd = tl.where(rows == m, r, rstd)
-    # Tiles of BLOCK_N output columns, strided over the programs (one each unless the host
-    # caps the grid: a capped grid is resident at once, so with PDL it triggers the next
-    # kernel's launch right at its start).
-    for t in range(pid, n_tiles, nprog):
-        cols = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        cmask = cols < N
-        x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :]
-        w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BLOCK_K, BLOCK_N]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if BLOCK_M == 1:
-            # One row: FMAs into a [BLOCK_K, BLOCK_N] fp32 tile, reduced over K once at the
-            # end. tl.dot would pad the row to 16 and needs BLOCK_N >= 16; this allows
-            # narrower tiles and so more programs.
-            acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kmask = (k0 + ks) < K
-            x = tl.load(x_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
-            if LN:
-                g = tl.load(ln_w_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
-                bb = tl.load(ln_b_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
-                xn = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + bb[None, :]
-                # Padding columns must stay 0 (they meet masked-to-0 weights, but 0 * NaN = NaN).
-                x = tl.where(kmask[None, :], xn, 0.0).to(x_ptr.dtype.element_ty)
-            if XSCALE:  # SmoothQuant: the activation side of the smoothing (x / s), per K column
-                xs = tl.load(xs_ptr + k0 + ks, mask=kmask, other=0.0)
-                x = (x.to(tl.float32) * xs[None, :]).to(x_ptr.dtype.element_ty)
-            w = tl.load(w_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
-            # 8-bit weights (weight-only decode path) widen to the activation dtype here; the
-            # per-channel scale is applied to the fp32 sums in the epilogue.
-            if BLOCK_M == 1:
-                acc2 += tl.trans(x.to(tl.float32)) * w.to(tl.float32)
-            else:
-                acc = tl.dot(x, w.to(x_ptr.dtype.element_ty), acc)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        if BLOCK_M == 1:
-            acc = tl.sum(acc2, 0)[None, :]
-        y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
-                          stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
-        out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
-        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
-        if KV:
-            # KV-cache append fused into c_attn: columns [C, 2C) are the new key, [2C, 3C)
-            # the new value, head-major (head = (col % C) // D). Row m (one sequence) goes
-            # to cache row pos[m]; this saves the decode step two copy launches per layer.
-            part = cols // kv_c
-            within = cols - part * kv_c
-            pos = tl.load(pos_ptr + rows * pos_stride, mask=rmask, other=0).to(tl.int64)
-            off = (rows[:, None].to(tl.int64) * kv_sb + pos[:, None] * kv_ss
-                   + ((within // KV_D) * kv_sh + within % KV_D)[None, :])
-            yk = y.to(k_cache_ptr.dtype.element_ty)
-            live = rmask[:, None] & cmask[None, :]
-            tl.store(k_cache_ptr + off, yk, mask=live & (part == 1)[None, :])
-            tl.store(v_cache_ptr + off, yk, mask=live & (part == 2)[None, :])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_K if BLOCK_M == 1 else 1, BLOCK_N), dtype=tl.float32)
+    x = _x_tile(x_ptrs, 0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE)
+    acc, acc2 = _mac(acc, acc2, x, w0, BLOCK_M)
+    if FIRST_STEPS == 2:
+        x = _x_tile(x_ptrs + BLOCK_K, BLOCK_K, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE)
+        acc, acc2 = _mac(acc, acc2, x, w1, BLOCK_M)
+    for k0 in range(FIRST_STEPS * BLOCK_K, K, BLOCK_K):
+        x = _x_tile(x_ptrs + k0, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE)
+        w = tl.load(w_ptrs + k0, mask=((k0 + ks) < K)[:, None] & cmask[None, :], other=0.0)
+        acc, acc2 = _mac(acc, acc2, x, w, BLOCK_M)
+    if BLOCK_M == 1:
+        acc = tl.sum(acc2, 0)[None, :]
+    y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
+                      stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
+    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+    if KV:
+        # KV-cache append fused into c_attn: columns [C, 2C) are the new key, [2C, 3C) the
+        # new value, head-major (head = (col % C) // D). Row m (one sequence) goes to cache
+        # row pos[m]; this saves the decode step two copy launches per layer.
+        part = cols // kv_c
+        within = cols - part * kv_c
+        pos = tl.load(pos_ptr + rows * pos_stride, mask=rmask, other=0).to(tl.int64)
+        off = (rows[:, None].to(tl.int64) * kv_sb + pos[:, None] * kv_ss
+               + ((within // KV_D) * kv_sh + within % KV_D)[None, :])
+        yk = y.to(k_cache_ptr.dtype.element_ty)
+        live = rmask[:, None] & cmask[None, :]
+        tl.store(k_cache_ptr + off, yk, mask=live & (part == 1)[None, :])
+        tl.store(v_cache_ptr + off, yk, mask=live & (part == 2)[None, :])
 
 
-@triton.jit
-def _l2_prefetch_rows(base, row_stride_bytes, row_bytes, nrows):
-    """Thread t < nrows asks the TMA unit to bring row t ([base + t*row_stride_bytes,
-    + row_bytes)) into L2: one bulk prefetch per row, nothing lands in registers or smem.
-    Needs 16-byte aligned rows and row_bytes % 16 == 0 (the host checks)."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        .reg .u32 t;
-        .reg .u64 off, a;
-        mov.u32 t, %tid.x;
-        setp.lt.s32 p, t, $4;
-        mul.wide.u32 off, t, $2;
-        add.u64 a, $1, off;
-        @p cp.async.bulk.prefetch.L2.global [a], $3;
-        mov.u32 $0, 0;
-        }""",
-        "=r,l,r,r,r", [base.to(tl.int64, bitcast=True), row_stride_bytes, row_bytes, nrows],
-        dtype=tl.int32, is_pure=False, pack=1)
-
+# K steps of weights (1 or 2) loaded before the PDL wait. Same-run A/B on the H100: 2 took
+# the GPT-2 XL decode step from 1.84 to 1.81 ms; one tile of the whole row (up to 16 steps)
+# was slower (more registers, fewer resident CTAs).
+FIRST_STEPS = 2
 
 # M = 1 with N up to this uses 4-row tiles (see _launch_blocks).
 ONE_ROW_MAX_N = 2048
 
 
-def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs per SM; 0: one per tile).
+def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
 
     M = 1 always takes the one-row form. From an in-chain sweep on the H100 (48 launches of
     one GPT-2 XL shape on distinct weights in one CUDA graph, PDL on, 2026-11-22): narrow
     tiles with long K steps while N is small (1600 wide: 4 rows, 400 programs), wider tiles
-    as N grows; a grid capped at a few programs per SM (persistent) was slower at every
-    shape. Versus the tl.dot form: 9.2 -> 7.3 us at 1x4800x1600, 4.2 -> 3.6 at 1x1600x1600,
+    as N grows; a persistent grid (a few programs per SM looping over tiles, so that all
+    are resident and trigger the next launch at once) was slower at every shape. Versus the tl.dot form: 9.2 -> 7.3 us at 1x4800x1600, 4.2 -> 3.6 at 1x1600x1600,
     11.0 -> 9.3 at 1x6400x1600, 13.5 -> 9.2 at 1x1600x6400 (one 12.8 KB weight row per
     program, 1024-element steps: 10.6 us with 4 rows of 512), 65 -> 61 at the lm_head.
     """
     if M == 1:
         if N <= ONE_ROW_MAX_N:
-            return (1, 1, 1024, 4, 2, 0) if K >= 4096 else (1, 4, 512, 4, 3, 0)
+            return (1, 1, 1024, 4, 2) if K >= 4096 else (1, 4, 512, 4, 3)
         if N < 6144:
-            return 1, 8, 512, 4, 3, 0
-        return 1, 16, 256, 8, 4, 0
-    return (16, *_blocks(N, K), 4, 4, 0)
-
-
-_NUM_SMS: dict = {}
-
-
-def _num_sms(device) -> int:
-    n = _NUM_SMS.get(device)
-    if n is None:
-        n = _NUM_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
+            return 1, 8, 512, 4, 3
+        return 1, 16, 256, 8, 4
+    return (16, *_blocks(N, K), 4, 4)
 
 
 def _blocks(N: int, K: int) -> tuple[int, int]:
@@ -268,15 +254,9 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     N = w_nk.shape[0]
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    block_m, block_n, block_k, warps, stages, per_sm = _launch_blocks(M, N, K)
-    grid = triton.cdiv(N, block_n)
-    if per_sm and x.is_cuda:
-        grid = min(grid, per_sm * _num_sms(x.device))
+    block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
-    pf_stride = pf_bytes = 0
-    if pdl:
-        pf_stride, pf_bytes = _prefetch_plan(w_nk, N, K)
     kw = {}
     if kv is not None:
         k_cache, v_cache, pos = kv
@@ -286,7 +266,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
                   kv_sh=k_cache.stride(1), kv_ss=k_cache.stride(2), KV_D=k_cache.shape[3])
     if pdl:
         kw["launch_pdl"] = True
-    _gemv_kernel[(grid,)](
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out,
         float(alpha), float(beta), M, N, K, x.stride(0), w_nk.stride(0), out.stride(0),
         residual.stride(0) if residual is not None else 0,
@@ -296,7 +276,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
         ln_w_ptr=ln_w, ln_b_ptr=ln_b, eps=float(eps), LN=ln is not None,
         K_PAD=triton.next_power_of_2(K) if ln is not None else 16,
         col_scale_ptr=w_scale, xs_ptr=x_scale, COL_SCALE=2 if w_scale is not None else 0, XSCALE=x_scale is not None,
-        PDL=pdl, PREFETCH=pf_bytes > 0, pf_row_stride=pf_stride, pf_bytes=pf_bytes,
+        PDL=pdl, FIRST_STEPS=FIRST_STEPS if K > block_k else 1,
         num_warps=warps, num_stages=stages, **kw,
     )
     return out
@@ -321,12 +301,6 @@ def _check_kv(k_cache, v_cache, pos, M, N):
 # Programmatic dependent launch (on by default on CUDA; CUTE_KERNELS_PDL=0 turns it off).
 PDL_ENV = "CUTE_KERNELS_PDL"
 _PDL_SUPPORTED = None
-# Weights up to this size are prefetched into L2 before the PDL wait; 0 (the default)
-# turns the prefetch off. Measured on the H100 (2026-11-22): it pays for small weights
-# alone (1x1600x1600: 3.7 -> 3.6 us in a chain of GEMVs), costs 4-12% at 15-20 MB (the
-# next kernel's prefetches compete with this one's own stream), and at 8 MB the GPT-2 XL
-# decode step measured 2.11 ms with it vs 2.09 without.
-PREFETCH_MAX_BYTES = 0
 
 
 def pdl_enabled() -> bool:
@@ -343,16 +317,6 @@ def pdl_enabled() -> bool:
         except (ImportError, AttributeError):
             _PDL_SUPPORTED = False
     return _PDL_SUPPORTED
-
-
-def _prefetch_plan(w_nk, N: int, K: int) -> tuple[int, int]:
-    """(row stride, bytes per row) of the L2 prefetch; (0, 0) for none. Bulk prefetches need
-    16-byte aligned rows and lengths."""
-    es = w_nk.element_size()
-    stride, nbytes = w_nk.stride(0) * es, K * es
-    if N * nbytes > PREFETCH_MAX_BYTES or w_nk.data_ptr() % 16 or stride % 16 or nbytes % 16:
-        return 0, 0
-    return stride, nbytes
 
 
 def layernorm_gemv(x, ln_weight, ln_bias, eps: float, w_nk, bias, activation):
