@@ -159,11 +159,14 @@ def _(q, k, v, causal, softmax_scale, backend):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale):
+def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask=None):
     """Reference for attend_cache: q [B, 1, H, D] against the first seqlens[b] rows of
-    k/v_cache [B, L, H, D] (masked SDPA over the whole buffer)."""
+    k/v_cache [B, L, H, D] (masked SDPA over the whole buffer), those where key_mask is True."""
     L = k_cache.shape[1]
-    mask = (torch.arange(L, device=q.device)[None, :] < seqlens.long()[:, None])[:, None, None, :]
+    mask = torch.arange(L, device=q.device)[None, :] < seqlens.long()[:, None]
+    if key_mask is not None:
+        mask = mask & key_mask.bool()
+    mask = mask[:, None, None, :]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                                          attn_mask=mask, scale=softmax_scale)
     return out.transpose(1, 2).contiguous()
@@ -172,17 +175,21 @@ def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale):
 @torch.library.custom_op("cute_inference::attend_cache", mutates_args=())
 def attend_cache(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor, softmax_scale: float,
-    backend: str,
+    backend: str, key_mask: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> torch.Tensor:
     """One decode step's attention against a KV cache (cute_kernels.flash_attn_with_kvcache,
-    the cache already written): q [B, 1, H, D], caches [B, L, H, D] (any strides, unit D)."""
+    the cache already written): q [B, 1, H, D], caches [B, L, H, D] (any strides, unit D);
+    key_mask [B, L] bool (True = attend) on top of the lengths."""
     if backend == "reference":
-        return attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale)
-    return _cute().flash_attn_with_kvcache(q, k_cache, v_cache, seqlens, softmax_scale=softmax_scale)
+        out = attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask)
+        # Rows with nothing to attend to: zeros, as the kernel gives (SDPA gives NaN).
+        return out if key_mask is None else out.nan_to_num(0.0)
+    return _cute().flash_attn_with_kvcache(q, k_cache, v_cache, seqlens, softmax_scale=softmax_scale,
+                                           key_mask=key_mask)
 
 
 @attend_cache.register_fake
-def _(q, k_cache, v_cache, seqlens, softmax_scale, backend):
+def _(q, k_cache, v_cache, seqlens, softmax_scale, backend, key_mask=None):
     return q.new_empty(q.shape)
 
 

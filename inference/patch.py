@@ -181,22 +181,37 @@ class CuteGPT2Block(_gpt2().GPT2Block):
 
 
 def _attention_forward(backend: str):
-    """An AttentionInterface function running ops.flash_attn where the mask allows.
+    """An AttentionInterface function running our kernels where the mask allows.
 
     transformers hands q/k/v as [B, H, S, D] and expects [B, S, H, D] back. With
     the sdpa mask function registered for our name, the mask is None exactly when
     the pattern is plain causal (q_len == kv_len), attend-to-all (q_len == 1), or
     a prefill into an empty static cache (kv_len > q_len, valid keys are the
-    first q_len). An explicit mask (padding, or static-cache decode) goes to SDPA
-    until a kv-cache kernel with per-sequence lengths is wired in.
+    first q_len): ops.flash_attn. One query token with an explicit boolean mask
+    (static-cache decode: the filled prefix; padding holes) runs our decode kernel
+    with that mask as its key mask (ops.attend_cache). Other explicit masks (padded
+    prefill) go to SDPA.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        B, _, q_len, _ = query.shape
+        kv_len = key.shape[2]
+        if (attention_mask is not None and dropout == 0.0 and q_len == 1 and attention_mask.dtype == torch.bool
+                and attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1)
+                and attention_mask.shape[-1] == kv_len and attention_mask.shape[0] in (1, B)
+                and key.shape[1] == query.shape[1]):
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            key_mask = attention_mask[:, 0, 0, :].expand(B, kv_len)
+            if key_mask.stride(1) != 1:
+                key_mask = key_mask.contiguous()
+            lens = torch.full((B,), kv_len, dtype=torch.int32, device=query.device)
+            out = ops.attend_cache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), lens,
+                                   float(scale), backend, key_mask)
+            return out, None
         if attention_mask is not None or dropout > 0.0:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
-        q_len, kv_len = query.shape[2], key.shape[2]
         causal = q_len > 1
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]

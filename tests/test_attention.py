@@ -253,12 +253,14 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,heads,split", [(64, 1, False), (64, 1, True), (128, 4, True), (64, 3, True)])
-def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split):
+@pytest.mark.parametrize("head_dim,heads,split,masked", [(64, 1, False, False), (64, 1, True, False),
+                                                         (128, 4, True, False), (64, 3, True, False),
+                                                         (64, 1, True, True)])
+def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked):
     from cute_kernels.attention.api import _compile_decode
     from tests.test_gemm import _ptxas_report
 
-    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path))
+    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked)
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     # K and V rows arrive by 16-byte cp.async into the ring; the split merge counts arrivals
@@ -322,6 +324,34 @@ def test_flash_attn_with_kvcache_split_kv():
     ref = flash_attn_with_kvcache_ref(q.float(), kc.float().clone(), vc.float().clone(), lens, k_new=kn.float(), v_new=vn.float())
     out = ck.flash_attn_with_kvcache(q, kc, vc, lens, k_new=kn, v_new=vn, num_splits=5)
     assert (out.float() - ref).abs().max().item() < 3e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,D", [(25, 25, 64), (32, 8, 128)])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_key_mask(hq, hkv, D, num_splits):
+    """key_mask (HF's static-cache decode mask, padding holes): masked keys are skipped exactly
+    like keys past the length; a row with every key masked gives zeros."""
+    import cute_kernels as ck
+
+    B, Smax = 3, 1500
+    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([1400, 900, 1500], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    mask = torch.rand(B, Smax, device="cuda") > 0.3
+    mask[:, :5] = False  # left padding
+    mask[2] = False  # nothing to attend to
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, key_mask=mask, num_splits=num_splits)
+    keep = mask & (torch.arange(Smax, device="cuda")[None, :] < lens[:, None])
+    rep = hq // hkv
+    kr, vr = kc.float().repeat_interleave(rep, 2), vc.float().repeat_interleave(rep, 2)
+    s = torch.einsum("bhd,bkhd->bhk", q[:, 0].float(), kr) * D ** -0.5
+    s = s.masked_fill(~keep[:, None, :], float("-inf"))
+    ref = torch.einsum("bhk,bkhd->bhd", torch.softmax(s, -1).nan_to_num(0.0), vr)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    assert (out[:2, 0].float() - ref[:2]).abs().max().item() < 2e-2
+    with pytest.raises(ValueError, match="key_mask"):
+        ck.flash_attn_with_kvcache(q, kc, vc, lens, key_mask=mask[:, :10])
 
 
 @pytest.mark.gpu

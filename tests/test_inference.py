@@ -115,6 +115,23 @@ def test_generate_greedy_matches(model, attention, cache):
     assert torch.equal(hf_generate(pm, x, 16, cache=cache), ref)
 
 
+def test_static_cache_decode_uses_decode_kernel(model, monkeypatch):
+    """HF generate with a static cache hands decode steps an explicit boolean mask: they run
+    our decode attention (ops.attend_cache with that mask as key mask), not SDPA."""
+    calls = []
+    real = ops.attend_cache
+
+    def counting(*args):
+        calls.append(args[-1] is not None)
+        return real(*args)
+
+    monkeypatch.setattr(ops, "attend_cache", counting)
+    pm = patched(model, attention="cute")
+    x = ids(seq=9)
+    assert torch.equal(hf_generate(pm, x, 6, cache="static"), hf_generate(model, x, 6, cache="static"))
+    assert calls and all(calls) and len(calls) % model.config.n_layer == 0
+
+
 def test_save_pretrained_roundtrip(model, tmp_path):
     model.save_pretrained(tmp_path / "orig")
     loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "orig").eval()

@@ -127,12 +127,12 @@ def decode_heads_per_cta(qheads_per_kvhead: int, head_dim: int = 64) -> int:
     return max(h for h in range(1, cap + 1) if qheads_per_kvhead % h == 0)
 
 
-def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool):
+def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False):
     from .decode import FlashDecodeSm90
 
     cfg = DECODE_CONFIG[head_dim]
     return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
-                           unroll=cfg["unroll"], stages=cfg["stages"])
+                           unroll=cfg["unroll"], stages=cfg["stages"], masked=masked)
 
 
 def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen_k: int, head_dim: int, *,
@@ -161,7 +161,8 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
 MIN_SPLIT_WORK = 128 << 10
 
 
-def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None):
+def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
+                    masked: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -185,8 +186,9 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
         flp = make_fake_tensor(f32, (b, hq, ns), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
         fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
-    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens)
-    return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, f32(1.0), cutlass.Int32(1),
+    fmask = make_fake_tensor(cutlass.Uint8, (b, sk), (cute.sym_int64(), 1), assumed_align=1) if masked else None
+    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked)
+    return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, fmask, f32(1.0), cutlass.Int32(1),
                         cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -213,8 +215,9 @@ def _semaphores(n: int, device) -> torch.Tensor:
     return buf
 
 
-def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None):
-    """q [B, 1, Hq, D] against k/v [B, Sk, Hkv, D] (the first seqlens_k[b] keys) -> O, LSE."""
+def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mask=None):
+    """q [B, 1, Hq, D] against k/v [B, Sk, Hkv, D] (the first seqlens_k[b] keys, those of them
+    where key_mask [B, Sk] (uint8) is nonzero) -> O, LSE."""
     from .kernel import softmax_scale_log2
 
     B, _, Hq, D = q.shape
@@ -230,21 +233,23 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None):
         return out, lse
     split = splits > 1
     lens = seqlens_k is not None
-    fast = (q.dtype, D, heads, split, lens)
+    masked = key_mask is not None
+    fast = (q.dtype, D, heads, split, lens, masked)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
         cfg = tuple(sorted(DECODE_CONFIG[D].items()))
         key = CompileKey("flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",), (heads, D), (1, 1),
-                         epilogue=(("split", split), ("seqlens_k", lens)), extra=(D, *cfg))
-        fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens))
+                         epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)), extra=(D, *cfg))
+        fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens,
+                                                                           masked=masked))
     scale = softmax_scale_log2(D, softmax_scale)
     if split:
         o_parts = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
         l_parts = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
         sem = _semaphores(B * (Hq // heads), q.device)
-        fn(q, k, v, out, lse, o_parts, l_parts, sem, seqlens_k, scale, G, splits)
+        fn(q, k, v, out, lse, o_parts, l_parts, sem, seqlens_k, key_mask, scale, G, splits)
     else:
-        fn(q, k, v, out, lse, None, None, None, seqlens_k, scale, G, 1)
+        fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, 1)
     return out, lse
 
 
@@ -321,7 +326,8 @@ def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
-                            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None):
+                            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
+                            key_mask=None):
     """Decode / chunked prefill against a preallocated cache [B, Smax, Hkv, D].
 
     cache_seqlens [B] (int32) holds each sequence's filled length. k_new/v_new
@@ -333,7 +339,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     as Hugging Face's StaticCache is): the last key block is read whole and its masked
     rows still meet P = 0 in the P V product, where 0 * NaN = NaN (the decode kernel,
     S_new = 1, never reads them). num_splits: as in `flash_attn` (the heuristic sizes by
-    the cache capacity Smax).
+    the cache capacity Smax). key_mask [B, Smax] (bool or uint8, True/nonzero = attend),
+    single-token decode only: keys where it is False are skipped too (padding holes, the
+    prefix mask Hugging Face builds for a static cache); a row with no key left gives 0.
     """
     _validate(q, k_cache, v_cache)
     B, Smax = k_cache.shape[:2]
@@ -352,9 +360,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
         append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
         lens = cache_seqlens + k_new.shape[1]
     lens = lens.to(torch.int32).contiguous()
+    if key_mask is not None:
+        if q.shape[1] != 1:
+            raise ValueError(f"key_mask is supported for single-token decode only (S_new = 1), got {q.shape[1]}")
+        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype not in (torch.bool, torch.uint8) \
+                or key_mask.shape != (B, Smax) or key_mask.device != q.device or key_mask.stride(1) != 1:
+            raise ValueError(f"key_mask must be a bool/uint8 tensor of shape ({B}, {Smax}) with unit stride on "
+                             f"keys, on {q.device}")
+        key_mask = key_mask.view(torch.uint8) if key_mask.dtype == torch.bool else key_mask
     if q.shape[1] == 1:
         _check_splits(num_splits)
-        return _run_decode(q, k_cache, v_cache, softmax_scale, seqlens_k=lens, num_splits=num_splits)[0]
+        return _run_decode(q, k_cache, v_cache, softmax_scale, seqlens_k=lens, num_splits=num_splits,
+                           key_mask=key_mask)[0]
     splits = _resolve_splits(num_splits, B, q.shape[2], q.shape[1], Smax)
     out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens, num_splits=splits)
     return out

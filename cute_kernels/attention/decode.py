@@ -51,7 +51,7 @@ class FlashDecodeSm90:
     """
 
     def __init__(self, head_dim: int, heads: int, split: bool, seqlens: bool, num_threads: int = 256,
-                 unroll: int = 2, vec: int = 1, stages: int = 4):
+                 unroll: int = 2, vec: int = 1, stages: int = 4, masked: bool = False):
         assert head_dim % (8 * vec) == 0 and 32 % (head_dim // (8 * vec)) == 0
         assert num_threads // 32 >= heads  # the split merge gives each head one warp
         self.head_dim = head_dim
@@ -60,6 +60,7 @@ class FlashDecodeSm90:
         self.heads = heads  # query heads per CTA (a divisor of the GQA ratio)
         self.split = split
         self.seqlens = seqlens
+        self.masked = masked  # a [B, Sk] byte mask of the keys each sequence may attend to
         self.num_threads = num_threads
         self.unroll = unroll
         # K/V rows go through a cp.async ring in shared memory, stages - 1 steps ahead, so the
@@ -84,19 +85,20 @@ class FlashDecodeSm90:
         mLpart: cute.Tensor,  # [B, Hq, splits] fp32, log2 units (split only)
         mSem: cute.Tensor,  # [B * Hkv * head_groups] int32, zero between calls (split only)
         mSeqlens: cute.Tensor,  # [B] int32 or None
+        mMask: cute.Tensor,  # [B, Sk] uint8 (nonzero: attend) or None
         scale_log2: cutlass.Float32,
         qheads_per_kvhead: cutlass.Int32,
         num_splits: cutlass.Int32,
         stream,
     ):
         B, Hq = mQ.shape[0], mQ.shape[2]
-        self.kernel(mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, scale_log2, qheads_per_kvhead,
+        self.kernel(mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask, scale_log2, qheads_per_kvhead,
                     num_splits).launch(
             grid=(num_splits, Hq // self.heads, B), block=(self.num_threads, 1, 1), stream=stream,
             use_pdl=True)
 
     @cute.kernel
-    def kernel(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, scale_log2, qheads_per_kvhead,
+    def kernel(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask, scale_log2, qheads_per_kvhead,
                num_splits):
         tid, _, _ = cute.arch.thread_idx()
         split, hg, b = cute.arch.block_idx()
@@ -184,7 +186,7 @@ class FlashDecodeSm90:
             if nxt < n_steps:
                 self.issue_rows(g2s, gK, gV, ring, nxt % self.stages, start + nxt * self.block_n, end, grp, col, tid)
             cute.arch.cp_async_commit_group()
-            self.softmax_step(kf, vf, s, q, m, lsum, acc, start + it * self.block_n, end, grp)
+            self.softmax_step(kf, vf, s, q, m, lsum, acc, start + it * self.block_n, end, grp, mMask, b)
 
         # Merge the row groups: publish each group's state, then every thread owns some
         # (head, column) outputs and folds the R groups into them.
@@ -239,7 +241,7 @@ class FlashDecodeSm90:
                 cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (col // 8 + j,)), ring[None, tid, j, u, slot, 1])
 
     @cute.jit
-    def softmax_step(self, kf, vf, s, q, m, lsum, acc, n0, end, grp):
+    def softmax_step(self, kf, vf, s, q, m, lsum, acc, n0, end, grp, mMask, b):
         """One block_n-key step of one row group on loaded K/V: Q K^T, online softmax, P V."""
         H = self.heads
         neg_inf = -cutlass.Float32.inf
@@ -256,9 +258,16 @@ class FlashDecodeSm90:
                 for h in cutlass.range_constexpr(H):
                     s[u, h] = s[u, h] + cute.arch.shuffle_sync_bfly(s[u, h], offset=1 << j)
         for u in cutlass.range_constexpr(self.unroll):
-            if n0 + u * self.rows + grp >= end:
+            n = n0 + u * self.rows + grp
+            if n >= end:
                 for h in cutlass.range_constexpr(H):
                     s[u, h] = neg_inf
+            if cutlass.const_expr(self.masked):
+                # A masked-out key scores -inf (its V still meets p = 0: the cache must hold
+                # finite values there, as for rows past the length).
+                if mMask[b, cutlass.min(n, end - 1)] == 0:
+                    for h in cutlass.range_constexpr(H):
+                        s[u, h] = neg_inf
         for h in cutlass.range_constexpr(H):
             mx = m[h]
             for u in cutlass.range_constexpr(self.unroll):
