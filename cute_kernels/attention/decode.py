@@ -127,9 +127,9 @@ class FlashDecodeSm90:
 
         # Programmatic dependent launch: this grid may be resident before the kernel ahead of
         # it (the q projection, the KV append) has finished; wait for it before the first
-        # global read, then let the next kernel (the output projection) launch and prefetch
-        # its weights while this one streams the cache. Without the PDL launch attribute the
-        # wait returns at once.
+        # global read, then let the next kernel (the output projection) launch and start
+        # loading its weights while this one streams the cache. Without the PDL launch
+        # attribute the wait returns at once.
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
         seqlen = mK.shape[1]
