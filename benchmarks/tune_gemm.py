@@ -1,6 +1,6 @@
 """Sweep GEMM configs per shape (the data behind the heuristic in cute_kernels/gemm/config.py).
 
-    python -m benchmarks.tune_gemm [--shapes 8192x2304x768,...] [--splits 2,3,4,5]
+    python -m benchmarks.tune_gemm [--shapes 8192x2304x768,...] [--splits 2,3,4,5] [--dtype bf16|fp8|int8]
 
 --splits adds split-K variants (s = each value) of the heuristic's four tile shapes,
 the data to re-fit the split-K model in config.py (`_US_*` constants).
@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from cute_kernels.gemm.api import _alloc_out, _pick_config, run_gemm
-from cute_kernels.gemm.config import CANDIDATES
+from cute_kernels.gemm.config import CANDIDATES, GemmConfig
 from cute_kernels.gemm.kernel import Epilogue
 
 from .common import rotation_count, time_ms
@@ -45,33 +45,66 @@ def check(cfgs) -> None:
         print(f"{_label(cfg):>14}: {'ok' if err < 1e-2 else 'WRONG'} (rel err {err:.2e})")
 
 
-def sweep(shapes, cfgs):
+def _operands(dtype: str, M: int, N: int, K: int):
+    """(a, w [N, K], out, ours(a, w, out, cfg), theirs(a, w)) for one input set of `dtype`."""
+    if dtype == "int8":
+        a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+        w = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8)
+        out = _alloc_out(M, N, torch.int32, "cuda")
+        return (a, w, out, dict(epi=Epilogue(), kernel_name="int8_mm_sm90", acc_name="Int32"),
+                lambda: torch._int_mm(a, w.t()))
+    if dtype == "fp8":  # per-token x per-channel scales, bf16 out, fast accumulation
+        e4m3 = torch.float8_e4m3fn
+        a = torch.randn(M, K, device="cuda").to(e4m3)
+        w = torch.randn(N, K, device="cuda").to(e4m3)
+        sa = torch.rand(M, 1, device="cuda") + 0.5
+        sb = torch.rand(1, N, device="cuda") + 0.5
+        out = _alloc_out(M, N, torch.bfloat16, "cuda")
+        kw = dict(epi=Epilogue(row_scale="vector", col_scale="vector"), row_scale=sa.view(-1), col_scale=sb.view(-1),
+                  kernel_name="scaled_mm_sm90")
+        return a, w, out, kw, lambda: torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    return a, w, _alloc_out(M, N, torch.bfloat16, "cuda"), dict(epi=Epilogue()), lambda: torch.mm(a, w.t())
+
+
+def sweep(shapes, cfgs, dtype: str = "bf16"):
+    in_bytes = 2 if dtype == "bf16" else 1
+    out_bytes = {"bf16": 2, "fp8": 2, "int8": 4}[dtype]
     for (M, N, K) in shapes:
-        nrot = rotation_count((M * K + N * K + M * N) * 2)
-        A = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-        W = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
-        O = [_alloc_out(M, N, torch.bfloat16, "cuda") for _ in range(nrot)]
-        t_cublas = time_ms(lambda i: torch.mm(A[i], W[i].t()), n_rotate=nrot)
+        nrot = rotation_count(M * K * in_bytes + N * K * in_bytes + M * N * out_bytes)
+        sets = [_operands(dtype, M, N, K) for _ in range(nrot)]
+        t_ref = time_ms(lambda i: sets[i][4](), n_rotate=nrot)
         res = []
         for cfg in cfgs:
-            t = time_ms(lambda i: run_gemm(A[i], W[i], O[i], epi=Epilogue(), config=cfg), n_rotate=nrot)
-            res.append((t_cublas / t, cfg))
+            try:
+                cfg.validate(in_bytes, out_bytes)
+            except ValueError:
+                continue
+            t = time_ms(lambda i: run_gemm(sets[i][0], sets[i][1], sets[i][2], config=cfg, **sets[i][3]),
+                        n_rotate=nrot)
+            res.append((t_ref / t, cfg))
         res.sort(key=lambda x: -x[0])
-        d = _pick_config(M, N, K, 2, True)
-        print(f"{M}x{N}x{K}: heuristic {_label(d)} | " + "  ".join(f"{_label(c)} {r:.3f}" for r, c in res[:5]))
+        d = _pick_config(M, N, K, in_bytes, dtype == "bf16")
+        print(f"{dtype} {M}x{N}x{K}: heuristic {_label(d)} | " + "  ".join(f"{_label(c)} {r:.3f}" for r, c in res[:5]))
+        del sets
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shapes", default="", help="comma-separated MxNxK (default: the GEMM suite)")
     p.add_argument("--splits", default="", help="comma-separated split-K counts to add (e.g. 2,3,4,5)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"],
+                   help="inputs: bf16 (vs torch.mm), fp8 rowwise-scaled (vs torch._scaled_mm), int8 (vs torch._int_mm)")
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s] or SUITE
     cfgs = list(CANDIDATES)
+    if args.dtype != "bf16":  # shapes the 16-bit table never needed: cooperative 128x128, wide clusters
+        cfgs += [GemmConfig(128, 128, 2, 1), GemmConfig(128, 128, 1, 1, pingpong=True), GemmConfig(256, 128, 2, 1)]
     for s in (int(v) for v in args.splits.split(",") if v):
         cfgs += [dataclasses.replace(c, split_k=s) for c in CANDIDATES[:4]]
     check(cfgs)
-    sweep(shapes, cfgs)
+    sweep(shapes, cfgs, args.dtype)
 
 
 if __name__ == "__main__":

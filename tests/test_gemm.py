@@ -74,7 +74,7 @@ SPLIT_COMPILE_CASES = [
          for c, am, bm, dt in SPLIT_COMPILE_CASES],
 )
 def test_split_k_compiles_for_sm90a(tmp_path, cfg, a_major, b_major, dtype):
-    """The split-K variant: fp32 (M, N, S) partials, split count at run time, direct stores."""
+    """The split-K variant: fp32 (M, N, S) partials, split count at run time, per-warp TMA stores."""
     from cute_kernels.gemm.api import _compile
     from cute_kernels.gemm.kernel import Epilogue
 
@@ -84,7 +84,8 @@ def test_split_k_compiles_for_sm90a(tmp_path, cfg, a_major, b_major, dtype):
         ptx = f.read()
     assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert "setmaxnreg" in ptx
-    assert re.search(r"st\.global\.(f32|b32)", ptx)  # partial sums go straight to the workspace
+    # Partial sums: each warp's 16 x 32 boxes go through smem and a 3-D TMA store (the split index).
+    assert "cp.async.bulk.tensor.3d.global.shared::cta" in ptx and not re.search(r"st\.global\.(f32|b32)", ptx)
     report = _ptxas_report(ptx_files[0])
     if report:
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)

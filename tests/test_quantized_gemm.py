@@ -256,3 +256,40 @@ def test_fp8_forced_split_k(promote, shape):
     except RuntimeError:  # shapes cuBLASLt refuses: hold ours to bf16 output rounding
         theirs = ref.to(torch.bfloat16)
     _rule(out, theirs, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", __import__("cute_kernels.gemm.config", fromlist=["CANDIDATES"]).CANDIDATES,
+                         ids=lambda c: f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}")
+def test_int8_raw_every_config_bit_exact(cfg):
+    """The per-warp 32-bit TMA epilogue under every tile shape (ragged M and N edges)."""
+    import cute_kernels as ck
+    from cute_kernels.gemm.api import run_gemm
+    from cute_kernels.gemm.kernel import Epilogue
+
+    M, N, K = 333, 1000, 384
+    a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8)
+    out = torch.full((M, N), -7, device="cuda", dtype=torch.int32)
+    run_gemm(a, w, out, epi=Epilogue(), config=cfg, kernel_name="int8_mm_sm90", acc_name="Int32")
+    assert torch.equal(out, ck.int8_mm_ref(a, w.t()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", __import__("cute_kernels.gemm.config", fromlist=["CANDIDATES"]).CANDIDATES,
+                         ids=lambda c: f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}")
+def test_fp32_output_fused_epilogue_every_config(cfg):
+    """fp32 output with bias, gelu_tanh and a residual, under every tile shape."""
+    from cute_kernels.gemm.api import run_gemm
+    from cute_kernels.gemm.kernel import Epilogue
+
+    M, N, K = 333, 1000, 384
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    res = torch.randn(M, N, device="cuda", dtype=torch.float32)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+    run_gemm(a, w, out, epi=Epilogue(activation="gelu_tanh", bias=True, residual=True), bias=bias, residual=res,
+             config=cfg)
+    ref = torch.nn.functional.gelu(a.double() @ w.double().t() + bias.double(), approximate="tanh") + res.double()
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=1e-4)

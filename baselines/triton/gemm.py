@@ -97,6 +97,7 @@ def _matmul_kernel(
     HAS_ALPHA: tl.constexpr,
     INT_ACC: tl.constexpr,  # int8 inputs: accumulate in int32
     FAST_ACCUM: tl.constexpr,  # fp8 only: let wgmma accumulate all of K in its reduced precision
+    FP8_BITS: tl.constexpr,  # fp8 operands arrive as uint8 (a masked fp8 load cannot take other=0)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -136,6 +137,9 @@ def _matmul_kernel(
             k_left = K - k0
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0)
+        if FP8_BITS:
+            a = a.to(tl.float8e4nv, bitcast=True)
+            b = b.to(tl.float8e4nv, bitcast=True)
         if FAST_ACCUM:
             acc = mma(a, b, acc)
         else:
@@ -218,6 +222,9 @@ def _launch(
     sa_mode, stride_sa = scale_mode(scale_a, 0)
     sb_mode, stride_sb = scale_mode(scale_b, 1)
     kernel = _matmul_8bit if a.element_size() == 1 else _matmul_16bit
+    fp8_bits = a.dtype == torch.float8_e4m3fn and not INTERPRET
+    if fp8_bits:  # the K tail's masked load needs an integer element type for its zero fill
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
     kernel[grid](
         a, b, out,
@@ -239,7 +246,8 @@ def _launch(
         HAS_ALPHA=float(alpha) != 1.0,
         INT_ACC=a.dtype == torch.int8,
         # only FP8 MMAs accumulate imprecisely; others keep the plain dot
-        FAST_ACCUM=bool(fast_accum) or a.dtype != torch.float8_e4m3fn,
+        FAST_ACCUM=bool(fast_accum) or not (fp8_bits or a.dtype == torch.float8_e4m3fn),
+        FP8_BITS=fp8_bits,
     )
     return out
 

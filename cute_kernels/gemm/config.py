@@ -85,14 +85,20 @@ class GemmConfig:
             raise ValueError(f"{self} leaves fewer than 2 pipeline stages in shared memory")
 
 
-def epi_tile(cfg: GemmConfig) -> tuple[int, int]:
+def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
     """The epilogue streams the C tile out in slabs of this shape.
 
-    32 columns keeps two slabs small enough to sit next to the A/B stages. The rows
-    must be exactly what one M-step of the tiled MMA covers (64 per warpgroup that
-    splits the tile: 128 cooperative, 64 ping-pong), so that slab s is one
-    contiguous run of each thread's retiled accumulator.
+    16-bit outputs: 32 columns keeps two slabs small enough to sit next to the A/B
+    stages. The rows must be exactly what one M-step of the tiled MMA covers (64 per
+    warpgroup that splits the tile: 128 cooperative, 64 ping-pong), so that slab s is
+    one contiguous run of each thread's retiled accumulator.
+
+    32-bit outputs (int32, fp32): every consumer warp stages its own 16 x 32 boxes
+    (its 16 accumulator rows of one M-step, 128-byte rows), so warps never wait for
+    each other in the epilogue.
     """
+    if out_bytes == 4:
+        return (16, min(32, cfg.tile_n))
     rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 128
     return (rows, min(32, cfg.tile_n))
 
@@ -100,11 +106,19 @@ def epi_tile(cfg: GemmConfig) -> tuple[int, int]:
 EPI_STAGES = 2
 
 
+def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
+    """Epilogue smem buffers: EPI_STAGES per consumer warp (32-bit), per warpgroup in
+    ping-pong, else EPI_STAGES shared by the cooperating warpgroups."""
+    if out_bytes == 4:
+        return EPI_STAGES * 4 * cfg.num_mma_warpgroups
+    return EPI_STAGES * (2 if cfg.pingpong else 1)
+
+
 def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int) -> int:
     tk = cfg.tile_k(in_bytes)
     per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
-    em, en = epi_tile(cfg)
-    epi = em * en * out_bytes * EPI_STAGES * (2 if cfg.pingpong else 1)
+    em, en = epi_tile(cfg, out_bytes)
+    epi = em * en * out_bytes * epi_buffers(cfg, out_bytes)
     reserved = 1024 + 1024  # mbarriers + alignment slack
     return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
 
@@ -158,7 +172,18 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
             cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
             best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp), cost
     assert best is not None
+    if in_bytes == 1 and best.tile_mn == (128, 256) and k < _LONG_K_8BIT:
+        # 8-bit inputs run the main loop twice as fast, so the epilogue weighs twice as
+        # much per tile: the ping-pong 128 x 128 tile, whose epilogue hides under the
+        # other warpgroup's main loop, won every 8-bit sweep shape below K = 8192 that
+        # the model gives 128 x 256 (2048^3 to 8192 x 14336 x 4096: +0-8% for int8,
+        # +4-7% for fp8); 128 x 256 kept the lead at K >= 8192 (8192^3, K = 14336).
+        tiles_m, tiles_n = math.ceil(m / 128), math.ceil(n / 128)
+        best = GemmConfig(128, 128, *_cluster_for(tiles_m, tiles_n, (128, 128)), pingpong=True)
     return best
+
+
+_LONG_K_8BIT = 8192
 
 
 # --------------------------------------------------------------------------- split-K
