@@ -21,6 +21,7 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     (GemmConfig(128, 256, 2, 1), dict(activation="gelu", bias=True), "k", "k", torch.float16),
     (GemmConfig(128, 128, 1, 1), dict(activation="relu", bias=True, residual=True), "m", "n", torch.bfloat16),
     (GemmConfig(128, 256, 1, 1), {}, "k", "n", torch.float16),
+    (GemmConfig(128, 160, 2, 1), dict(bias=True, residual=True), "k", "k", torch.bfloat16),  # GPT-2 XL c_proj
 ]
 
 
