@@ -222,7 +222,8 @@ def _launch(
     sa_mode, stride_sa = scale_mode(scale_a, 0)
     sb_mode, stride_sb = scale_mode(scale_b, 1)
     kernel = _matmul_8bit if a.element_size() == 1 else _matmul_16bit
-    fp8_bits = a.dtype == torch.float8_e4m3fn and not INTERPRET
+    is_fp8 = a.dtype == torch.float8_e4m3fn
+    fp8_bits = is_fp8 and not INTERPRET
     if fp8_bits:  # the K tail's masked load needs an integer element type for its zero fill
         a, b = a.view(torch.uint8), b.view(torch.uint8)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
@@ -246,7 +247,7 @@ def _launch(
         HAS_ALPHA=float(alpha) != 1.0,
         INT_ACC=a.dtype == torch.int8,
         # only FP8 MMAs accumulate imprecisely; others keep the plain dot
-        FAST_ACCUM=bool(fast_accum) or not (fp8_bits or a.dtype == torch.float8_e4m3fn),
+        FAST_ACCUM=bool(fast_accum) or not is_fp8,
         FP8_BITS=fp8_bits,
     )
     return out

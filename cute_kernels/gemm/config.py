@@ -160,6 +160,10 @@ def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int
     return (1, 2) if tiles_n >= 2 else (1, 1)
 
 
+# 8-bit inputs keep the 128 x 256 cooperative tile only from this K on (see default_config).
+_LONG_K_8BIT = 8192
+
+
 def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
     """Pick tile, cluster and consumer mode for an M x N x K problem.
 
@@ -187,8 +191,6 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
         best = GemmConfig(128, 128, *_cluster_for(tiles_m, tiles_n, (128, 128)), pingpong=True)
     return best
 
-
-_LONG_K_8BIT = 8192
 
 
 # --------------------------------------------------------------------------- split-K
