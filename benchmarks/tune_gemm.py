@@ -27,7 +27,8 @@ from .gemm import SUITE
 
 def _label(c) -> str:
     split = f"s{c.split_k}" if c.split_k > 1 else ""
-    return f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}{'' if c.raster_m else 'n'}{'P' if c.pingpong else ''}{split}"
+    group = "" if c.group == GemmConfig.group else f"g{c.group}"
+    return f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}{'' if c.raster_m else 'n'}{group}{'P' if c.pingpong else ''}{split}"
 
 
 def check(cfgs) -> None:

@@ -24,6 +24,12 @@ def _cute():
     return cute_kernels
 
 
+def row_padded(n: int, dtype: torch.dtype) -> int:
+    """n rounded up so that a row of n elements is a whole number of 16-byte units."""
+    per16 = 16 // dtype.itemsize
+    return -(-n // per16) * per16
+
+
 @torch.library.custom_op("cute_inference::linear", mutates_args=())
 def linear(
     x: torch.Tensor,
@@ -35,22 +41,32 @@ def linear(
     beta: float,
     backend: str,
 ) -> torch.Tensor:
-    """act(alpha * x @ weight.T + bias) + beta * residual; x [M, K], weight [N, K]."""
+    """act(alpha * x @ weight.T + bias) + beta * residual; x [M, K], weight [N, K].
+
+    Returns [M, row_padded(N)]: the kernel writes N columns into rows padded to 16
+    bytes (GPT-2's vocabulary, 50257 -> 50264), and the op hands back the whole
+    buffer so that callers take `[:, :N]` as a view. The padding columns hold
+    unspecified values. Returning the N-wide tensor instead would cost a copy of
+    the logits (1 ms of GPT-2 XL's 8 x 1024 prefill), since a custom op's result
+    must have the strides its fake promises.
+    """
     act = activation or None
     if backend == "reference":
         from cute_kernels.gemm.reference import linear_ref
 
-        return linear_ref(x, weight, bias, activation=act, residual=residual, alpha=alpha, beta=beta)
+        y = linear_ref(x, weight, bias, activation=act, residual=residual, alpha=alpha, beta=beta)
+        n_p = row_padded(y.shape[1], y.dtype)
+        return y if n_p == y.shape[1] else F.pad(y, (0, n_p - y.shape[1]))
     out = _cute().linear(x, weight, bias, activation=act, residual=residual, alpha=alpha, beta=beta)
-    # The kernel may hand back a view of an N-padded buffer (vocab 50257). The fake
-    # below promises a contiguous result, and Inductor plans its code on the fake's
-    # strides, so honour that promise (costs one copy of the logits only).
-    return out if out.is_contiguous() else out.contiguous()
+    if out.is_contiguous():
+        return out
+    # A view of the kernel's row-padded buffer: widen it back to the whole rows.
+    return out.as_strided((out.shape[0], out.stride(0)), (out.stride(0), 1))
 
 
 @linear.register_fake
 def _(x, weight, bias, residual, activation, alpha, beta, backend):
-    return x.new_empty((x.shape[0], weight.shape[0]))
+    return x.new_empty((x.shape[0], row_padded(weight.shape[0], x.dtype)))
 
 
 @torch.library.custom_op("cute_inference::ln_linear", mutates_args=())
@@ -84,7 +100,7 @@ def ln_linear(
                            w_scale=weight_scale, x_scale=x_scale)
     if backend == "reference":
         h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
-        return linear(h, weight, bias, None, activation, 1.0, 1.0, backend)
+        return linear(h, weight, bias, None, activation, 1.0, 1.0, backend)[:, : weight.shape[0]].contiguous()
     out = _cute().layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps=eps, activation=activation or None)
     return out if out.is_contiguous() else out.contiguous()
 

@@ -23,10 +23,20 @@ What changes, and why it is done this way:
   with the matching AttentionMaskInterface entry (without it the causal mask
   silently disappears). Names avoid "flash" and "/", which transformers treats
   specially.
+- Plain causal batches must reach our attention with mask None, also under CUDA
+  graph capture. transformers builds an explicit mask whenever it is tracing or
+  capturing (so that an exported graph never hard-codes `is_causal`), and its
+  packed-sequence check on GPT-2's own position ids costs a device sync in eager
+  mode and an explicit mask under capture. Our mask function (`_mask_function`)
+  returns None for the unmodified causal pattern without padding, and the
+  GPT2Model swap (`CuteGPT2Model`) tells the mask builder when the position ids
+  are its own arange, so nothing can be packed (`_causal_mask`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterable
 
 import torch
@@ -73,8 +83,10 @@ class _CuteLinearMixin:
         # generate() hands lm_head hidden_states[:, -1:], a strided view: the kernels want dense rows
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         r2 = None if residual is None else residual.reshape(-1, residual.shape[-1]).contiguous()
+        N = weight_nk.shape[0]
         y = ops.linear(x2, weight_nk, bias, r2, self.activation or "", 1.0, 1.0, self.backend)
-        return y.view(*shape, weight_nk.shape[0])
+        # The op returns rows padded to 16 bytes (lm_head: 50257 -> 50264); drop the padding as a view.
+        return (y if y.shape[1] == N else y[:, :N]).view(*shape, N)
 
 
 class CuteConv1D(_CuteLinearMixin, _gpt2().Conv1D):
@@ -223,15 +235,81 @@ def _attention_forward(backend: str):
     return attention
 
 
+def _mask_function(*, q_length, kv_length, q_offset=0, mask_function=None, attention_mask=None,
+                   allow_is_causal_skip=True, local_size=None, **kwargs):
+    """transformers' sdpa_mask, except that the plain causal pattern without padding is
+    always None (our attention's "causal"), not only when transformers is not tracing."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    if (allow_is_causal_skip and attention_mask is None and local_size is None and q_offset == 0
+            and mask_function is causal_mask_function and (q_length == kv_length or q_length == 1)):
+        return None
+    return sdpa_mask(q_length=q_length, kv_length=kv_length, q_offset=q_offset, mask_function=mask_function,
+                     attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, local_size=local_size,
+                     **kwargs)
+
+
 def register_attention(backend: str) -> str:
     """Register our attention (and its mask function) with transformers; return its name."""
     from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
 
     name = ATTN_NAMES[backend]
     AttentionInterface.register(name, _attention_forward(backend))
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, _mask_function)
     return name
+
+
+# --------------------------------------------------------------------------- position ids and the mask
+
+class _PositionState:
+    """Whether the innermost running CuteGPT2Model.forward was given no position_ids.
+
+    A plain attribute rather than a ContextVar or threading.local, so that Dynamo
+    traces it (a compiled patched model keeps one graph)."""
+
+    own = False
+
+
+_POSITIONS = _PositionState()
+
+
+class CuteGPT2Model(_gpt2().GPT2Model):
+    """GPT2Model that marks calls whose position ids it makes itself (see `_causal_mask`)."""
+
+    def forward(self, *args, **kwargs):
+        i = _position_ids_index()  # position_ids may come positionally (args excludes self)
+        given = args[i] if len(args) > i else kwargs.get("position_ids")
+        outer, _POSITIONS.own = _POSITIONS.own, given is None
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            _POSITIONS.own = outer
+
+
+@functools.cache
+def _position_ids_index() -> int:
+    return list(inspect.signature(_gpt2().GPT2Model.forward).parameters).index("position_ids") - 1
+
+
+def _install_causal_mask():
+    """Route GPT-2's `create_causal_mask` through `_causal_mask` (idempotent)."""
+    m = _gpt2()
+    if getattr(m.create_causal_mask, "_cute_wrapped", None) is None:
+        original = m.create_causal_mask
+        _position_ids_index()  # resolve outside any Dynamo trace
+
+        @functools.wraps(original)
+        def _causal_mask(config, inputs_embeds, attention_mask, past_key_values, position_ids=None, **kwargs):
+            # GPT2Model's own positions (an arange per row) hold one sequence per row: drop
+            # them so transformers does not look for packed sequences (a device sync
+            # eagerly; under graph capture an explicit mask that bypasses our kernel).
+            if (_POSITIONS.own and attention_mask is None and past_key_values is None
+                    and config._attn_implementation in ATTN_NAMES.values()):
+                position_ids = None
+            return original(config, inputs_embeds, attention_mask, past_key_values, position_ids, **kwargs)
+
+        _causal_mask._cute_wrapped = original
+        m.create_causal_mask = _causal_mask
 
 
 # --------------------------------------------------------------------------- patch_model
@@ -312,6 +390,8 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
             module.__class__ = CuteGPT2Attention
         elif isinstance(module, m.GPT2Block):
             module.__class__ = CuteGPT2Block
+        elif type(module) is m.GPT2Model:
+            module.__class__ = CuteGPT2Model
     for module in model.modules():
         if isinstance(module, m.Conv1D) and id(module) not in handled:
             CuteConv1D.adopt(module, backend=backend, activation=getattr(module, "activation", None))
@@ -320,6 +400,7 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
         CuteLMHead.adopt(head, backend=backend)
 
     if attention == "cute":
+        _install_causal_mask()
         model.set_attn_implementation(register_attention(backend))
     elif model.config._attn_implementation != "sdpa":
         model.set_attn_implementation("sdpa")

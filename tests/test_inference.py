@@ -105,6 +105,48 @@ def test_ops_are_what_runs(model, monkeypatch):
     assert calls == {"linear": 4 * n_layer + 1, "attn": n_layer}
 
 
+def test_plain_causal_reaches_our_attention_under_capture(model, monkeypatch):
+    """Under CUDA graph capture transformers' tracing checks are true. Plain causal
+    batches must still reach our kernel with mask None (not an explicit mask that
+    falls back to SDPA), and GPT-2's own position ids must not be scanned for
+    packed sequences (a device sync eagerly)."""
+    import transformers.masking_utils as mu
+
+    x = ids()
+    with torch.no_grad():
+        ref = model(x, use_cache=False).logits
+    monkeypatch.setattr(mu, "is_tracing", lambda *a, **k: True)  # what stream capture makes it return
+
+    def no_packed_scan(position_ids):
+        raise AssertionError("packed-sequence scan ran on GPT-2's own positions")
+
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", no_packed_scan)
+    calls = {"attn": 0}
+    real_attn = ops.flash_attn_ref
+    monkeypatch.setattr(ops, "flash_attn_ref", lambda *a, **k: (calls.__setitem__("attn", calls["attn"] + 1), real_attn(*a, **k))[1])
+    pm = patched(model, attention="cute")
+    with torch.no_grad():
+        out = pm(x, use_cache=False).logits
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+    assert calls["attn"] == model.config.n_layer
+
+
+def test_packed_positions_and_padding_keep_their_masks(model):
+    """Explicit position ids (two sequences packed in one row) and padding masks are
+    still honoured: the patched model matches the stock one."""
+    pm = patched(model, attention="cute")
+    x = ids(batch=1, seq=12)
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    x2 = ids(batch=2, seq=12)
+    with torch.no_grad():
+        torch.testing.assert_close(pm(x, position_ids=pos, use_cache=False).logits,
+                                   model(x, position_ids=pos, use_cache=False).logits, atol=ATOL, rtol=1e-5)
+        out, ref = pm(x2, attention_mask=mask, use_cache=False).logits, model(x2, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(out[mask.bool()], ref[mask.bool()], atol=ATOL, rtol=1e-5)
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "cute"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_greedy_matches(model, attention, cache):

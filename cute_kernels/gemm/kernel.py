@@ -451,6 +451,14 @@ class GemmSm90:
                 mine = local % 2 == wg_idx
             if mine:
                 tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
+                res_first = None
+                if cutlass.const_expr(self.epi.residual and self.c_dtype.width == 16):
+                    # The first slab's residual is loaded before the main loop, so its
+                    # global-memory latency hides under the MMAs instead of stalling the
+                    # epilogue (later slabs are loaded one slab ahead, in `epilogue`).
+                    res_first = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], mResidual.element_type)
+                    self._load_residual(res_first, thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile)),
+                                        mD, mResidual, tm * self.tile_mn[0], tn * self.tile_mn[1])
                 if cutlass.const_expr(pingpong):
                     if local > 0:  # wait for the other warpgroup to finish issuing its main loop
                         if wg_idx == 0:
@@ -469,7 +477,7 @@ class GemmSm90:
                     self.epilogue(
                         acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
                         alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
-                        epi_barrier, epi_barrier_wg1,
+                        epi_barrier, epi_barrier_wg1, res_first,
                     )
                 tiles_done += 1
             else:
@@ -551,8 +559,15 @@ class GemmSm90:
     def epilogue(
         self, acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
         alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline, epi_barrier, epi_barrier_wg1,
+        res_first,
     ):
-        """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store."""
+        """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store.
+
+        The residual is read from global memory straight into registers at the
+        accumulator coordinates, one slab ahead of its use (`res_first`, slab 0, was
+        loaded before the main loop): read where it is consumed, each slab's loads
+        exposed a full memory latency per slab.
+        """
         tRS_sD = thr_r2s.partition_D(sD)
         tRS_acc = copy_r2s.retile(acc)
         # Epilogue math is fp32; a raw int32 result (int8 GEMM) must bypass it, since
@@ -576,12 +591,20 @@ class GemmSm90:
         buf0 = 0
         if cutlass.const_expr(self.cfg.pingpong):
             buf0 = wg_idx * EPI_STAGES
+        res = [None, None]
+        if cutlass.const_expr(self.epi.residual):
+            res = [res_first, cute.make_rmem_tensor(res_first.shape, mResidual.element_type)]
         for slab in cutlass.range_constexpr(n_slabs):
             for v in cutlass.range_constexpr(n_regs):
                 tRS_rD[v] = rd_dtype(tRS_acc[slab * n_regs + v])
             slab_mn = slab_layout.get_hier_coord(slab)
+            if cutlass.const_expr(self.epi.residual and slab + 1 < n_slabs):
+                nxt = slab_layout.get_hier_coord(slab + 1)
+                self._load_residual(res[(slab + 1) % 2], tRS_cD, mD, mResidual,
+                                    tm * self.tile_mn[0] + nxt[0] * self.epi_tile[0],
+                                    tn * self.tile_mn[1] + nxt[1] * self.epi_tile[1])
             if cutlass.const_expr(not self.epi.is_identity):
-                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, res[slab % 2], mRowScale, mColScale, alpha, beta,
                                     tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1])
             tRS_rOut.store(tRS_rD.load().to(self.c_dtype))
@@ -647,10 +670,13 @@ class GemmSm90:
                                 pair[i0] = self.c_dtype(acc[crd])
                             else:
                                 # Clamped, not predicated: TMA drops what lies past M and N.
+                                row = cutlass.min(row0 + m_local, m_last)
+                                col = cutlass.min(col0 + n_local + i0, n_last)
+                                r = None
+                                if cutlass.const_expr(self.epi.residual):
+                                    r = mResidual[row, col]
                                 pair[i0] = self.c_dtype(self._epilogue_value(
-                                    cutlass.Float32(acc[crd]),
-                                    cutlass.min(row0 + m_local, m_last), cutlass.min(col0 + n_local + i0, n_last),
-                                    mBias, mResidual, mRowScale, mColScale, alpha, beta))
+                                    cutlass.Float32(acc[crd]), row, col, mBias, r, mRowScale, mColScale, alpha, beta))
                         cute.autovec_copy(pair, pairs[(0, None, m_local - band, (n_local - b * box_n) // 2)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_warp()
@@ -678,8 +704,18 @@ class GemmSm90:
         return cute.make_tiled_copy_S(atom_r2s, cute.make_tiled_copy_C_atom(atom_c, tiled_mma))
 
     @cute.jit
-    def _epilogue_math(self, rD, cD, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, row0, col0):
-        """In-register epilogue on one fp32 slab; register i sits at (row0, col0) + cD[i].
+    def _load_residual(self, rR, cD, mD, mResidual, row0, col0):
+        """residual[(row0, col0) + cD[i]] -> rR[i], clamped into the matrix like `_epilogue_math`."""
+        m_last = mD.shape[0] - 1
+        n_last = mD.shape[1] - 1
+        for v in cutlass.range_constexpr(cute.size(rR)):
+            m_local, n_local = cD[v]
+            rR[v] = mResidual[cutlass.min(row0 + m_local, m_last), cutlass.min(col0 + n_local, n_last)]
+
+    @cute.jit
+    def _epilogue_math(self, rD, cD, mD, mBias, rRes, mRowScale, mColScale, alpha, beta, row0, col0):
+        """In-register epilogue on one fp32 slab; register i sits at (row0, col0) + cD[i]
+        and its residual (if any) at rRes[i].
 
         Coordinates are clamped into the matrix instead of predicated: rows and
         columns past M or N read a valid neighbour and are then clipped by the TMA
@@ -691,11 +727,14 @@ class GemmSm90:
             m_local, n_local = cD[v]
             row = cutlass.min(row0 + m_local, m_last)
             col = cutlass.min(col0 + n_local, n_last)
-            rD[v] = self._epilogue_value(rD[v], row, col, mBias, mResidual, mRowScale, mColScale, alpha, beta)
+            r = None
+            if cutlass.const_expr(self.epi.residual):
+                r = rRes[v]
+            rD[v] = self._epilogue_value(rD[v], row, col, mBias, r, mRowScale, mColScale, alpha, beta)
 
     @cute.jit
-    def _epilogue_value(self, x, row, col, mBias, mResidual, mRowScale, mColScale, alpha, beta):
-        """act(alpha * x * row_scale[row] * col_scale[col] + bias[col]) + beta * residual[row, col]."""
+    def _epilogue_value(self, x, row, col, mBias, res, mRowScale, mColScale, alpha, beta):
+        """act(alpha * x * row_scale[row] * col_scale[col] + bias[col]) + beta * res (res = residual[row, col])."""
         if cutlass.const_expr(self.epi.alpha):
             x = x * alpha
         if cutlass.const_expr(self.epi.row_scale == "vector"):
@@ -710,7 +749,7 @@ class GemmSm90:
             x = x + cutlass.Float32(mBias[col])
         x = self._activation(x)
         if cutlass.const_expr(self.epi.residual):
-            r = cutlass.Float32(mResidual[row, col])
+            r = cutlass.Float32(res)
             if cutlass.const_expr(self.epi.beta):
                 r = r * beta
             x = x + r
