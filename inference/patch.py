@@ -134,6 +134,15 @@ def apply_linear(module, x, residual):
     return module(x) + residual
 
 
+def apply_layernorm_linear(module, ln, x):
+    """module(ln(x)); the quant modules fuse the LayerNorm into their activation quantization."""
+    if ln is None:
+        return module(x)
+    if hasattr(module, "forward_layernorm"):
+        return module.forward_layernorm(x, ln)
+    return module(ln(x))
+
+
 # --------------------------------------------------------------------------- blocks
 
 
@@ -141,19 +150,23 @@ class CuteGPT2Attention(_gpt2().GPT2Attention):
     """Self-attention whose output projection also adds the block's residual."""
 
     def forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
-                encoder_attention_mask=None, output_attentions=False, residual=None, **kwargs):
+                encoder_attention_mask=None, output_attentions=False, residual=None, ln=None, **kwargs):
+        """ln (optional): the block's ln_1, applied to hidden_states first (fused into
+        c_attn's input quantization for the 8-bit linears)."""
         m = _gpt2()
         if (
             encoder_hidden_states is not None
             or isinstance(past_key_values, m.EncoderDecoderCache)
             or (self.config._attn_implementation == "eager" and self.reorder_and_upcast_attn)
         ):
+            if ln is not None:
+                hidden_states = ln(hidden_states)
             out, weights = super().forward(hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                            encoder_attention_mask, output_attentions, **kwargs)
             return (out if residual is None else out + residual), weights
 
         # Same steps as GPT2Attention.forward (self-attention branch), ending in a fused c_proj.
-        query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
+        query, key, value = apply_layernorm_linear(self.c_attn, ln, hidden_states).split(self.split_size, dim=2)
         shape = (*query.shape[:-1], -1, self.head_dim)
         query, key, value = (t.view(shape).transpose(1, 2) for t in (query, key, value))
         if past_key_values is not None:
@@ -168,8 +181,8 @@ class CuteGPT2Attention(_gpt2().GPT2Attention):
 
 
 class CuteGPT2MLP(_gpt2().GPT2MLP):
-    def forward(self, hidden_states, residual=None):
-        h = self.act(self.c_fc(hidden_states))
+    def forward(self, hidden_states, residual=None, ln=None):
+        h = self.act(apply_layernorm_linear(self.c_fc, ln, hidden_states))
         if residual is None:
             return self.dropout(self.c_proj(h))
         return apply_linear(self.c_proj, h, residual)
@@ -184,9 +197,9 @@ class CuteGPT2Block(_gpt2().GPT2Block):
             # Dropout sits between c_proj and the residual add: keep the stock order.
             return super().forward(hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                    encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, **kwargs)
-        h, _ = self.attn(self.ln_1(hidden_states), past_key_values=past_key_values, attention_mask=attention_mask,
-                         use_cache=use_cache, residual=hidden_states, **kwargs)
-        return self.mlp(self.ln_2(h), residual=h)
+        h, _ = self.attn(hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
+                         use_cache=use_cache, residual=hidden_states, ln=self.ln_1, **kwargs)
+        return self.mlp(h, residual=h, ln=self.ln_2)
 
 
 # --------------------------------------------------------------------------- attention

@@ -20,6 +20,7 @@ from .model import SCHEMES, quantize_model
 from .nn import FP8Linear, Int8Linear
 from .quantize import (
     dequantize,
+    layernorm_quantize,
     quantize,
     quantize_fp8,
     quantize_int8,
@@ -32,6 +33,7 @@ __all__ = [
     "FP8Linear",
     "Int8Linear",
     "dequantize",
+    "layernorm_quantize",
     "quantize",
     "quantize_fp8",
     "quantize_int8",

@@ -113,6 +113,36 @@ def quantize(
     return quantize_ref(x, dtype, granularity, multiplier)
 
 
+def layernorm_quantize(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    dtype: torch.dtype,
+    *,
+    multiplier: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize(layer_norm(x, weight, bias, eps), dtype, "row", multiplier=...) in one pass.
+
+    x [M, K] (K <= 8192 on the Triton path), weight and bias [K]. The LayerNorm output
+    is rounded to x.dtype before it is quantized, as the unfused pair would do, so
+    the two paths differ only in the LayerNorm's own last-bit rounding.
+    """
+    _check(x, dtype, "row", multiplier, backend)
+    if x.dim() != 2 or weight.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
+        raise ValueError(f"x must be [M, K] with weight and bias [K]; got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(bias.shape)}")
+    use_triton = backend == "triton" or (backend == "auto" and _triton_supports(x, dtype) and x.shape[1] <= 8192)
+    if use_triton:
+        from ._triton import layernorm_quantize_triton
+
+        x = x if x.stride(1) == 1 else x.contiguous()
+        return layernorm_quantize_triton(x, weight.contiguous(), bias.contiguous(), eps, dtype, multiplier)
+    h = torch.nn.functional.layer_norm(x, (x.shape[1],), weight, bias, eps)
+    return quantize_ref(h, dtype, "row", multiplier)
+
+
 def quantize_fp8(
     x: torch.Tensor,
     granularity: str = "row",

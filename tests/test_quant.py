@@ -376,7 +376,8 @@ def test_kernel_dispatch_contract(monkeypatch):
 
     calls = []
 
-    def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None, residual=None):
+    def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None, residual=None,
+                  use_fast_accum=False):
         M, K = a.shape
         N = b.shape[1]
         assert a.dtype == E4M3 and a.is_contiguous()
@@ -728,3 +729,106 @@ def test_weight_only_decode_path_gpu(hopper, kind, rows):
     flt = nn.functional.gelu(lin(x).float(), approximate="tanh") + res.float()
     big = q(torch.cat([x] * 3, 0), residual=torch.cat([res] * 3, 0))[:rows]  # 3 x rows > 8: the W8A8 kernels
     assert _rel(y, flt) <= _rel(big, flt) + 1e-3
+
+
+def test_fp8_linear_fast_accum_flag():
+    lin = nn.Linear(64, 32)
+    assert quant.FP8Linear.from_float(lin).fast_accum is True  # torchao's forward default
+    q = quant.FP8Linear.from_float(lin, fast_accum=False)
+    assert q.fast_accum is False and "fast_accum=False" in repr(q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n", [(1600, 6400), (6400, 1600)])
+def test_fp8_linear_fast_accum_error_gpu(hopper, k, n):
+    """GPT-2 XL's MLP shapes: fast accumulation's error against the float layer stays
+    within 2x of the promoted kernel's (both are dominated by the fp8 rounding of the
+    operands at these K)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(k, n).to(hopper, torch.bfloat16)
+    x = torch.randn(2048, k, device=hopper, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
+        errs = {fast: _rel(quant.FP8Linear.from_float(lin, fast_accum=fast)(x), ref) for fast in (True, False)}
+    print(f"K={k}: rel err fast {errs[True]:.3e}, promoted {errs[False]:.3e}")
+    assert errs[True] <= 2 * errs[False], errs
+
+
+_LN_INTERPRET_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    import torch.nn.functional as F
+    from quant import _reference as R
+    from quant._triton import layernorm_quantize_triton
+
+    torch.manual_seed(0)
+    n = 0
+    for shape in ((5, 300), (33, 64), (2, 1600)):
+        for mul in (None, torch.rand(shape[1]) + 0.5):
+            x = torch.randn(shape) * 3 + 1
+            w, b = torch.rand(shape[1]) + 0.5, torch.randn(shape[1]) * 0.1
+            ref_q, ref_s = R.quantize_ref(F.layer_norm(x, (shape[1],), w, b, 1e-5), torch.int8, "row", mul)
+            q, s = layernorm_quantize_triton(x, w, b, 1e-5, torch.int8, mul)
+            assert s.shape == ref_s.shape and torch.allclose(s, ref_s, rtol=1e-5), shape
+            d = (q.int() - ref_q.int()).abs()
+            assert d.max() <= 1 and (d == 0).float().mean() > 0.999, (shape, d.max())
+            n += 1
+    print("OK", n)
+    """
+)
+
+
+def test_layernorm_quantize_kernel_interpreted():
+    """The fused LayerNorm + per-token int8 kernel against LayerNorm then quantize_ref
+    (fp32 inputs: the two LayerNorms differ only in summation order, so a code may
+    move by one step at a rounding boundary)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", _LN_INTERPRET_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_layernorm_quantize_reference_and_errors():
+    x = torch.randn(4, 96)
+    ln = nn.LayerNorm(96)
+    q, s = quant.layernorm_quantize(x, ln.weight, ln.bias, ln.eps, torch.float8_e4m3fn)
+    rq, rs = quant.quantize(ln(x), torch.float8_e4m3fn, "row")
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    with pytest.raises(ValueError, match="weight and bias"):
+        quant.layernorm_quantize(x, ln.weight[:-1], ln.bias, ln.eps, torch.int8)
+
+
+@pytest.mark.parametrize("cls", ["fp8", "int8"])
+def test_forward_layernorm_equals_layernorm_then_forward(cls):
+    """CPU (reference backend): forward_layernorm is exactly self(ln(x), residual)."""
+    torch.manual_seed(0)
+    lin, ln = nn.Linear(64, 48), nn.LayerNorm(64)
+    nn.init.normal_(ln.weight, 1.0, 0.2)
+    m = quant.FP8Linear.from_float(lin) if cls == "fp8" else quant.Int8Linear.from_float(lin)
+    x, r = torch.randn(2, 5, 64), torch.randn(2, 5, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(m.forward_layernorm(x, ln, residual=r), m(ln(x), residual=r))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+def test_layernorm_quantize_gpu(hopper, dtype):
+    """Fused LayerNorm + per-token quantization vs the unfused pair on bf16 GPT-2 XL rows:
+    the scales agree to the LayerNorm's last-bit rounding, and the dequantized values
+    differ by at most one quantization step."""
+    torch.manual_seed(0)
+    x = torch.randn(8192, 1600, device=hopper, dtype=torch.bfloat16) * 2 + 0.5
+    ln = nn.LayerNorm(1600).to(hopper, torch.bfloat16)
+    with torch.no_grad():
+        nn.init.normal_(ln.weight, 1.0, 0.2)
+        nn.init.normal_(ln.bias, 0.0, 0.1)
+        q, s = quant.layernorm_quantize(x, ln.weight, ln.bias, ln.eps, dtype)
+        rq, rs = quant.quantize(ln(x), dtype, "row")
+    torch.testing.assert_close(s, rs, rtol=1e-2, atol=0)
+    assert ((q.float() * s - rq.float() * rs).abs() <= 1.01 * torch.maximum(s, rs) * (32 if dtype != torch.int8 else 1)).all()
+    lin = nn.Linear(1600, 6400).to(hopper, torch.bfloat16)
+    m = (quant.FP8Linear if dtype != torch.int8 else quant.Int8Linear).from_float(lin)
+    with torch.no_grad():
+        assert _rel(m.forward_layernorm(x, ln), m(ln(x))) < 2e-2
