@@ -25,9 +25,10 @@ def _cute():
 
 
 def row_padded(n: int, dtype: torch.dtype) -> int:
-    """n rounded up so that a row of n elements is a whole number of 16-byte units."""
-    per16 = 16 // dtype.itemsize
-    return -(-n // per16) * per16
+    """The kernel's padded row length for n columns (16-byte rows): the width `linear` returns."""
+    from cute_kernels.gemm.api import padded_n
+
+    return padded_n(n, dtype)
 
 
 @torch.library.custom_op("cute_inference::linear", mutates_args=())

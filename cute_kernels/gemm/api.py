@@ -248,13 +248,13 @@ def _prepare_operand(t: torch.Tensor, rows_name: str) -> torch.Tensor:
     if major and _tma_ok(t, major):
         return t
     rows, cols = t.shape
-    cols_p = _padded_n(cols, t.dtype)
+    cols_p = padded_n(cols, t.dtype)
     buf = torch.zeros((rows, cols_p), dtype=t.dtype, device=t.device)
     buf[:, :cols] = t
     return buf[:, :cols]
 
 
-def _padded_n(N: int, dtype: torch.dtype) -> int:
+def padded_n(N: int, dtype: torch.dtype) -> int:
     """N rounded up so that N elements fill whole 16-byte units (TMA's row alignment)."""
     per16 = 16 // dtype.itemsize
     return -(-N // per16) * per16
@@ -262,7 +262,7 @@ def _padded_n(N: int, dtype: torch.dtype) -> int:
 
 def _alloc_out(M: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Output (M, N); when N*elem is not 16-byte aligned the rows are padded and a view returned."""
-    n_p = _padded_n(N, dtype)
+    n_p = padded_n(N, dtype)
     buf = torch.empty((M, n_p), dtype=dtype, device=device)
     return buf if n_p == N else buf[:, :N]
 
@@ -471,7 +471,7 @@ def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
             copied |= a_p is not x2 or x2.data_ptr() != x.data_ptr() or w_p is not weight
             copied |= residual is not None and res2.data_ptr() != residual.data_ptr()
             if plan_key is not None and not copied and a_p.stride(1) == 1:
-                _LINEAR_PLANS[plan_key] = (fn, M, N, K, _padded_n(N, x.dtype), tuple(lead))
+                _LINEAR_PLANS[plan_key] = (fn, M, N, K, padded_n(N, x.dtype), tuple(lead))
     if out.is_contiguous():
         return out.reshape(*lead, N)
     return out[0] if not lead else _reshape_padded(out, lead, N)
