@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ._reference import BLOCK
-from .quantize import FP8_DTYPES, quantize, quantize_weight, quantize_weight_fp8_block
+from .quantize import FP8_DTYPES, layernorm_quantize, quantize, quantize_weight, quantize_weight_fp8_block
 
 __all__ = ["FP8Linear", "Int8Linear", "is_linear_like", "linear_weight_nk"]
 
@@ -240,8 +240,6 @@ class _QuantLinearBase(nn.Module):
         if ln is not None and not fuse:
             x2 = ln(x2)
         if fuse:
-            from .quantize import layernorm_quantize
-
             q, sa = layernorm_quantize(x2, ln.weight, ln.bias, ln.eps, self.weight.dtype, multiplier=self.inv_smooth)
         else:
             y = _weight_only_decode(self, x2, bias, r2)
