@@ -27,6 +27,7 @@ from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
 from quant.nn import weight_only_eligible
 
 from . import ops
+from .megakernel import DecodeMegakernel, megakernel_plan
 from .patch import CuteConv1D, CuteLMHead, apply_linear
 
 
@@ -65,6 +66,13 @@ class StaticDecoder:
             backend = compile if isinstance(compile, str) else "inductor"
             self._step_fn = torch.compile(self._decode_step, fullgraph=True, dynamic=False, backend=backend)
         self._graph = None
+        # Batch 1 on our kernels, opt-in (CUTE_KERNELS_MEGAKERNEL=1): the whole step as one
+        # persistent kernel (megakernel.py; correct, but slower than the separate kernels).
+        self.megakernel, self.megakernel_off = None, "needs our kernels and attention='cute' on CUDA"
+        if self._flash_backend == "cute" and dev.type == "cuda" and not compile:
+            self.megakernel_off = megakernel_plan(model, batch_size, self.k, self.v)
+            if self.megakernel_off is None:
+                self.megakernel = DecodeMegakernel(model, self.k, self.v, self._tok, self._pos, self._step, self._out)
 
     # ------------------------------------------------------------------ model math
 
@@ -146,6 +154,9 @@ class StaticDecoder:
         return logits.argmax(-1)
 
     def _decode_step(self):
+        if self.megakernel is not None:
+            self.megakernel()
+            return
         nxt = self._forward(self._tok, self._pos, decode=True)
         self._out.index_copy_(1, self._step, nxt)
         self._tok.copy_(nxt)
