@@ -135,11 +135,15 @@ def apply_linear(module, x, residual):
 
 
 def apply_layernorm_linear(module, ln, x):
-    """module(ln(x)); the quant modules fuse the LayerNorm into their activation quantization."""
+    """module(ln(x)); the quant modules fuse the LayerNorm into their activation quantization,
+    and our 16-bit linears take it from our LayerNorm op (ops.layer_norm)."""
     if ln is None:
         return module(x)
     if hasattr(module, "forward_layernorm"):
         return module.forward_layernorm(x, ln)
+    if isinstance(module, _CuteLinearMixin) and isinstance(ln, nn.LayerNorm) and ln.weight is not None \
+            and ln.bias is not None and len(ln.normalized_shape) == 1:
+        return module(ops.layer_norm(x, ln.weight, ln.bias, float(ln.eps), module.backend))
     return module(ln(x))
 
 

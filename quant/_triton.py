@@ -259,9 +259,11 @@ def _layernorm_quant_kernel(
     HAS_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    QUANT: tl.constexpr = True,
 ):
     """Per-token quantization of LayerNorm(x): the rows are normalized in registers and
-    quantized without the LayerNorm output ever reaching memory."""
+    quantized without the LayerNorm output ever reaching memory. QUANT=False: the plain
+    LayerNorm into q (x's dtype), no scales."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -279,21 +281,25 @@ def _layernorm_quant_kernel(
     y = (d * rstd[:, None] * w[None, :] + b[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
     if HAS_MUL:
         y = y * tl.load(mul_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    y = tl.where(mask, y, 0.0)
-    amax = tl.max(_abs_nan_to_inf(y), axis=1)
-    scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
-    out = _cast(y * inv[:, None], ok[:, None], QMAX, IS_INT8)
-    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], out.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + rows64, scale, mask=row_ok)
+    if QUANT:
+        y = tl.where(mask, y, 0.0)
+        amax = tl.max(_abs_nan_to_inf(y), axis=1)
+        scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
+        out = _cast(y * inv[:, None], ok[:, None], QMAX, IS_INT8)
+        tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], out.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + rows64, scale, mask=row_ok)
+    else:
+        tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], y.to(q_ptr.dtype.element_ty), mask=mask)
 
 
-def layernorm_quantize_triton(x, weight, bias, eps: float, dtype, multiplier=None, _block_m=None, _num_warps=None):
+def layernorm_quantize_triton(x, weight, bias, eps: float, dtype, multiplier=None, _block_m=None, _num_warps=None,
+                              _quant=True):
     """(q [M, K], scale [M, 1]) = per-token quantization of layer_norm(x); x [M, K], K <= MAX_SINGLE_K.
 
-    _block_m / _num_warps override the tile (tuning sweeps only)."""
+    _block_m / _num_warps override the tile (tuning sweeps only). _quant=False: see layernorm_triton."""
     M, K = x.shape
     q = torch.empty((M, K), dtype=dtype, device=x.device)
-    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+    scale = torch.empty((M, 1) if _quant else (1, 1), dtype=torch.float32, device=x.device)
     block_k = triton.next_power_of_2(K)
     # 4 warps over 2 rows of 2048 (GPT-2 XL's 1600): 22.9 us at 8192 x 1600 vs 29.0 us with the
     # quantize kernel's 8 warps (same-run sweep, L2-rotated inputs).
@@ -302,7 +308,15 @@ def layernorm_quantize_triton(x, weight, bias, eps: float, dtype, multiplier=Non
     if M > 0:
         _layernorm_quant_kernel[(triton.cdiv(M, block_m),)](
             x, weight, bias, q, scale, mul, M, K, x.stride(0), q.stride(0), float(eps),
-            QMAX=qmax_of(dtype), FLOOR=AMAX_FLOOR, IS_INT8=dtype == torch.int8, HAS_MUL=multiplier is not None,
-            BLOCK_M=block_m, BLOCK_K=block_k, num_warps=_num_warps or 4,
+            QMAX=qmax_of(dtype) if _quant else 1.0, FLOOR=AMAX_FLOOR, IS_INT8=dtype == torch.int8,
+            HAS_MUL=multiplier is not None,
+            BLOCK_M=block_m, BLOCK_K=block_k, num_warps=_num_warps or 4, QUANT=_quant,
         )
     return q, scale
+
+
+def layernorm_triton(x, weight, bias, eps: float):
+    """layer_norm(x) in x's dtype (fp32 math, rounded once, as torch's) for x [M, K <= 8192]
+    with unit stride on K: the LayerNorm-quantize kernel without its quantization. On the
+    H100 it replaces torch's kernel in our 16-bit prefill (GPT-2 XL: 8192 x 1600)."""
+    return layernorm_quantize_triton(x, weight, bias, eps, x.dtype, _quant=False)[0]

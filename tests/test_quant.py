@@ -773,6 +773,14 @@ _LN_INTERPRET_SCRIPT = textwrap.dedent(
             d = (q.int() - ref_q.int()).abs()
             assert d.max() <= 1 and (d == 0).float().mean() > 0.999, (shape, d.max())
             n += 1
+    from quant._triton import layernorm_triton
+    for shape in ((5, 300), (2, 1600)):
+        x = (torch.randn(shape) * 3 + 1).bfloat16()
+        w, b = (torch.rand(shape[1]) + 0.5).bfloat16(), (torch.randn(shape[1]) * 0.1).bfloat16()
+        y = layernorm_triton(x, w, b, 1e-5)
+        ref = F.layer_norm(x.float(), (shape[1],), w.float(), b.float(), 1e-5).bfloat16()
+        assert y.dtype == torch.bfloat16 and (y.float() - ref.float()).abs().max() <= 2 ** -7 * ref.float().abs().max()
+        n += 1
     print("OK", n)
     """
 )
@@ -812,18 +820,25 @@ def test_forward_layernorm_equals_layernorm_then_forward(cls):
         torch.testing.assert_close(m.forward_layernorm(x, ln, residual=r), m(ln(x), residual=r))
 
 
+def _gpt2_xl_ln_rows(device, seed):
+    """bf16 GPT-2 XL-sized rows (non-zero mean) and a LayerNorm with non-trivial affine."""
+    torch.manual_seed(seed)
+    x = torch.randn(8192, 1600, device=device, dtype=torch.bfloat16) * 2 + 0.5
+    ln = nn.LayerNorm(1600).to(device, torch.bfloat16)
+    with torch.no_grad():
+        nn.init.normal_(ln.weight, 1.0, 0.2)
+        nn.init.normal_(ln.bias, 0.0, 0.1)
+    return x, ln
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 def test_layernorm_quantize_gpu(hopper, dtype):
     """Fused LayerNorm + per-token quantization vs the unfused pair on bf16 GPT-2 XL rows:
     the scales agree to the LayerNorm's last-bit rounding, and the dequantized values
     differ by at most one quantization step."""
-    torch.manual_seed(0)
-    x = torch.randn(8192, 1600, device=hopper, dtype=torch.bfloat16) * 2 + 0.5
-    ln = nn.LayerNorm(1600).to(hopper, torch.bfloat16)
+    x, ln = _gpt2_xl_ln_rows(hopper, seed=0)
     with torch.no_grad():
-        nn.init.normal_(ln.weight, 1.0, 0.2)
-        nn.init.normal_(ln.bias, 0.0, 0.1)
         q, s = quant.layernorm_quantize(x, ln.weight, ln.bias, ln.eps, dtype)
         rq, rs = quant.quantize(ln(x), dtype, "row")
     torch.testing.assert_close(s, rs, rtol=1e-2, atol=0)
@@ -832,3 +847,18 @@ def test_layernorm_quantize_gpu(hopper, dtype):
     m = (quant.FP8Linear if dtype != torch.int8 else quant.Int8Linear).from_float(lin)
     with torch.no_grad():
         assert _rel(m.forward_layernorm(x, ln), m(ln(x))) < 2e-2
+
+
+@pytest.mark.gpu
+def test_layernorm_triton_gpu(hopper):
+    """The plain 16-bit LayerNorm kernel (our prefill's): error vs an fp32 LayerNorm at most
+    twice torch's bf16 LayerNorm's (2x rule)."""
+    from quant._triton import layernorm_triton
+
+    x, ln = _gpt2_xl_ln_rows(hopper, seed=1)
+    with torch.no_grad():
+        ref = torch.nn.functional.layer_norm(x.float(), (1600,), ln.weight.float(), ln.bias.float(), ln.eps)
+        ours = layernorm_triton(x, ln.weight, ln.bias, ln.eps)
+        theirs = ln(x)
+    assert ours.dtype == torch.bfloat16 and ours.shape == x.shape
+    assert (ours.float() - ref).abs().max() <= 2 * (theirs.float() - ref).abs().max() + 1e-6
