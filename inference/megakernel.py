@@ -70,7 +70,7 @@ _NAMES = ("LN1_W", "LN1_B", "QKV_W", "QKV_B", "PROJ_W", "PROJ_B", "LN2_W", "LN2_
           "MPROJ_B", "K_CACHE", "V_CACHE")
 (LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, MPROJ_W, MPROJ_B, K_CACHE,
  V_CACHE) = (tl.constexpr(i) for i in range(len(_NAMES)))
-NPTR = len(_NAMES)
+NPTR = tl.constexpr(len(_NAMES))
 
 # Elements per weight tile (a program's rows x BK = TILE / rows): 64 B of bf16 per thread
 # at 8 warps; two tiles in flight per program, also across each barrier. 4096 and 16384
@@ -89,7 +89,7 @@ def megakernel_enabled() -> bool:
 
 @triton.jit
 def _layer_ptr(tab_ptr, layer, IDX: tl.constexpr, DT: tl.constexpr):
-    p = tl.load(tab_ptr + layer * 14 + IDX).to(tl.pointer_type(DT))
+    p = tl.load(tab_ptr + layer * NPTR + IDX).to(tl.pointer_type(DT))
     return tl.multiple_of(p, 16)  # every table entry is a 16-byte aligned tensor start
 
 

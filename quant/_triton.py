@@ -299,7 +299,7 @@ def layernorm_quantize_triton(x, weight, bias, eps: float, dtype, multiplier=Non
     _block_m / _num_warps override the tile (tuning sweeps only). _quant=False: see layernorm_triton."""
     M, K = x.shape
     q = torch.empty((M, K), dtype=dtype, device=x.device)
-    scale = torch.empty((M, 1) if _quant else (1, 1), dtype=torch.float32, device=x.device)
+    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device) if _quant else q  # unused without _quant
     block_k = triton.next_power_of_2(K)
     # 4 warps over 2 rows of 2048 (GPT-2 XL's 1600): 22.9 us at 8192 x 1600 vs 29.0 us with the
     # quantize kernel's 8 warps (same-run sweep, L2-rotated inputs).
