@@ -303,12 +303,13 @@ class FlashAttnFwdSm90:
                 self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
                 m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
                 # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
-                warpgroup.wait_group(0)
+                if s_k > 0:  # always true: a basic-block boundary that keeps ptxas from hoisting the wait
+                    warpgroup.wait_group(0)
+                    for v in cutlass.range_constexpr(cute.size(acc_o)):
+                        acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
+                    rP.store(acc_s.load().to(self.dtype))
                 v_pipe.consumer_release(v_state)
                 v_state.advance()
-                for v in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
-                rP.store(acc_s.load().to(self.dtype))
             # ---- last block's P V
             v_pipe.consumer_wait(v_state)
             self._wait_turn(turn, wg_idx)
@@ -412,14 +413,14 @@ class FlashAttnFwdSm90:
         mx0, mx1 = m0, m1
         for v in cutlass.range_constexpr(cute.size(acc_s)):
             if cutlass.const_expr((v // 2) % 2 == 0):
-                mx0 = cutlass.max(mx0, acc_s[v])
+                mx0 = cute.arch.fmax(mx0, acc_s[v])
             else:
-                mx1 = cutlass.max(mx1, acc_s[v])
+                mx1 = cute.arch.fmax(mx1, acc_s[v])
         # The four threads of a quad hold the rest of each row.
-        mx0 = cutlass.max(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=1))
-        mx0 = cutlass.max(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=2))
-        mx1 = cutlass.max(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=1))
-        mx1 = cutlass.max(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=2))
+        mx0 = cute.arch.fmax(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=1))
+        mx0 = cute.arch.fmax(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=2))
+        mx1 = cute.arch.fmax(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=1))
+        mx1 = cute.arch.fmax(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=2))
         # Rows with every key masked so far keep max -inf: use 0 as the reference so
         # exp2(-inf - 0) = 0 rather than NaN.
         ref0 = cutlass.select_(mx0 == neg_inf, cutlass.Float32(0.0), mx0 * scale_log2)
@@ -429,11 +430,11 @@ class FlashAttnFwdSm90:
         s0, s1 = l0 * c0, l1 * c1
         for v in cutlass.range_constexpr(cute.size(acc_s)):
             if cutlass.const_expr((v // 2) % 2 == 0):
-                p = cute.math.exp2(acc_s[v] * scale_log2 - ref0, fastmath=True)
+                p = cute.arch.exp2(acc_s[v] * scale_log2 - ref0)
                 s0 = s0 + p
                 acc_s[v] = p
             else:
-                p = cute.math.exp2(acc_s[v] * scale_log2 - ref1, fastmath=True)
+                p = cute.arch.exp2(acc_s[v] * scale_log2 - ref1)
                 s1 = s1 + p
                 acc_s[v] = p
         return mx0, mx1, s0, s1, c0, c1
