@@ -77,7 +77,7 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
     kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG, split_kv=split_kv)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
-                        make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
 
@@ -264,10 +264,31 @@ def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: b
     if fn is None:
         key = CompileKey("flash_fwd_sm90", (dtype_name(dtype),), ("bshd",), (128, 128), (1, 1),
                          epilogue=(("causal", causal), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
-                                   ("split_kv", split_kv)), extra=(D, PINGPONG))
+                                   ("split_kv", split_kv)), extra=(D, PINGPONG, "persistent"))
         fn = _FAST[fast] = KERNELS.get(key, lambda: _compile(dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
                                                               split_kv=split_kv))
     return fn
+
+
+_SMS: dict = {}
+# K and V of the (batch, head) pairs that the tiles in flight share should stay in L2
+# (50 MB on an H100): the persistent schedule walks the query blocks of this many bytes'
+# worth of pairs before moving on.
+L2_GROUP_BYTES = 24 << 20
+PERSISTENT_CAUSAL_MAX_SK = 1024
+
+
+def _num_sms(device) -> int:
+    n = _SMS.get(device.index)
+    if n is None:
+        n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+def heads_per_group(seqlen_k: int, head_dim: int, qheads_per_kvhead: int, itemsize: int = 2) -> int:
+    """(batch, query head) pairs per tile-order group: their K/V fit in L2_GROUP_BYTES."""
+    kv_bytes = 2 * max(seqlen_k, 1) * head_dim * itemsize
+    return max(1, L2_GROUP_BYTES * qheads_per_kvhead // kv_bytes)
 
 
 def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_splits=1):
@@ -282,13 +303,20 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
         split_kv = splits > 1
         fn = _kernel(q.dtype, D, bool(causal), lens_k, lens_q, split_kv)
         scale = softmax_scale_log2(D, softmax_scale)
+        ratio = Hq // k.shape[2]
+        # Persistent CTAs remove the per-tile launch/prologue/epilogue bubbles, which
+        # dominate short tiles; long causal tiles balance better under the hardware's
+        # dynamic CTA scheduler (one CTA per tile, longest first). Same-run A/B on the
+        # H100 (NOTES.md): persistent wins every non-causal shape and causal S <= 1024.
+        sms = _num_sms(q.device) if (not causal or k.shape[1] <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30
+        group = heads_per_group(k.shape[1], D, ratio)
         if split_kv:
             o_parts = torch.empty((splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
             lse_parts = torch.empty((splits, B, Hq, Sq), dtype=torch.float32, device=q.device)
-            fn(q, k, v, o_parts, lse_parts, seqlens_k, seqlens_q, scale, Hq // k.shape[2])
+            fn(q, k, v, o_parts, lse_parts, seqlens_k, seqlens_q, scale, ratio, sms, group)
             out, lse = combine_splits(o_parts, lse_parts, q.dtype)
         else:
-            fn(q, k, v, out, lse, seqlens_k, seqlens_q, scale, Hq // k.shape[2])
+            fn(q, k, v, out, lse, seqlens_k, seqlens_q, scale, ratio, sms, group)
     return out, lse
 
 

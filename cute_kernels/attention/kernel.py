@@ -2,9 +2,10 @@
 
     O[b, i, h] = softmax(scale * Q[b, i, h] K[b, :, h_kv]^T + mask) V[b, :, h_kv]
 
-One CTA owns a 128-row block of queries of one (batch, head). Causal masking is aligned
-bottom-right (query i sees keys j <= i + Sk - Sq), as FlashAttention does; key blocks
-that are fully masked are never loaded.
+A tile is a 128-row block of queries of one (batch, head); CTAs are persistent (one per
+SM, looping over tiles; see `_tiles`) or, with a grid of one CTA per tile, plain. Causal
+masking is aligned bottom-right (query i sees keys j <= i + Sk - Sq), as FlashAttention
+does; key blocks that are fully masked are never loaded.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class FlashAttnFwdSm90:
     barriers 2/3 also take turns between the two warpgroups at every issue point, so one
     warpgroup's softmax runs while the other's GEMMs own the tensor cores (as in
     FlashAttention-3).
+
+    Persistence: the producer warp runs ahead across tiles (the next tile's Q as soon as
+    the consumers release the current one after their last Q K^T, then its K/V blocks), so
+    the next tile's loads overlap the last P V and the O store of this one. The pipeline
+    states and ping-pong turns carry over from tile to tile.
 
     Split-KV (`split_kv`, for grids too small to fill the GPU, e.g. decode): grid z is
     batch x splits, each CTA takes a balanced range of the query block's key blocks and
@@ -81,6 +87,8 @@ class FlashAttnFwdSm90:
         mSeqlensQ: cute.Tensor | None,  # (b,) int32: query rows per sequence (varlen); None = all
         scale_log2: cutlass.Float32,
         qheads_per_kvhead: cutlass.Int32,
+        max_ctas: cutlass.Int32,  # persistent grid: at most one CTA per SM
+        heads_per_group: cutlass.Int32,  # tile order: (batch, head) pairs whose K/V share L2
         stream,
     ):
         dtype = mQ.element_type
@@ -118,20 +126,21 @@ class FlashAttnFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        grid_z = mQ.shape[0]
+        bz = mQ.shape[0]
         if cutlass.const_expr(self.split_kv):
-            grid_z = mQ.shape[0] * mO.shape[0]
-        grid = (cute.ceil_div(mQ.shape[1], mb), mQ.shape[2], grid_z)
+            bz = mQ.shape[0] * mO.shape[0]
+        num_tiles = cute.ceil_div(mQ.shape[1], mb) * mQ.shape[2] * bz
+        grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2, qheads_per_kvhead,
-            self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
+            heads_per_group, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------------ device
     @cute.kernel
     def kernel(
         self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None,
-        scale_log2, qheads_per_kvhead,
+        scale_log2, qheads_per_kvhead, heads_per_group,
         qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
     ):
@@ -140,24 +149,6 @@ class FlashAttnFwdSm90:
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
-        m_idx, h, b = cute.arch.block_idx()
-        split, splits = 0, 1
-        s_q = mO.shape[1]
-        if cutlass.const_expr(self.split_kv):
-            splits = mO.shape[0]
-            split = b % splits
-            b = b // splits
-            s_q = mO.shape[2]
-        h_kv = h // qheads_per_kvhead
-        s_k = tK.shape[0]
-        if cutlass.const_expr(mSeqlensK is not None):
-            # KV cache: only the first cache_seqlens[b] keys are valid; later blocks are
-            # never loaded and the tail of the last one is masked like any ragged end.
-            s_k = mSeqlensK[b]
-        if cutlass.const_expr(mSeqlensQ is not None):
-            # Ragged queries: rows past s_q are neither computed into the causal offset
-            # nor written.
-            s_q = mSeqlensQ[b]
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4)
@@ -179,20 +170,91 @@ class FlashAttnFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        # This CTA's key blocks: [j_begin, j_begin + n_blocks). Split-KV deals the query
-        # block's blocks out in balanced ranges (an empty range writes O = 0, LSE = -inf).
-        n_total = self._n_blocks(m_idx, s_q, s_k)
-        j_begin = split * n_total // splits
-        n_blocks = (split + 1) * n_total // splits - j_begin
+        tiles = self._tiles(mO, heads_per_group)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 self.load(tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe,
-                          m_idx, h, h_kv, b, j_begin, n_blocks)
+                          mSeqlensK, mSeqlensQ, qheads_per_kvhead, tiles)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
-                     m_idx, h, b, split, s_q, s_k, j_begin, n_blocks)
+            self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ,
+                     scale_log2, tiles, tK.shape[0])
+
+    # ------------------------------------------------------------------ tile schedule
+    @cute.jit
+    def _tiles(self, mO, heads_per_group):
+        """Static persistent schedule: in round k, CTA c takes tile k * grid + c (causal:
+        every other round runs backwards, k * grid + grid - 1 - c, so that a CTA that drew
+        a long tile draws a short one next).
+
+        A tile is (query block, head, batch[, split]). Tiles are ordered in groups of
+        `heads_per_group` (batch, head) pairs, chosen by the host so that one group's K and
+        V stay in L2 while the tiles in flight walk it. Non-causal: the query block varies
+        fastest (the tiles in flight share K and V). Causal: the query block varies slowest
+        and descends, longest tiles first, so the short ones fill the tail.
+        With a grid of one CTA per tile (max_ctas >= tiles) this is a plain launch.
+        """
+        n_heads = mO.shape[2]
+        s_q_max = mO.shape[1]
+        n_bz = mO.shape[0]
+        if cutlass.const_expr(self.split_kv):
+            n_heads = mO.shape[3]
+            s_q_max = mO.shape[2]
+            n_bz = mO.shape[0] * mO.shape[1]
+        splits = 1
+        if cutlass.const_expr(self.split_kv):
+            splits = mO.shape[0]
+        n_m = cute.ceil_div(s_q_max, self.m_block)
+        n_hz = n_heads * n_bz
+        return (cute.arch.block_idx()[0], cute.arch.grid_dim()[0], n_m * n_hz, n_m, n_heads, n_hz, heads_per_group,
+                s_q_max, splits)
+
+    @cute.jit
+    def _tile_index(self, k, tiles):
+        """Round k's tile for this CTA (>= the tile count when it has none)."""
+        first, step = tiles[0], tiles[1]
+        t = k * step + first
+        if cutlass.const_expr(self.causal):
+            if k % 2 == 1:
+                t = k * step + step - 1 - first
+        return t
+
+    @cute.jit
+    def _tile_coord(self, t, tiles, mSeqlensK, mSeqlensQ, s_k_max):
+        """Tile t -> (query block, head, batch, split, s_q, s_k, first key block, key blocks)."""
+        _, _, _, n_m, n_heads, n_hz, group, s_q_max, splits = tiles
+        per_group = n_m * group
+        g = t // per_group
+        r = t - g * per_group
+        g_size = cutlass.min(group, n_hz - g * group)
+        m_idx = r % n_m
+        hz = g * group + r // n_m
+        if cutlass.const_expr(self.causal):
+            m_idx = n_m - 1 - r // g_size
+            hz = g * group + r % g_size
+        h = hz % n_heads
+        b = hz // n_heads
+        split = 0
+        if cutlass.const_expr(self.split_kv):
+            split = b % splits
+            b = b // splits
+        s_q = s_q_max
+        s_k = s_k_max
+        if cutlass.const_expr(mSeqlensK is not None):
+            # KV cache: only the first cache_seqlens[b] keys are valid; later blocks are
+            # never loaded and the tail of the last one is masked like any ragged end.
+            s_k = mSeqlensK[b]
+        if cutlass.const_expr(mSeqlensQ is not None):
+            # Ragged queries: rows past s_q are neither computed into the causal offset
+            # nor written.
+            s_q = mSeqlensQ[b]
+        # Split-KV deals the query block's key blocks out in balanced ranges (an empty
+        # range writes O = 0, LSE = -inf).
+        n_total = self._n_blocks(m_idx, s_q, s_k)
+        j_begin = split * n_total // splits
+        n_blocks = (split + 1) * n_total // splits - j_begin
+        return m_idx, h, b, split, s_q, s_k, j_begin, n_blocks
 
     @cute.jit
     def _n_blocks(self, m_idx, s_q, s_k):
@@ -203,41 +265,59 @@ class FlashAttnFwdSm90:
         return cutlass.max(cute.ceil_div(n_end, self.n_block), 0)
 
     @cute.jit
-    def load(self, tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe, m_idx, h, h_kv, b,
-             j_begin, n_blocks):
-        """Producer warp: Q once, then K_j and V_j for every key block of this CTA."""
-        gQ = cute.local_tile(tQ[(None, None, h, b)], (self.m_block, self.head_dim), (m_idx, 0))
-        gK = cute.local_tile(tK[(None, None, h_kv, b)], (self.n_block, self.head_dim), (None, 0))
-        gV = cute.local_tile(tVt[(None, None, h_kv, b)], (self.head_dim, self.n_block), (0, None))
-        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVs, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+    def load(self, tma_q, tQ, tma_k, tK, tma_v, tVt, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mSeqlensK, mSeqlensQ,
+             qheads_per_kvhead, tiles):
+        """Producer warp: per tile, Q once, then K_j and V_j for each of its key blocks.
+
+        It runs ahead across tiles: the next tile's Q is loaded as soon as the consumers
+        have issued their last Q K^T of the current one, and its first K/V blocks fill
+        the ring while they finish the last P V and store O.
+        """
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        if n_blocks > 0:
-            q_pipe.producer_acquire(q_state)
-            cute.copy(tma_q, tQg, tQs[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-        for jj in range(n_blocks):
-            j = j_begin + jj
-            k_pipe.producer_acquire(k_state)
-            cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-            k_state.advance()
-            v_pipe.producer_acquire(v_state)
-            cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
-            v_state.advance()
+        for k in range(cute.ceil_div(tiles[2], tiles[1])):
+            t = self._tile_index(k, tiles)
+            m_idx, h, b, split, s_q, s_k, j_begin, n_blocks = self._tile_coord(
+                cutlass.min(t, tiles[2] - 1), tiles, mSeqlensK, mSeqlensQ, tK.shape[0])
+            if t >= tiles[2]:
+                n_blocks = 0
+            h_kv = h // qheads_per_kvhead
+            gQ = cute.local_tile(tQ[(None, None, h, b)], (self.m_block, self.head_dim), (m_idx, 0))
+            gK = cute.local_tile(tK[(None, None, h_kv, b)], (self.n_block, self.head_dim), (None, 0))
+            gV = cute.local_tile(tVt[(None, None, h_kv, b)], (self.head_dim, self.n_block), (0, None))
+            tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                             cute.group_modes(gQ, 0, 2))
+            tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                             cute.group_modes(gK, 0, 2))
+            tVs, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                             cute.group_modes(gV, 0, 2))
+            if n_blocks > 0:
+                q_pipe.producer_acquire(q_state)
+                cute.copy(tma_q, tQg, tQs[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                q_state.advance()
+            for jj in range(n_blocks):
+                j = j_begin + jj
+                k_pipe.producer_acquire(k_state)
+                cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+                k_state.advance()
+                v_pipe.producer_acquire(v_state)
+                cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+                v_state.advance()
+        q_pipe.producer_tail(q_state)
         k_pipe.producer_tail(k_state)
         v_pipe.producer_tail(v_state)
 
     @cute.jit
-    def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, scale_log2,
-            m_idx, h, b, split, s_q, s_k, j_begin, n_blocks):
+    def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2,
+            tiles, s_k_max):
         """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store.
 
         Software-pipelined within the warpgroup (as FlashAttention-3 does): S_j = Q K_j^T
         and O += P_{j-1} V_{j-1} are issued back to back, and the softmax of S_j runs on
         the CUDA cores while the tensor cores still work on P_{j-1} V_{j-1}. O is only
-        rescaled once that product has landed.
+        rescaled once that product has landed. The tile loop (see `_tiles`) carries the
+        pipeline states and the ping-pong turns from one tile to the next.
         """
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -251,14 +331,6 @@ class FlashAttnFwdSm90:
         # Per-thread coordinates need this thread's slice (the warpgroup slice is thread 0's).
         tScS = qk_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.m_block, self.n_block)))
         tOcO = pv_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.m_block, self.head_dim)))
-        # A 64xN wgmma accumulator holds, per thread, rows r and r+8 of its quad:
-        # flat index v = col_pair + 2 * row_half + 4 * col_group. The running max and sum
-        # of those two rows are loop-carried scalars (m0, m1, l0, l1).
-        m0, m1 = cutlass.Float32(-cutlass.Float32.inf), cutlass.Float32(-cutlass.Float32.inf)
-        l0, l1 = cutlass.Float32(0.0), cutlass.Float32(0.0)
-        acc_o.fill(0.0)
-        row0 = m_idx * self.m_block
-        causal_shift = s_k - s_q
         # acc_o is zero-filled and rescaled in registers, so every P V wgmma accumulates
         # (the field defaults to overwrite, which would keep only the last 16 keys).
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -272,85 +344,113 @@ class FlashAttnFwdSm90:
         # arrives on the other's. Every wait pairs with exactly one arrive: warpgroup 1
         # pre-arrives once so warpgroup 0 goes first, and skips its very last arrive.
         turn = (pipeline.NamedBarrier(barrier_id=2, num_threads=256), pipeline.NamedBarrier(barrier_id=3, num_threads=256))
-        if n_blocks > 0:
-            if cutlass.const_expr(self.pingpong):
-                if wg_idx == 1:
-                    turn[0].arrive()
-            q_pipe.consumer_wait(q_state)
-            # ---- block 0: S_0, softmax, P_0 (nothing to overlap with yet)
-            k_pipe.consumer_wait(k_state)
-            self._wait_turn(turn, wg_idx)
-            self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
-            self._pass_turn(turn, wg_idx)
-            warpgroup.wait_group(0)
-            k_pipe.consumer_release(k_state)
-            k_state.advance()
-            self._mask(acc_s, tScS, j_begin * self.n_block, row0, s_k, causal_shift)
-            m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
-            rP.store(acc_s.load().to(self.dtype))
-            for j in range(1, n_blocks):
-                # ---- issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}
+        for k in range(cute.ceil_div(tiles[2], tiles[1])):
+            t = self._tile_index(k, tiles)
+            m_idx, h, b, split, s_q, s_k, j_begin, n_blocks = self._tile_coord(
+                cutlass.min(t, tiles[2] - 1), tiles, mSeqlensK, mSeqlensQ, s_k_max)
+            if t >= tiles[2]:  # no tile this round: nothing computed, nothing stored
+                n_blocks = 0
+                s_q = 0
+            # A 64xN wgmma accumulator holds, per thread, rows r and r+8 of its quad:
+            # flat index v = col_pair + 2 * row_half + 4 * col_group. The running max and sum
+            # of those two rows are loop-carried scalars (m0, m1, l0, l1).
+            m0, m1 = cutlass.Float32(-cutlass.Float32.inf), cutlass.Float32(-cutlass.Float32.inf)
+            l0, l1 = cutlass.Float32(0.0), cutlass.Float32(0.0)
+            acc_o.fill(0.0)
+            row0 = m_idx * self.m_block
+            causal_shift = s_k - s_q
+            if n_blocks > 0:
+                if cutlass.const_expr(self.pingpong):
+                    if wg_idx == 1:
+                        turn[0].arrive()
+                q_pipe.consumer_wait(q_state)
+                # ---- block 0: S_0, softmax, P_0 (nothing to overlap with yet)
                 k_pipe.consumer_wait(k_state)
-                v_pipe.consumer_wait(v_state)
                 self._wait_turn(turn, wg_idx)
                 self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
-                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
                 self._pass_turn(turn, wg_idx)
-                # ---- softmax of S_j while P_{j-1} V_{j-1} runs
-                warpgroup.wait_group(1)
+                warpgroup.wait_group(0)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
-                self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
+                self._mask(acc_s, tScS, j_begin * self.n_block, row0, s_k, causal_shift)
                 m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
-                # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
-                if s_k > 0:  # always true: a basic-block boundary that keeps ptxas from hoisting the wait
-                    warpgroup.wait_group(0)
-                    for v in cutlass.range_constexpr(cute.size(acc_o)):
-                        acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
-                    rP.store(acc_s.load().to(self.dtype))
+                rP.store(acc_s.load().to(self.dtype))
+                for j in range(1, n_blocks):
+                    # ---- issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}
+                    k_pipe.consumer_wait(k_state)
+                    v_pipe.consumer_wait(v_state)
+                    self._wait_turn(turn, wg_idx)
+                    self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
+                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                    self._pass_turn(turn, wg_idx)
+                    # ---- softmax of S_j while P_{j-1} V_{j-1} runs
+                    warpgroup.wait_group(1)
+                    k_pipe.consumer_release(k_state)
+                    k_state.advance()
+                    self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
+                    m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
+                    # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
+                    if s_k > 0:  # always true: a basic-block boundary that keeps ptxas from hoisting the wait
+                        warpgroup.wait_group(0)
+                        for v in cutlass.range_constexpr(cute.size(acc_o)):
+                            acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
+                        rP.store(acc_s.load().to(self.dtype))
+                    v_pipe.consumer_release(v_state)
+                    v_state.advance()
+                # Every Q K^T of this tile has completed: the producer may load the next Q.
+                q_pipe.consumer_release(q_state)
+                q_state.advance()
+                # ---- last block's P V
+                v_pipe.consumer_wait(v_state)
+                self._wait_turn(turn, wg_idx)
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
+                if cutlass.const_expr(self.pingpong):
+                    if wg_idx == 0:  # warpgroup 1 has no further turn to wait for
+                        turn[1].arrive()
+                warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
                 v_state.advance()
-            # ---- last block's P V
-            v_pipe.consumer_wait(v_state)
-            self._wait_turn(turn, wg_idx)
-            self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-            if cutlass.const_expr(self.pingpong):
-                if wg_idx == 0:  # warpgroup 1 has no further turn to wait for
-                    turn[1].arrive()
-            warpgroup.wait_group(0)
-            v_pipe.consumer_release(v_state)
-            v_state.advance()
 
-        # ---- normalise, write O and the LSE
-        sums = [l0, l1]
-        maxes = [m0, m1]
-        inv = [None, None]
-        for half in cutlass.range_constexpr(2):
-            t = sums[half]
-            t = t + cute.arch.shuffle_sync_bfly(t, offset=1)
-            t = t + cute.arch.shuffle_sync_bfly(t, offset=2)
-            sums[half] = t
-            # Rows with nothing to attend to (sum 0) produce zeros, not NaN.
-            inv[half] = cutlass.select_(t > 0.0, 1.0 / cutlass.max(t, cutlass.Float32(1e-30)), cutlass.Float32(0.0))
-        for v in cutlass.range_constexpr(cute.size(acc_o)):
-            r, c = tOcO[v]
-            row = row0 + r
-            if row < s_q:
-                if cutlass.const_expr(self.split_kv):
-                    mO[split, b, row, h, c] = acc_o[v] * inv[(v // 2) % 2]
-                else:
-                    mO[b, row, h, c] = self.dtype(acc_o[v] * inv[(v // 2) % 2])
-        r0, c0 = tOcO[0]
-        if c0 == 0:  # one thread of each quad writes its two rows' LSE
+            # ---- normalise, write O and the LSE
+            sums = [l0, l1]
+            maxes = [m0, m1]
+            inv = [None, None]
             for half in cutlass.range_constexpr(2):
-                row = row0 + r0 + 8 * half
-                if row < s_q:
-                    lse = (maxes[half] * scale_log2 + cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)) * _LN_2
-                    lse = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
-                    if cutlass.const_expr(self.split_kv):
-                        mLSE[split, b, h, row] = lse
-                    else:
-                        mLSE[b, h, row] = lse
+                tot = sums[half]
+                tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=1)
+                tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=2)
+                sums[half] = tot
+                # Rows with nothing to attend to (sum 0) produce zeros, not NaN.
+                inv[half] = cutlass.select_(tot > 0.0, 1.0 / cutlass.max(tot, cutlass.Float32(1e-30)), cutlass.Float32(0.0))
+            if cutlass.const_expr(self.split_kv):
+                for v in cutlass.range_constexpr(cute.size(acc_o)):
+                    r_o, c_o = tOcO[v]
+                    if row0 + r_o < s_q:
+                        mO[split, b, row0 + r_o, h, c_o] = acc_o[v] * inv[(v // 2) % 2]
+            else:
+                rO = cute.make_rmem_tensor(acc_o.shape, self.dtype)
+                for v in cutlass.range_constexpr(cute.size(acc_o)):
+                    rO[v] = self.dtype(acc_o[v] * inv[(v // 2) % 2])
+                if row0 + self.m_block <= s_q:
+                    # A full tile: each thread's column pairs go out as 4-byte stores.
+                    gO = cute.local_tile(mO[b, None, h, None], (self.m_block, self.head_dim), (m_idx, 0))
+                    cute.autovec_copy(rO, pv_mma.get_slice(tidx).partition_C(gO))
+                else:
+                    for v in cutlass.range_constexpr(cute.size(acc_o)):
+                        r_o, c_o = tOcO[v]
+                        if row0 + r_o < s_q:
+                            mO[b, row0 + r_o, h, c_o] = rO[v]
+            r0, c0 = tOcO[0]
+            if c0 == 0:  # one thread of each quad writes its two rows' LSE
+                for half in cutlass.range_constexpr(2):
+                    lrow = row0 + r0 + 8 * half
+                    if lrow < s_q:
+                        lse = (maxes[half] * scale_log2 + cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)) * _LN_2
+                        lse = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
+                        if cutlass.const_expr(self.split_kv):
+                            mLSE[split, b, h, lrow] = lse
+                        else:
+                            mLSE[b, h, lrow] = lse
 
     @cute.jit
     def _wait_turn(self, turn, wg_idx):
