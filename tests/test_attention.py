@@ -14,12 +14,12 @@ from cute_kernels.attention.reference import flash_attn_ref
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim,wg", [(64, 2), (64, 3), (128, 2)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_compiles_for_sm90a(tmp_path, head_dim, causal):
+def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
     from cute_kernels.attention.api import _compile
 
-    _compile(torch.bfloat16, head_dim, causal, keep_dir=str(tmp_path))
+    _compile(torch.bfloat16, head_dim, causal, keep_dir=str(tmp_path), num_mma_wg=wg)
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]

@@ -15,6 +15,18 @@ from .reference import flash_attn_ref  # noqa: F401
 HEAD_DIMS = (64, 128)
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
 PINGPONG = True
+# Consumer warpgroups per CTA (64 query rows each). At D = 64 the softmax's exp2s take as
+# many cycles as the two GEMMs, and a third warpgroup (192-row tiles, as FlashAttention-3
+# uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
+# causal); S = 1024: -1% (-9% causal: 1024 rows make 5.3 tiles of 192, and causal tiles
+# balance worse). Part of the compile key.
+MMA_WARPGROUPS = {64: 3, 128: 2}
+THREE_WG_MIN_SQ = 2048
+
+
+def mma_warpgroups(head_dim: int, seqlen_q: int) -> int:
+    wg = MMA_WARPGROUPS[head_dim]
+    return wg if seqlen_q >= THREE_WG_MIN_SQ else min(wg, 2)
 H100_SMS = 132
 MAX_SPLITS = 16
 # Decode (S_q = 1) runs decode.py. Per head dim: how many query heads of one KV head share a
@@ -50,7 +62,7 @@ def _validate(q, k, v):
 
 
 def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, seqlens: bool = False,
-             seqlens_q: bool = False, split_kv: bool = False):
+             seqlens_q: bool = False, split_kv: bool = False, num_mma_wg: int = 2):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -75,7 +87,7 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
                                 assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
-    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG, split_kv=split_kv)
+    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG, split_kv=split_kv, num_mma_wg=num_mma_wg)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -256,17 +268,17 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
 _FAST: dict = {}
 
 
-def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: bool):
+def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: bool, wg: int = 2):
     # A flat-tuple front cache (as gemm/api.py has): building and hashing a CompileKey
     # on every call costs microseconds of host time.
-    fast = (dtype, D, causal, lens_k, lens_q, split_kv)
+    fast = (dtype, D, causal, lens_k, lens_q, split_kv, wg)
     fn = _FAST.get(fast)
     if fn is None:
         key = CompileKey("flash_fwd_sm90", (dtype_name(dtype),), ("bshd",), (128, 128), (1, 1),
                          epilogue=(("causal", causal), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
-                                   ("split_kv", split_kv)), extra=(D, PINGPONG, "persistent"))
+                                   ("split_kv", split_kv)), extra=(D, PINGPONG, "persistent", wg))
         fn = _FAST[fast] = KERNELS.get(key, lambda: _compile(dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
-                                                              split_kv=split_kv))
+                                                              split_kv=split_kv, num_mma_wg=wg))
     return fn
 
 
@@ -301,7 +313,7 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
     if out.numel():
         lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
         split_kv = splits > 1
-        fn = _kernel(q.dtype, D, bool(causal), lens_k, lens_q, split_kv)
+        fn = _kernel(q.dtype, D, bool(causal), lens_k, lens_q, split_kv, mma_warpgroups(D, Sq))
         scale = softmax_scale_log2(D, softmax_scale)
         ratio = Hq // k.shape[2]
         # Persistent CTAs remove the per-tile launch/prologue/epilogue bubbles, which

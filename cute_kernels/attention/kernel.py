@@ -20,6 +20,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 _LOG2_E = 1.4426950408889634
+# Named barriers _TURN_BARRIER + w (w < num_mma_wg): warpgroup w's turn to issue wgmma.
+_TURN_BARRIER = 2
 _LN_2 = 0.6931471805599453
 
 
@@ -40,7 +42,7 @@ class FlashAttnFwdSm90:
 
     Scheduling: within a warpgroup, S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued
     together and the softmax of S_j overlaps the second product. With `pingpong`, named
-    barriers 2/3 also take turns between the two warpgroups at every issue point, so one
+    barriers take turns between the warpgroups (round robin) at every issue point, so one
     warpgroup's softmax runs while the other's GEMMs own the tensor cores (as in
     FlashAttention-3).
 
@@ -54,21 +56,25 @@ class FlashAttnFwdSm90:
     writes its own normalised fp32 O and LSE; api.combine_splits merges them.
     """
 
-    def __init__(self, head_dim: int, causal: bool, m_block: int = 128, n_block: int = 128, stages: int | None = None,
-                 pingpong: bool = True, split_kv: bool = False):
+    def __init__(self, head_dim: int, causal: bool, m_block: int | None = None, n_block: int = 128,
+                 stages: int | None = None, pingpong: bool = True, split_kv: bool = False, num_mma_wg: int = 2):
         self.head_dim = head_dim
         self.causal = causal
         # K and V rings: at D = 128 two stages of each already fill ~160 KB of smem with Q.
         stages = stages or (2 if head_dim > 64 else 4)
+        # Each consumer warpgroup owns 64 query rows of the tile.
+        self.num_mma_wg = num_mma_wg
+        m_block = m_block or 64 * num_mma_wg
+        assert m_block == 64 * num_mma_wg and num_mma_wg in (2, 3)
         self.m_block, self.n_block, self.stages = m_block, n_block, stages
         self.pingpong = pingpong
         # Split-KV (decode): the key blocks of a query block are dealt out to `splits`
         # CTAs (the runtime leading extent of mO); each writes its own normalised fp32 O
         # and LSE, and api.py's combine step merges them with LSE weights.
         self.split_kv = split_kv
-        self.num_mma_wg = 2
         self.num_threads = 128 * (1 + self.num_mma_wg)
-        self.load_regs, self.mma_regs = 24, 240
+        # setmaxnreg budgets: the producer warpgroup and the consumers share 64K registers.
+        self.load_regs, self.mma_regs = (24, 240) if num_mma_wg == 2 else (24, 160)
 
     @staticmethod
     def _permute(t: cute.Tensor, order) -> cute.Tensor:
@@ -340,10 +346,10 @@ class FlashAttnFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        # Ping-pong turns: warpgroup w waits on barrier 2 + w before issuing and then
-        # arrives on the other's. Every wait pairs with exactly one arrive: warpgroup 1
-        # pre-arrives once so warpgroup 0 goes first, and skips its very last arrive.
-        turn = (pipeline.NamedBarrier(barrier_id=2, num_threads=256), pipeline.NamedBarrier(barrier_id=3, num_threads=256))
+        # Ping-pong turns: warpgroup w waits on barrier _TURN_BARRIER + w before issuing and
+        # then arrives on the next warpgroup's (round robin). Every wait pairs with exactly
+        # one arrive: per tile the last warpgroup pre-arrives once so warpgroup 0 goes first,
+        # and skips its very last arrive.
         for k in range(cute.ceil_div(tiles[2], tiles[1])):
             t = self._tile_index(k, tiles)
             m_idx, h, b, split, s_q, s_k, j_begin, n_blocks = self._tile_coord(
@@ -361,14 +367,14 @@ class FlashAttnFwdSm90:
             causal_shift = s_k - s_q
             if n_blocks > 0:
                 if cutlass.const_expr(self.pingpong):
-                    if wg_idx == 1:
-                        turn[0].arrive()
+                    if wg_idx == self.num_mma_wg - 1:  # the last warpgroup lets the first go
+                        cute.arch.barrier_arrive(barrier_id=_TURN_BARRIER, number_of_threads=256)
                 q_pipe.consumer_wait(q_state)
                 # ---- block 0: S_0, softmax, P_0 (nothing to overlap with yet)
                 k_pipe.consumer_wait(k_state)
-                self._wait_turn(turn, wg_idx)
+                self._wait_turn(wg_idx)
                 self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
-                self._pass_turn(turn, wg_idx)
+                self._pass_turn(wg_idx)
                 warpgroup.wait_group(0)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
@@ -379,10 +385,10 @@ class FlashAttnFwdSm90:
                     # ---- issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}
                     k_pipe.consumer_wait(k_state)
                     v_pipe.consumer_wait(v_state)
-                    self._wait_turn(turn, wg_idx)
+                    self._wait_turn(wg_idx)
                     self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
                     self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-                    self._pass_turn(turn, wg_idx)
+                    self._pass_turn(wg_idx)
                     # ---- softmax of S_j while P_{j-1} V_{j-1} runs
                     warpgroup.wait_group(1)
                     k_pipe.consumer_release(k_state)
@@ -402,11 +408,10 @@ class FlashAttnFwdSm90:
                 q_state.advance()
                 # ---- last block's P V
                 v_pipe.consumer_wait(v_state)
-                self._wait_turn(turn, wg_idx)
+                self._wait_turn(wg_idx)
                 self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-                if cutlass.const_expr(self.pingpong):
-                    if wg_idx == 0:  # warpgroup 1 has no further turn to wait for
-                        turn[1].arrive()
+                if wg_idx != self.num_mma_wg - 1:  # the first warpgroup's next turn is the next tile's
+                    self._pass_turn(wg_idx)
                 warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
                 v_state.advance()
@@ -453,20 +458,20 @@ class FlashAttnFwdSm90:
                             mLSE[b, h, lrow] = lse
 
     @cute.jit
-    def _wait_turn(self, turn, wg_idx):
+    def _wait_turn(self, wg_idx):
         if cutlass.const_expr(self.pingpong):
-            if wg_idx == 0:
-                turn[0].arrive_and_wait()
-            else:
-                turn[1].arrive_and_wait()
+            cute.arch.barrier(barrier_id=_TURN_BARRIER + wg_idx, number_of_threads=256)
 
     @cute.jit
-    def _pass_turn(self, turn, wg_idx):
+    def _pass_turn(self, wg_idx):
         if cutlass.const_expr(self.pingpong):
-            if wg_idx == 0:
-                turn[1].arrive()
+            nxt = wg_idx + 1
+            if cutlass.const_expr(self.num_mma_wg == 2):
+                nxt = 1 - wg_idx
             else:
-                turn[0].arrive()
+                if nxt == self.num_mma_wg:
+                    nxt = 0
+            cute.arch.barrier_arrive(barrier_id=_TURN_BARRIER + nxt, number_of_threads=256)
 
     @cute.jit
     def _issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, stage):
