@@ -63,6 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cute_kernels.runtime import num_sms
+
 MEGAKERNEL_ENV = "CUTE_KERNELS_MEGAKERNEL"
 
 # Per-layer pointer table columns (int64 data pointers).
@@ -468,7 +470,7 @@ class DecodeMegakernel:
         self.dtype = gpt.wte.weight.dtype
         dev = gpt.wte.weight.device
         if programs is None:
-            programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+            programs = num_sms(dev.index or 0) if dev.type == "cuda" else 1
         self.G = G = programs
         if G > 256:
             raise ValueError("at most 256 programs (the final argmax reduction's width)")

@@ -201,16 +201,9 @@ class FlashAttnFwdSm90:
         and descends, longest tiles first, so the short ones fill the tail.
         With a grid of one CTA per tile (max_ctas >= tiles) this is a plain launch.
         """
-        n_heads = mO.shape[2]
-        s_q_max = mO.shape[1]
-        n_bz = mO.shape[0]
-        if cutlass.const_expr(self.split_kv):
-            n_heads = mO.shape[3]
-            s_q_max = mO.shape[2]
-            n_bz = mO.shape[0] * mO.shape[1]
-        splits = 1
-        if cutlass.const_expr(self.split_kv):
-            splits = mO.shape[0]
+        n_heads, s_q_max, n_bz, splits = mO.shape[2], mO.shape[1], mO.shape[0], 1
+        if cutlass.const_expr(self.split_kv):  # mO: (splits, b, s_q, h_q, d)
+            n_heads, s_q_max, n_bz, splits = mO.shape[3], mO.shape[2], mO.shape[0] * mO.shape[1], mO.shape[0]
         n_m = cute.ceil_div(s_q_max, self.m_block)
         n_hz = n_heads * n_bz
         return (cute.arch.block_idx()[0], cute.arch.grid_dim()[0], n_m * n_hz, n_m, n_heads, n_hz, heads_per_group,
@@ -465,12 +458,7 @@ class FlashAttnFwdSm90:
     @cute.jit
     def _pass_turn(self, wg_idx):
         if cutlass.const_expr(self.pingpong):
-            nxt = wg_idx + 1
-            if cutlass.const_expr(self.num_mma_wg == 2):
-                nxt = 1 - wg_idx
-            else:
-                if nxt == self.num_mma_wg:
-                    nxt = 0
+            nxt = (wg_idx + 1) % self.num_mma_wg
             cute.arch.barrier_arrive(barrier_id=_TURN_BARRIER + nxt, number_of_threads=256)
 
     @cute.jit
