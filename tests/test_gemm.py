@@ -59,6 +59,19 @@ def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
         assert spills and all(s == ("0", "0") for s in spills), report
 
 
+@pytest.mark.compile
+def test_fp32_output_fused_epilogue_compiles(tmp_path):
+    """The 32-bit epilogue (per-warp boxes) with every operand: bias, scales, gelu, residual."""
+    from cute_kernels.gemm.api import _compile
+    from cute_kernels.gemm.kernel import Epilogue
+
+    epi = Epilogue(activation="gelu_tanh", bias=True, residual=True, row_scale="vector", col_scale="vector")
+    _compile(torch.bfloat16, torch.bfloat16, torch.float32, "k", "k", GemmConfig(128, 256, 2, 1), epi, "Float32",
+             keep_dir=str(tmp_path))
+    ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+
+
 SPLIT_COMPILE_CASES = [
     (GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2), "k", "k", torch.bfloat16),
     (GemmConfig(128, 128, 2, 1, pingpong=True, split_k=2), "k", "k", torch.bfloat16),

@@ -16,11 +16,16 @@ CASES = [
     (GemmConfig(128, 256, 2, 1), {}, torch.int8, torch.int32, "Int32"),
     (GemmConfig(128, 96, 2, 1), dict(row_scale="vector", col_scale="vector", bias=True), torch.int8, torch.bfloat16, "Int32"),
     (GemmConfig(128, 128, 2, 1, promote=True), dict(row_scale="vector", col_scale="vector"), E4M3, torch.bfloat16, "Float32"),
+    # GPT-2's fp8 c_fc (ping-pong, staged vectors per warpgroup) and c_proj (residual, 160 columns)
+    (GemmConfig(128, 128, 2, 1, pingpong=True), dict(row_scale="vector", col_scale="vector", bias=True, activation="gelu_tanh"),
+     E4M3, torch.bfloat16, "Float32"),
+    (GemmConfig(128, 160, 2, 1), dict(row_scale="vector", col_scale="vector", bias=True, residual=True), E4M3,
+     torch.bfloat16, "Float32"),
 ]
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted"])
+@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted", "fp8-pp-rowcol-bias-gelu", "fp8-160-rowcol-bias-residual"])
 def test_8bit_compiles_for_sm90a(tmp_path, cfg, epi, in_dt, out_dt, acc):
     from cute_kernels.gemm.api import _compile
     from cute_kernels.gemm.kernel import Epilogue

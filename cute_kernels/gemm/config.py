@@ -114,12 +114,28 @@ def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
     return EPI_STAGES * (2 if cfg.pingpong else 1)
 
 
+def epi_vector_slots(cfg: GemmConfig) -> int:
+    """fp32 slots of one tile's staged epilogue vectors: row scales, column scales, bias."""
+    return cfg.tile_m + 2 * cfg.tile_n
+
+
+VEC_STAGES = 2  # tiles of epilogue vectors staged ahead by the vector-loader warp
+
+
+def epi_vector_bytes(cfg: GemmConfig, out_bytes: int) -> int:
+    """Shared memory for the staged epilogue vectors of 16-bit outputs (the 32-bit epilogue
+    reads them from global memory)."""
+    if out_bytes != 2:
+        return 0
+    return 4 * epi_vector_slots(cfg) * VEC_STAGES
+
+
 def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int) -> int:
     tk = cfg.tile_k(in_bytes)
     per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
     em, en = epi_tile(cfg, out_bytes)
     epi = em * en * out_bytes * epi_buffers(cfg, out_bytes)
-    reserved = 1024 + 1024  # mbarriers + alignment slack
+    reserved = 1024 + 1024 + epi_vector_bytes(cfg, out_bytes)  # mbarriers + alignment slack + staged epilogue vectors
     return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
 
 
