@@ -465,6 +465,16 @@ class GemmSm90:
             is_store_warp = warp_idx == self.epi_store_warp + 4 * wg_idx
 
         vec_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, VEC_STAGES)
+        # Scalar scales are the same for every tile: fold them into one factor here.
+        # Read in the epilogue, they were re-read from global memory after every slab's
+        # barrier (a barrier orders memory, so the loads could not be reused).
+        factor = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.epi.alpha):
+            factor = alpha
+        if cutlass.const_expr(self.epi.row_scale == "scalar"):
+            factor = factor * cutlass.Float32(mRowScale[0])
+        if cutlass.const_expr(self.epi.col_scale == "scalar"):
+            factor = factor * cutlass.Float32(mColScale[0])
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         total = self._num_work(clusters_m, clusters_n, splits)
@@ -502,11 +512,11 @@ class GemmSm90:
                 if cutlass.const_expr(self.c_dtype.width == 32):
                     self.epilogue_32bit(
                         acc, tCcD, sD, box_sD, box_gD, tma_d, mD, mBias, mResidual, mRowScale, mColScale,
-                        alpha, beta, tm, tn, split_idx, tiles_done, warp_idx - 4)
+                        factor, beta, tm, tn, split_idx, tiles_done, warp_idx - 4)
                 else:
                     self.epilogue(
                         acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
-                        alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
+                        factor, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
                         epi_barrier, epi_barrier_wg1, res_first, sVec, vec_state.index,
                     )
                     if cutlass.const_expr(self.stage_vectors):
@@ -592,7 +602,7 @@ class GemmSm90:
     @cute.jit
     def epilogue(
         self, acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
-        alpha, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline, epi_barrier, epi_barrier_wg1,
+        factor, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline, epi_barrier, epi_barrier_wg1,
         res_first, sVec, vec_buf,
     ):
         """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store.
@@ -638,7 +648,7 @@ class GemmSm90:
                                     tm * self.tile_mn[0] + nxt[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + nxt[1] * self.epi_tile[1])
             if cutlass.const_expr(not self.epi.is_identity):
-                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, res[slab % 2], mRowScale, mColScale, alpha, beta,
+                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, res[slab % 2], mRowScale, mColScale, factor, beta,
                                     tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1],
                                     sVec, vec_buf, slab_mn[0] * self.epi_tile[0], slab_mn[1] * self.epi_tile[1])
@@ -661,7 +671,7 @@ class GemmSm90:
     @cute.jit
     def epilogue_32bit(
         self, acc, tCcD, sD, box_sD, box_gD, tma_d, mD, mBias, mResidual, mRowScale, mColScale,
-        alpha, beta, tm, tn, l_idx, tiles_done, warp_slot,
+        factor, beta, tm, tn, l_idx, tiles_done, warp_slot,
     ):
         """32-bit outputs (raw int32, fp32): per-warp 16 x 32 boxes -> swizzled smem -> TMA store.
 
@@ -712,7 +722,7 @@ class GemmSm90:
                                     r = mResidual[row, col]
                                 rs, cs, bias_v = self._global_operands(row, col, mBias, mRowScale, mColScale)
                                 pair[i0] = self.c_dtype(self._epilogue_value(
-                                    cutlass.Float32(acc[crd]), rs, cs, bias_v, r, alpha, beta))
+                                    cutlass.Float32(acc[crd]), rs, cs, bias_v, r, factor, beta))
                         cute.autovec_copy(pair, pairs[(0, None, m_local - band, (n_local - b * box_n) // 2)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_warp()
@@ -798,7 +808,7 @@ class GemmSm90:
             work += cute.arch.grid_dim()[2]
 
     @cute.jit
-    def _epilogue_math(self, rD, cD, mD, mBias, rRes, mRowScale, mColScale, alpha, beta, row0, col0,
+    def _epilogue_math(self, rD, cD, mD, mBias, rRes, mRowScale, mColScale, factor, beta, row0, col0,
                        sVec, buf, r_tile0, c_tile0):
         """In-register epilogue on one fp32 slab; register i sits at (row0, col0) + cD[i]
         (in the tile: (r_tile0, c_tile0) + cD[i]) and its residual (if any) at rRes[i].
@@ -820,7 +830,7 @@ class GemmSm90:
             if cutlass.const_expr(self.epi.residual):
                 r = rRes[v]
             if cutlass.const_expr(self.stage_vectors):
-                rs, cs, b = self._global_operands(0, 0, None, mRowScale, mColScale, scalars_only=True)
+                rs = cs = b = None
                 if cutlass.const_expr(self.epi.row_scale == "vector"):
                     rs = sV[r_tile0 + m_local]
                 if cutlass.const_expr(self.epi.col_scale == "vector"):
@@ -830,30 +840,27 @@ class GemmSm90:
             else:
                 rs, cs, b = self._global_operands(cutlass.min(row0 + m_local, m_last),
                                                   cutlass.min(col0 + n_local, n_last), mBias, mRowScale, mColScale)
-            rD[v] = self._epilogue_value(rD[v], rs, cs, b, r, alpha, beta)
+            rD[v] = self._epilogue_value(rD[v], rs, cs, b, r, factor, beta)
 
     @cute.jit
-    def _global_operands(self, row, col, mBias, mRowScale, mColScale, scalars_only: cutlass.Constexpr = False):
-        """(row scale, column scale, bias) at (row, col) as fp32, None where absent."""
+    def _global_operands(self, row, col, mBias, mRowScale, mColScale):
+        """(row scale, column scale, bias) vectors at (row, col) as fp32, None where absent
+        (scalar scales are folded into the epilogue's factor)."""
         rs = cs = b = None
-        if cutlass.const_expr(self.epi.row_scale == "scalar"):
-            rs = cutlass.Float32(mRowScale[0])
-        if cutlass.const_expr(self.epi.col_scale == "scalar"):
-            cs = cutlass.Float32(mColScale[0])
-        if cutlass.const_expr(not scalars_only):
-            if cutlass.const_expr(self.epi.row_scale == "vector"):
-                rs = cutlass.Float32(mRowScale[row])
-            if cutlass.const_expr(self.epi.col_scale == "vector"):
-                cs = cutlass.Float32(mColScale[col])
-            if cutlass.const_expr(self.epi.bias):
-                b = cutlass.Float32(mBias[col])
+        if cutlass.const_expr(self.epi.row_scale == "vector"):
+            rs = cutlass.Float32(mRowScale[row])
+        if cutlass.const_expr(self.epi.col_scale == "vector"):
+            cs = cutlass.Float32(mColScale[col])
+        if cutlass.const_expr(self.epi.bias):
+            b = cutlass.Float32(mBias[col])
         return rs, cs, b
 
     @cute.jit
-    def _epilogue_value(self, x, rs, cs, b, res, alpha, beta):
-        """act(alpha * x * rs * cs + b) + beta * res; a None operand is absent."""
-        if cutlass.const_expr(self.epi.alpha):
-            x = x * alpha
+    def _epilogue_value(self, x, rs, cs, b, res, factor, beta):
+        """act(factor * x * rs * cs + b) + beta * res; a None operand is absent. factor is
+        alpha times the scalar scales (see `consumer`)."""
+        if cutlass.const_expr(self.epi.alpha or self.epi.row_scale == "scalar" or self.epi.col_scale == "scalar"):
+            x = x * factor
         if cutlass.const_expr(rs is not None):
             x = x * rs
         if cutlass.const_expr(cs is not None):
