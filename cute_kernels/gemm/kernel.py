@@ -50,7 +50,9 @@ class GemmSm90:
       * warpgroup 0 (producer, 40 registers/thread after setmaxnreg): warp 0 walks the
         persistent tile schedule and issues the TMA loads of A and B k-tiles into the
         smem ring, multicasting across the cluster the operand that its peers share.
-        The other three warps only donate their registers.
+        Warp 1 (16-bit outputs with vector operands) is the vector loader: it copies
+        each tile's row scales, column scales and bias into a smem stage ahead of the
+        epilogue (`load_vectors`). The other warps only donate their registers.
       * warpgroups 1..n (consumers, 232 registers/thread). Cooperative: each owns a
         64- or 128-row slice of every CTA tile. Ping-pong: each owns alternate whole
         tiles, and named barriers 2/3 hand the tensor cores over so one warpgroup's
@@ -67,6 +69,9 @@ class GemmSm90:
         the TMA transaction bytes; empty barriers collect one arrive per consumer
         warp of every CTA that reads the stage (multicast peers included), so a
         stage is only refilled when all its readers in the cluster are done.
+      * vec_pipeline (PipelineAsync, VEC_STAGES tiles deep): the vector-loader warp's
+        32 threads arrive on full after their smem stores; every thread that runs the
+        tile's epilogue arrives on empty when it is done reading.
       * store pipeline (PipelineTmaStore, EPI_STAGES deep): bulk-group commit/wait
         that keeps at most EPI_STAGES - 1 TMA stores in flight before an epilogue
         buffer is reused. The 32-bit epilogue keeps the same discipline per warp
