@@ -236,14 +236,15 @@ def quantize_triton(
         block_k, single = BLOCK, True
     else:
         raise ValueError(f"granularity must be tensor, row or block, got {granularity!r}")
-    block_m = max(1, min(triton.next_power_of_2(max(M, 1)), TILE_ELEMS // block_k))
-    num_warps = _num_warps_for(block_m * block_k)
     if granularity == "row" and single:
         # Whole rows at 32 elements per thread: 8192 x 1600 14.8 us (2 warps, one row) vs
         # 16.8 us (8 warps, two rows); 8192 x 6400 54.1 vs 59.4 us (8 vs 16 warps), same-run
         # sweep on the H100 (GPT-2 XL's attention and MLP outputs).
         block_m = max(1, min(triton.next_power_of_2(max(M, 1)), ROW_TILE_ELEMS // block_k))
         num_warps = max(1, min(16, block_m * block_k // 1024))
+    else:
+        block_m = max(1, min(triton.next_power_of_2(max(M, 1)), TILE_ELEMS // block_k))
+        num_warps = _num_warps_for(block_m * block_k)
     scale = torch.empty((M, n_groups), dtype=torch.float32, device=x.device)
     if M > 0:
         grid = (triton.cdiv(M, block_m), n_groups)

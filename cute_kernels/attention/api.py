@@ -27,6 +27,8 @@ THREE_WG_MIN_SQ = 2048
 def mma_warpgroups(head_dim: int, seqlen_q: int) -> int:
     wg = MMA_WARPGROUPS[head_dim]
     return wg if seqlen_q >= THREE_WG_MIN_SQ else min(wg, 2)
+
+
 H100_SMS = 132
 MAX_SPLITS = 16
 # Decode (S_q = 1) runs decode.py. Per head dim: how many query heads of one KV head share a

@@ -143,7 +143,7 @@ class GemmSm90:
         self.stage_vectors = out_bytes == 2 and (
             self.epi.row_scale == "vector" or self.epi.col_scale == "vector" or self.epi.bias) and not (
             self.epi.residual and self.tile_mn[1] >= 256 and not self.cfg.pingpong)
-        self.vec_slots = epi_vector_slots(self.cfg) if self.stage_vectors else 4
+        self.vec_slots = epi_vector_slots(self.cfg) if self.stage_vectors else 4  # unused placeholder
 
     @cute.jit
     def __call__(
@@ -803,11 +803,8 @@ class GemmSm90:
                     src = mColScale
                 for i in cutlass.range_constexpr(-(-length // 32)):
                     e = i * 32 + lane
-                    if cutlass.const_expr(length % 32 == 0):
+                    if e < length:
                         sVec[off + e, state.index] = cutlass.Float32(src[cutlass.min(base + e, last)])
-                    else:
-                        if e < length:
-                            sVec[off + e, state.index] = cutlass.Float32(src[cutlass.min(base + e, last)])
             vec_pipeline.producer_commit(state)
             state.advance()
             work += cute.arch.grid_dim()[2]
