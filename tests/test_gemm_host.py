@@ -21,26 +21,21 @@ from cute_kernels.gemm.config import (
 )
 from cute_kernels.gemm.kernel import Epilogue
 from cute_kernels.gemm.reference import linear_ref
-from cute_kernels.gemm.splitk import splitk_reduce_ref
 
 api = importlib.import_module("cute_kernels.gemm.api")  # (cute_kernels.gemm is also the op)
 
 
-def _fake_split_kernel(a, b_nk, out, cfg, epi, c_dt, acc_name):
-    """What the split-K GEMM kernel computes: split l's raw partial sums into out[:, :, l]."""
-    assert out.dim() == 3 and out.dtype == c_dt and c_dt == (torch.int32 if acc_name == "Int32" else torch.float32)
-    assert epi.is_identity and cfg.split_k == 2  # one compiled kernel for every split count
-    assert out.stride(1) == 1 and out.stride(0) % 4 == 0 and out.stride(2) % 4 == 0  # 16-byte TMA strides
-    K = a.shape[1]
-    tk = cfg.tile_k(a.element_size())
-    k_tiles = -(-K // tk)
-    S = out.shape[2]
-    assert 2 <= S <= k_tiles
-    for l in range(S):
-        k0, k1 = splitk_k_tiles(k_tiles, S, l)
-        assert k1 > k0
-        part = a[:, k0 * tk:k1 * tk].double() @ b_nk[:, k0 * tk:k1 * tk].double().t()
-        out[:, :, l] = part.to(out.dtype)
+def _check_split_launch(a, out, cfg, ws, sem, split, acc_name):
+    """What the split-K launch must hand the kernel: a workspace for every split's partial
+    tile (accumulator dtype), zeroed counters for every tile, 2 <= split <= k-tiles."""
+    assert cfg.split_k == 2  # one compiled kernel for every split count
+    M, N = out.shape
+    k_tiles = -(-a.shape[1] // cfg.tile_k(a.element_size()))
+    assert 2 <= split <= k_tiles
+    tiles = -(-(-(-M // cfg.tile_m)) // cfg.cluster_m) * cfg.cluster_m * -(-(-(-N // cfg.tile_n)) // cfg.cluster_n) * cfg.cluster_n
+    assert ws.dtype == (torch.int32 if acc_name == "Int32" else torch.float32)
+    assert ws.numel() >= split * tiles * cfg.tile_m * cfg.tile_n
+    assert sem.dtype == torch.int32 and sem.numel() >= tiles and not sem.any()
 
 
 @pytest.fixture
@@ -48,11 +43,15 @@ def fake_kernels(monkeypatch):
     calls = []
 
     def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32"):
-        def fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
+        def fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta, *split_args):
             calls.append({"a": a, "b": b_nk, "out": out, "bias": bias, "residual": residual, "alpha": alpha,
-                          "beta": beta, "epi": epi, "cfg": cfg, "c_dt": c_dt})
-            if cfg.split_k > 1:
-                _fake_split_kernel(a, b_nk, out, cfg, epi, c_dt, acc_name)
+                          "beta": beta, "epi": epi, "cfg": cfg, "c_dt": c_dt,
+                          "split": split_args[2] if split_args else 1})
+            assert out.dtype == c_dt and bool(split_args) == (cfg.split_k > 1)
+            if split_args:
+                _check_split_launch(a, out, cfg, *split_args, acc_name)
+            if c_dt == torch.int32:
+                out.copy_((a.long() @ b_nk.long().t()).int())
                 return
             y = linear_ref(a.float(), b_nk.float(), None if bias is None else bias.float(),
                            activation=None if epi.activation == "none" else epi.activation,
@@ -135,7 +134,8 @@ def test_gemm_hot_path(fake_kernels):
 SPLIT_DECISIONS = {
     (1, 1600, 6400): ((64, 64), 5),
     (8, 1600, 6400): ((64, 64), 5),
-    (1, 768, 3072): ((64, 64), 10),
+    (1, 768, 3072): ((64, 64), 4),
+    (512, 1600, 6400): ((128, 128), 2),
     (1024, 1024, 16384): ((128, 128), 2),
     (1, 1600, 1600): ((64, 64), 1),
     (1, 4800, 1600): ((64, 64), 1),
@@ -200,45 +200,6 @@ def test_split_k_config_validation():
     assert all(c.split_k == 1 for c in CANDIDATES)
 
 
-EPIS = [
-    Epilogue(),
-    Epilogue(activation="gelu_tanh", bias=True, residual=True, alpha=True, beta=True),
-    Epilogue(activation="gelu", bias=True),
-    Epilogue(activation="relu", residual=True),
-]
-
-
-@pytest.mark.parametrize("epi", EPIS, ids=["plain", "gelu_tanh-bias-res-alpha-beta", "gelu-bias", "relu-res"])
-def test_splitk_reduce_ref_matches_linear_ref(epi):
-    """The reduce's torch twin applies the epilogue to the summed partials like linear_ref."""
-    torch.manual_seed(1)
-    M, N, S = 9, 40, 3
-    ws = torch.randn(S, M, N + 4) * 3
-    bias = torch.randn(N) if epi.bias else None
-    res = torch.randn(M, N) if epi.residual else None
-    out = torch.empty(M, N)
-    splitk_reduce_ref(ws, out, epi, bias, res, None, None, 0.5, 2.0)
-    total = ws[:, :, :N].sum(0)
-    # linear_ref(x, w) with x @ w.T == total: x = total, w = I.
-    ref = linear_ref(total, torch.eye(N), bias, activation=None if epi.activation == "none" else epi.activation,
-                     residual=res, alpha=0.5 if epi.alpha else 1.0, beta=2.0 if epi.beta else 1.0)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-
-
-def test_splitk_reduce_ref_scales_and_int32():
-    torch.manual_seed(2)
-    M, N, S = 5, 24, 4
-    ws = torch.randint(-(2**24), 2**24, (S, M, N), dtype=torch.int32)
-    raw = torch.empty(M, N, dtype=torch.int32)
-    splitk_reduce_ref(ws, raw, Epilogue(), None, None, None, None, 1.0, 1.0)
-    assert torch.equal(raw, ws.sum(0, dtype=torch.int32))  # exact integer sum
-    rs, cs, bias = torch.rand(M), torch.rand(N), torch.randn(N)
-    out = torch.empty(M, N)
-    splitk_reduce_ref(ws, out, Epilogue(row_scale="vector", col_scale="vector", bias=True), bias, None, rs, cs, 1.0, 1.0)
-    ref = raw.float() * rs[:, None] * cs[None, :] + bias
-    torch.testing.assert_close(out, ref)
-
-
 def _linear_case(M, N, K, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(M, K, generator=g).to(dtype)
@@ -250,8 +211,9 @@ def _linear_case(M, N, K, dtype=torch.bfloat16, seed=0):
 
 @pytest.mark.parametrize("shape,split", [((3, 40, 1000), 3), ((5, 50, 200), 9), ((2, 24, 64), 4), ((1, 16, 520), 2)])
 def test_forced_split_through_run_gemm(fake_kernels, shape, split):
-    """run_gemm(config=...split_k) -> workspace GEMM + reduce; K=1000 ends in a partial k-tile,
-    split 9 at K=200 (4 k-tiles) is clamped to 4, K=64 (one k-tile) does not split at all."""
+    """run_gemm(config=...split_k) -> the split kernel with its workspace; K=1000 ends in a
+    partial k-tile, split 9 at K=200 (4 k-tiles) is clamped to 4, K=64 (one k-tile) does
+    not split at all."""
     M, N, K = shape
     x, w, b, res = _linear_case(M, N, K)
     epi = Epilogue(activation="gelu_tanh", bias=True, residual=True, alpha=True, beta=True)
@@ -260,10 +222,8 @@ def test_forced_split_through_run_gemm(fake_kernels, shape, split):
     api.run_gemm(x, w, out, epi=epi, bias=b, residual=res, alpha=0.5, beta=2.0, config=cfg)
     call = fake_kernels[-1]
     k_tiles = -(-K // 64)
-    if k_tiles == 1:
-        assert call["cfg"].split_k == 1 and call["out"] is out
-    else:
-        assert call["out"].shape == (M, N, min(split, k_tiles)) and call["c_dt"] == torch.float32
+    assert call["out"] is out and call["epi"] == epi  # the epilogue is fused: no second pass
+    assert call["split"] == min(split, k_tiles) and (call["cfg"].split_k > 1) == (k_tiles > 1)
     ref = linear_ref(x.float(), w.float(), b.float(), activation="gelu_tanh", residual=res.float(), alpha=0.5, beta=2.0)
     torch.testing.assert_close(out.float(), ref, atol=0.05, rtol=0.02)
 
@@ -275,7 +235,7 @@ def test_linear_auto_split_plan(fake_kernels):
     outs = [api.linear(x, w, b, activation="gelu_tanh", residual=res) for _ in range(2)]
     assert len(api._LINEAR_PLANS) == 1
     gemm_calls = [c for c in fake_kernels]
-    assert len(gemm_calls) == 2 and all(c["out"].shape == (M, N, 5) for c in gemm_calls)
+    assert len(gemm_calls) == 2 and all(c["split"] == 5 for c in gemm_calls)
     fn = next(iter(api._LINEAR_PLANS.values()))[0]
     assert isinstance(fn, api.SplitKLaunch) and fn.split == 5
     ref = linear_ref(x.float(), w.float(), b.float(), activation="gelu_tanh", residual=res.float())
@@ -284,12 +244,12 @@ def test_linear_auto_split_plan(fake_kernels):
 
 
 def test_gemm_auto_split_padded_n(fake_kernels):
-    """gemm() with N not a multiple of 4/8: padded workspace rows and a padded output view."""
+    """gemm() with N not a multiple of 4/8 splits straight into the padded output view."""
     a = torch.randn(2, 6400, dtype=torch.bfloat16)
     b = torch.randn(1598, 6400, dtype=torch.bfloat16).t()
     out = api.gemm(a, b, out_dtype=torch.float32)
-    part = fake_kernels[-1]["out"]
-    assert part.shape[2] > 1 and part.stride(0) == 1600  # workspace rows padded to 16 bytes
+    call = fake_kernels[-1]
+    assert call["split"] > 1 and call["out"].stride(0) == 1600  # output rows padded to 16 bytes
     assert out.shape == (2, 1598)
     torch.testing.assert_close(out, a.float() @ b.float(), atol=1e-2, rtol=1e-3)
 
@@ -308,50 +268,8 @@ def test_int8_forced_split_is_exact(fake_kernels):
     out = torch.empty(3, 40, dtype=torch.int32)
     api.run_gemm(a, b, out, epi=Epilogue(), config=GemmConfig(128, 128, 1, 1, split_k=4),
                  kernel_name="int8_mm_sm90", acc_name="Int32")
-    assert fake_kernels[-1]["out"].dtype == torch.int32 and fake_kernels[-1]["out"].shape[2] == 4  # 8 k-tiles of 128
+    assert fake_kernels[-1]["out"] is out and fake_kernels[-1]["split"] == 4  # 8 k-tiles of 128
     assert torch.equal(out, (a.long() @ b.long().t()).int())
-
-
-_INTERPRET_SCRIPT = r"""
-import torch
-from cute_kernels.gemm.kernel import Epilogue
-from cute_kernels.gemm import splitk as SK
-
-torch.manual_seed(0)
-n = 0
-epis = [Epilogue(), Epilogue(activation="gelu_tanh", bias=True, residual=True, alpha=True, beta=True),
-        Epilogue(activation="gelu", bias=True), Epilogue(activation="relu", row_scale="vector", col_scale="vector"),
-        Epilogue(row_scale="scalar", col_scale="scalar", bias=True)]
-for (S, M, N, Np) in [(3, 5, 300, 300), (2, 1, 1600, 1600), (4, 33, 50, 52), (5, 17, 8, 8)]:
-    for epi in epis:
-        for odt in (torch.bfloat16, torch.float16, torch.float32):
-            ws = torch.randn(S, M, Np) * 4
-            ws[0, 0, 1] = float("nan")
-            bias = torch.randn(N).to(odt) if epi.bias else None
-            res = torch.randn(M, N + 3).to(odt)[:, :N] if epi.residual else None
-            rs = None if epi.row_scale == "none" else torch.rand(M if epi.row_scale == "vector" else 1)
-            cs = None if epi.col_scale == "none" else torch.rand(N if epi.col_scale == "vector" else 1)
-            out = torch.full((M, N + 8), -7.0).to(odt)[:, :N]  # strided rows
-            ref = torch.empty(M, N, dtype=odt)
-            SK._launch(ws, out, epi, bias, res, rs, cs, 0.5, 2.0)
-            SK.splitk_reduce_ref(ws, ref, epi, bias, res, rs, cs, 0.5, 2.0)
-            tol = 1e-5 if odt == torch.float32 else 1e-2
-            assert torch.allclose(out.float(), ref.float(), rtol=tol, atol=1e-5, equal_nan=True), (S, M, N, epi, odt)
-            assert torch.isnan(out[0, 1]) and not torch.isnan(out[0, 2:]).any()
-            n += 1
-    wsi = torch.randint(-2**20, 2**20, (S, M, Np), dtype=torch.int32)
-    o = torch.empty(M, N, dtype=torch.int32)
-    SK._launch(wsi, o, Epilogue(), None, None, None, None, 1.0, 1.0)
-    assert torch.equal(o, wsi[:, :, :N].sum(0, dtype=torch.int32))
-    e = Epilogue(row_scale="vector", col_scale="vector", bias=True)
-    rs, cs, b = torch.rand(M) / 100, torch.rand(N) / 100, torch.randn(N).bfloat16()
-    o2, r2 = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
-    SK._launch(wsi, o2, e, b, None, rs, cs, 1.0, 1.0)
-    SK.splitk_reduce_ref(wsi, r2, e, b, None, rs, cs, 1.0, 1.0)
-    assert torch.allclose(o2.float(), r2.float(), rtol=1e-2)
-    n += 2
-print("OK", n)
-"""
 
 
 def _run_interpreted(script: str) -> None:
@@ -367,11 +285,6 @@ def _run_interpreted(script: str) -> None:
     proc = subprocess.run([sys.executable, "-c", script], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
-
-
-def test_splitk_reduce_triton_interpreted():
-    """The Triton reduce kernel itself, run by Triton's CPU interpreter, vs its torch twin."""
-    _run_interpreted(_INTERPRET_SCRIPT)
 
 
 def _triton_ptx_sm90(kernel, sig: dict, const: dict, **options) -> str:
@@ -393,20 +306,6 @@ def _triton_ptx_sm90(kernel, sig: dict, const: dict, **options) -> str:
     except (TypeError, KeyError, AttributeError) as e:  # the ASTSource signature format changed
         pytest.skip(f"compile harness does not fit this Triton version: {e}")
     return compiled.asm["ptx"]
-
-
-def test_splitk_reduce_triton_compiles_for_sm90():
-    """The reduce kernel through Triton's whole GPU pipeline (PTX for sm_90) on the CPU."""
-    from cute_kernels.gemm.splitk import _splitk_reduce_kernel as K
-
-    sig = {"ws_ptr": "*fp32", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16", "row_ptr": "*fp32",
-           "col_ptr": "*fp32", "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "S": "i32",
-           "stride_ws_s": "i32", "stride_ws_m": "i32", "stride_out_m": "i32", "stride_res_m": "i32"}
-    for act in (1, 2, 3):
-        const = dict(ACT=act, HAS_BIAS=True, HAS_RES=True, ROW_SCALE=2, COL_SCALE=1, USE_ALPHA=True, USE_BETA=True,
-                     INT_ACC=False, RAW_OUT=False, BLOCK_M=16, BLOCK_N=128)
-        ptx = _triton_ptx_sm90(K, sig, const)
-        assert ".target sm_90" in ptx and "ld.global" in ptx and "st.global" in ptx
 
 
 # --------------------------------------------------------------------------- skinny (GEMV) path

@@ -51,7 +51,7 @@ SPLIT_CASES = [
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg,in_dt,ws_dt,acc", SPLIT_CASES, ids=["int8-split", "fp8-promoted-split", "fp8-pp64-split"])
 def test_8bit_split_k_compiles_for_sm90a(tmp_path, cfg, in_dt, ws_dt, acc):
-    """Split-K for 8-bit inputs (used when a config asks for it): raw int32 / fp32 partials."""
+    """Split-K for 8-bit inputs (used when a config asks for it): int32 / fp32 partials and outputs."""
     from cute_kernels.gemm.api import _compile
     from cute_kernels.gemm.kernel import Epilogue
 
@@ -60,7 +60,7 @@ def test_8bit_split_k_compiles_for_sm90a(tmp_path, cfg, in_dt, ws_dt, acc):
         ptx = f.read()
     form = {"Float32": ".f32.e", "Int32": ".s32.s8.s8"}[acc]
     assert any(form in line for line in ptx.splitlines() if "wgmma.mma_async" in line)
-    assert "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
+    assert "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx and "atom.global.acq_rel.add" in ptx
     from tests.test_gemm import _ptxas_report
 
     report = _ptxas_report(glob.glob(str(tmp_path / "*.ptx"))[0])

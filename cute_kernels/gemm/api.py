@@ -68,13 +68,7 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     es = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
     fa = mat(a_dt, m, a_major == "k", 16 // es(a_dt))
     fb = mat(b_dt, n, b_major == "k", 16 // es(b_dt))
-    if cfg.split_k > 1:
-        # Split-K workspace (M, N, S): raw 32-bit partial sums, S = split count at run time.
-        assert es(c_dt) == 4 and epi == type(epi)(), "split-K partials are raw fp32/int32 sums"
-        fd = make_fake_tensor(to_cutlass(c_dt), (m, n, cute.sym_int32()),
-                              (cute.sym_int64(divisibility=4), 1, cute.sym_int64(divisibility=4)), assumed_align=16)
-    else:
-        fd = make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
+    fd = make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
     f32 = cutlass.Float32
     vec = lambda length: make_fake_tensor(f32, (length,), (1,), assumed_align=4)  # noqa: E731
     bias_dt = to_cutlass(epi_bias_dtype(c_dt))
@@ -86,8 +80,15 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     fcol = {"none": None, "vector": vec(n), "scalar": vec(1)}[epi.col_scale]
     kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi)
     max_clusters = H100_SMS // (cfg.cluster_m * cfg.cluster_n)
+    args = (fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0))
+    entry = kernel
+    if cfg.split_k > 1:
+        # Split-K: partials workspace (accumulator dtype) and per-tile arrival counters.
+        entry = kernel.call_split
+        args += (make_fake_tensor(getattr(cutlass, acc_name), (cute.sym_int32(),), (1,), assumed_align=16),
+                 make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4), cutlass.Int32(2))
     return cute.compile(
-        kernel, fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0), max_clusters,
+        entry, *args, max_clusters,
         make_fake_stream(use_tvm_ffi_env_stream=True),
         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}" + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""),
     )
@@ -150,8 +151,8 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     """The launch for these operands' dtypes, majors and shape (config by heuristic).
 
     Returns a callable fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
-    the compiled kernel itself, or a `SplitKLaunch` (GEMM into fp32/int32 partials,
-    then the reduce with the epilogue) when the config splits K. The heuristic only
+    the compiled kernel itself, or a `SplitKLaunch` (the split-K kernel with its
+    workspace) when the config splits K. The heuristic only
     splits 16-bit GEMMs; 8-bit ones split when a config asks for it. 16-bit products of
     at most 8 rows take gemv.GemvLaunch (decode), unless CUTE_KERNELS_GEMV=0.
     """
@@ -176,28 +177,48 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
 class SplitKLaunch:
     """Split-K launch with the compiled kernel's call signature.
 
-    Per call: an (S, M, N) fp32 (int32 for int8) workspace from torch's caching
-    allocator, the GEMM kernel writing split s's partial sums to ws[s], then one
-    reduce kernel (splitk.py) that adds them and applies the epilogue into `out`.
-    Both launch on torch's current stream with no host sync (CUDA-graph capturable).
+    One kernel (GemmSm90.call_split): every split writes its partial sums to a
+    workspace, and the last split of each tile to arrive adds them up and runs the
+    fused epilogue into `out`. The workspace (partials and per-tile counters, which
+    the kernel leaves at zero) is cached per device and stream and grows on demand;
+    launches on one stream are ordered, so they can share it. No host sync, so the
+    launch captures into CUDA graphs.
     """
 
-    __slots__ = ("epi", "gemm", "reduce", "split", "ws_dtype")
+    __slots__ = ("gemm", "split", "cfg", "ws_dtype")
 
-    def __init__(self, gemm, split: int, epi, ws_dtype: torch.dtype):
-        from .splitk import splitk_reduce  # imports triton: only once something splits
-
-        self.gemm, self.split, self.epi, self.ws_dtype = gemm, split, epi, ws_dtype
-        self.reduce = splitk_reduce
+    def __init__(self, gemm, split: int, cfg: GemmConfig, ws_dtype: torch.dtype):
+        self.gemm, self.split, self.cfg, self.ws_dtype = gemm, split, cfg, ws_dtype
 
     def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
         M, N = out.shape
-        n_p = -(-N // 4) * 4  # 16-byte rows: the kernel's D must be TMA-describable
-        ws = torch.empty((self.split, M, n_p), dtype=self.ws_dtype, device=out.device)
-        part = ws.permute(1, 2, 0)  # (M, n_p, S): the kernel's (M, N, L) view
-        self.gemm(a, b_nk, part if n_p == N else part[:, :N], None, None, None, None, 1.0, 1.0)
-        self.reduce(ws, out, self.epi, bias, residual, row_scale, col_scale, alpha, beta)
+        cfg = self.cfg
+        # The kernel's tile grid is padded to whole clusters.
+        tiles_m = -(-(-(-M // cfg.tile_m)) // cfg.cluster_m) * cfg.cluster_m
+        tiles_n = -(-(-(-N // cfg.tile_n)) // cfg.cluster_n) * cfg.cluster_n
+        tiles = tiles_m * tiles_n
+        ws, sem = split_workspace(out.device, self.ws_dtype, self.split * tiles * cfg.tile_m * cfg.tile_n, tiles)
+        self.gemm(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta, ws, sem, self.split)
         return out
+
+
+_WORKSPACES: dict = {}
+
+
+def split_workspace(device, dtype: torch.dtype, elems: int, tiles: int):
+    """(partials, counters) for at least `elems` partial sums and `tiles` tiles, current stream.
+
+    The counters are zeroed once at allocation; each launch leaves them at zero.
+    """
+    key = (device, dtype, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    ws, sem = _WORKSPACES.get(key, (None, None))
+    if ws is None or ws.numel() < elems or sem.numel() < tiles:
+        elems = max(elems, 0 if ws is None else ws.numel())
+        tiles = max(tiles, 0 if sem is None else sem.numel())
+        ws = torch.empty(elems, dtype=dtype, device=device)
+        sem = torch.zeros(tiles, dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, sem)
+    return ws, sem
 
 
 _SPLIT_LAUNCHES: dict = {}
@@ -208,17 +229,11 @@ def _split_launch(kernel_name, a_dt, b_dt, out_dtype, majors, cfg, epi, acc_name
     launch = _SPLIT_LAUNCHES.get(key)
     if launch is None:
         ws_dtype = torch.int32 if acc_name == "Int32" else torch.float32
-        # One compiled kernel serves every split count (S is D's runtime extent).
-        gemm = get_kernel(kernel_name, a_dt, b_dt, ws_dtype, *majors, dataclasses.replace(cfg, split_k=2),
-                          _identity_epilogue(), acc_name)
-        launch = _SPLIT_LAUNCHES[key] = SplitKLaunch(gemm, split, epi, ws_dtype)
+        # One compiled kernel serves every split count (S is a runtime argument).
+        split_cfg = dataclasses.replace(cfg, split_k=2)
+        gemm = get_kernel(kernel_name, a_dt, b_dt, out_dtype, *majors, split_cfg, epi, acc_name)
+        launch = _SPLIT_LAUNCHES[key] = SplitKLaunch(gemm, split, split_cfg, ws_dtype)
     return launch
-
-
-def _identity_epilogue():
-    from .kernel import Epilogue
-
-    return Epilogue()
 
 
 # --------------------------------------------------------------------------- validation

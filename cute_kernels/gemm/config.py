@@ -26,10 +26,10 @@ class GemmConfig:
     tile that is then added into an fp32 main accumulator, because Hopper's fp8 wgmma
     keeps fewer accumulator bits than fp32 and long K sums would lose precision.
     split_k > 1 (split-K): the k-tiles of every output tile are dealt out in split_k
-    contiguous, balanced ranges; each (tile, range) is a work item of its own that
-    writes fp32 (int32 for int8) partial sums into a workspace, and a second kernel
-    (`splitk.py`) adds them and applies the fused epilogue. The kernel is compiled
-    once for "split or not"; the split count itself is a runtime value.
+    contiguous, balanced ranges; each (tile, range) is a work item of its own, and
+    the last of a tile's splits to finish adds the others' fp32 (int32 for int8)
+    partial sums from a workspace and runs the fused epilogue, in the same launch.
+    The kernel is compiled once for "split or not"; the split count is a runtime value.
     """
 
     tile_m: int = 128
@@ -212,20 +212,23 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
 # --------------------------------------------------------------------------- split-K
 #
 # A problem whose output has fewer tiles than there are SMs leaves SMs idle for the
-# whole main loop. Split-K deals each tile's K range out to `s` CTAs and adds the
-# partial sums in a second kernel. It pays: one extra launch and the fp32 partials'
-# traffic (written by the GEMM, read back by the reduce, mostly through L2). The model
-# below turns the tile cost above into microseconds and charges the split for both;
-# its constants are estimates from the H100 GEMM table (gemm_h100.md: 64x64 ping-pong
-# at 512x768 runs 4.8 us at K=768 and 11.2 us at K=3072, i.e. ~2.5 us fixed + 0.3 ps
-# per cost unit) and should be re-fitted from a split-K sweep (benchmarks/tune_gemm.py
-# --splits).
+# whole main loop. Split-K deals each tile's K range out to `s` CTAs of one launch;
+# the last split of a tile to finish adds the others' fp32 partials (GemmSm90.
+# split_fixup). It pays the fixup: a counter round trip or two and the finisher's
+# read of s - 1 partial tiles from L2 (the non-finishers' writes overlap other work).
+# The model turns the tile cost above into microseconds and adds the fixup. Fitted
+# on the H100 (same-run sweep, 2026-11-22, bf16): ~2.5 us fixed + 0.3 ps per cost
+# unit unsplit; the fixup measured ~0.5-1 us with S = 1 and ~2.3 us for one 128x128
+# partial read back (512x1600x6400: 128x128 ping-pong S = 2 25.8 us vs 28.3 unsplit;
+# 512x768x3072 stays unsplit on 64x64, 11.0 us vs 13.9 for the best split). Small-M
+# problems are also bound by the A/B panels' L2 -> SM traffic, which splitting does
+# not reduce; the 20% margin keeps the model off the cases that fitting misses.
 _US_FIXED = 2.5  # one GEMM launch: prologue, pipeline fill, last epilogue
 _US_PER_UNIT = 0.3e-6  # one unit of `default_config`'s cost (tile area x K / efficiency)
-_US_REDUCE_FIXED = 2.0  # the reduce kernel's launch and drain
-_REDUCE_BYTES_PER_US = 4e6  # partials written then read back (mostly L2)
+_US_FIXUP = 1.5  # a split tile's fixup: counter round trips, barriers, epilogue start
+_FIXUP_BYTES_PER_US = 5e4  # the finisher's read of the other splits' fp32 partials
 _SPLIT_GAIN = 0.8  # a split must be modelled at least 20% faster than no split
-# The tiles the split-K model was fitted on (128x160 came later and was never swept split).
+# The tiles the split-K model was fitted on (128x160 was never swept split).
 _SPLIT_TILES = ((128, 256), (128, 128), (128, 96), (64, 64))
 MIN_SPLIT_K_TILES = 4  # each split sums at least 4 k-tiles (256 of K for 16-bit inputs)
 MAX_SPLIT_K = 16
@@ -273,9 +276,8 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
             if nt * s > num_sms or s * MIN_SPLIT_K_TILES > k_tiles:
                 break
             k_split = math.ceil(k_tiles / s) * tk  # the longest split
-            partial_bytes = 2 * s * m * n * 4  # fp32 partials: written, then read back
-            us = (_model_us(tm, tn, pp, eff, nt * s, k_split, num_sms)
-                  + _US_REDUCE_FIXED + partial_bytes / _REDUCE_BYTES_PER_US)
+            finisher_bytes = (s - 1) * tm * tn * 4  # the other splits' fp32 partials
+            us = _model_us(tm, tn, pp, eff, nt * s, k_split, num_sms) + _US_FIXUP + finisher_bytes / _FIXUP_BYTES_PER_US
             if us < best_us - 1e-9:
                 cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
                 best, best_us = GemmConfig(tm, tn, cm, cn, pingpong=pp, split_k=s), us

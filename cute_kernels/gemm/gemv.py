@@ -9,9 +9,10 @@ cuBLAS's 6.1 us, both far from the 1.5 us that 5 MB at 3.35 TB/s allows.
 This kernel is the plain streaming shape instead: one program per BLOCK_N weight rows,
 a loop over K that loads [BLOCK_K, BLOCK_N] weight tiles (each row's K run is
 contiguous: full 128-byte lines), the M <= 16 activation rows padded to one tl.dot
-operand, fp32 accumulation, and the same fused epilogue as the GEMM (splitk.epilogue_math).
-Why Triton: see splitk.py (bandwidth-bound, any stride, CUDA-graph capturable, and its
-logic runs on a CPU under TRITON_INTERPRET=1 for tests).
+operand, fp32 accumulation, and the same fused epilogue as the GEMM (`epilogue_math` below).
+Why Triton: a bandwidth-bound streaming loop is a few lines there, it takes any stride
+without a compile per cache key of ours, launches on torch's stream (CUDA-graph
+capturable), and its logic runs on a CPU under TRITON_INTERPRET=1 for tests.
 
 At M = 1 the row is not padded to a tl.dot tile: the one-row form does FMAs into a
 [BLOCK_K, BLOCK_N] fp32 tile with tiles as narrow as 4 output columns, so even N = 1600
@@ -37,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .splitk import _ACT_CODE, epilogue_math
+_ACT_CODE = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
 GEMV_ENV = "CUTE_KERNELS_GEMV"
 GEMV_MAX_M = 8
@@ -59,6 +60,40 @@ def gemv_applies(a: torch.Tensor, b_nk: torch.Tensor, out_dtype, epi) -> bool:
         and epi.row_scale == "none"
         and epi.col_scale == "none"
     )
+
+
+@triton.jit
+def epilogue_math(x, rows, cols, rmask, cmask, bias_ptr, res_ptr, row_ptr, col_ptr, alpha, beta, stride_res_m,
+                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
+                  COL_SCALE: tl.constexpr, USE_ALPHA: tl.constexpr, USE_BETA: tl.constexpr):
+    """The GEMM epilogue on an fp32 [rows, cols] tile, in GemmSm90._epilogue_value's order."""
+    if USE_ALPHA:
+        x = x * alpha
+    if ROW_SCALE == 1:
+        x = x * tl.load(row_ptr)
+    if ROW_SCALE == 2:
+        x = x * tl.load(row_ptr + rows, mask=rmask, other=0.0)[:, None]
+    if COL_SCALE == 1:
+        x = x * tl.load(col_ptr)
+    if COL_SCALE == 2:
+        x = x * tl.load(col_ptr + cols, mask=cmask, other=0.0)[None, :]
+    if HAS_BIAS:
+        x = x + tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        x = tl.where(x < 0.0, 0.0, x)  # relu that keeps NaN (torch.relu does)
+    if ACT == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    if ACT == 3:
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = x / (1.0 + tl.exp(-2.0 * u))  # == 0.5 x (1 + tanh(u))
+    if HAS_RES:
+        mask = rmask[:, None] & cmask[None, :]
+        r = tl.load(res_ptr + rows[:, None] * stride_res_m + cols[None, :], mask=mask, other=0.0)
+        r = r.to(tl.float32)
+        if USE_BETA:
+            r = r * beta
+        x = x + r
+    return x
 
 
 @triton.jit

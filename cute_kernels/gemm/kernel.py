@@ -83,12 +83,15 @@ class GemmSm90:
     A and B panels in L2. Producer and consumers compute the same sequence, so
     no scheduling state is exchanged.
 
-    Split-K (cfg.split_k > 1, compiled once for any split count): D is a 32-bit
-    (M, N, S) workspace and S, its last extent, is the split count. Work item w is
-    (tile w % tiles, split l = w // tiles); split l sums k-tiles
-    [l * kt // S, (l + 1) * kt // S) (config.splitk_k_tiles) and writes its raw
-    partial sums to D[:, :, l] with the 32-bit epilogue. A second kernel (splitk.py)
-    adds the S slices and applies the fused epilogue.
+    Split-K (cfg.split_k > 1, entry point `call_split`, compiled once for any split
+    count S, a runtime argument): work item w is (tile w % tiles, split l = w // tiles);
+    split l sums k-tiles [l * kt // S, (l + 1) * kt // S) (config.splitk_k_tiles).
+    After its main loop a split either finds the other S - 1 partials published
+    (it is the finisher) or publishes its own raw accumulators to a global workspace
+    in register order (element v of thread e at v * threads + e: coalesced) and
+    counts in on the tile's counter, becoming the finisher if it is the last. The
+    finisher adds the partials into its registers, resets the counter and runs the
+    normal fused epilogue; the others skip it (`split_fixup`). One launch, no waits.
     """
 
     def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue):
@@ -150,7 +153,7 @@ class GemmSm90:
         self,
         mA: cute.Tensor,  # (M, K)
         mB: cute.Tensor,  # (N, K)
-        mD: cute.Tensor,  # (M, N), row-major; split-K: (M, N, S) 32-bit partial sums
+        mD: cute.Tensor,  # (M, N), row-major
         mBias: cute.Tensor | None,  # (N,)
         mResidual: cute.Tensor | None,  # (M, N)
         mRowScale: cute.Tensor | None,  # (M,) or (1,)
@@ -160,16 +163,40 @@ class GemmSm90:
         max_active_clusters: cutlass.Constexpr,
         stream,
     ):
+        assert not self.split, "a split-K config launches through call_split"
+        self._launch(mA, mB, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                     None, None, cutlass.Int32(1), max_active_clusters, stream)
+
+    @cute.jit
+    def call_split(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mD: cute.Tensor,
+        mBias: cute.Tensor | None,
+        mResidual: cute.Tensor | None,
+        mRowScale: cute.Tensor | None,
+        mColScale: cute.Tensor | None,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        mWs: cute.Tensor,  # (>= S * tiles * tile_m * tile_n,) accumulator dtype: the partials
+        mSem: cute.Tensor,  # (>= tiles,) int32 per-tile counters, zero between launches
+        splits: cutlass.Int32,  # S >= 1, at most the number of k-tiles
+        max_active_clusters: cutlass.Constexpr,
+        stream,
+    ):
+        """Split-K launch: the same operands as `__call__` plus the workspace and S."""
+        assert self.split, "call_split needs a config with split_k > 1"
+        self._launch(mA, mB, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                     mWs, mSem, splits, max_active_clusters, stream)
+
+    @cute.jit
+    def _launch(self, mA, mB, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, mWs, mSem, splits,
+                max_active_clusters: cutlass.Constexpr, stream):
         # Append the batch mode CuTe's TMA/tiling helpers expect: (M, K) -> (M, K, 1).
         mA = self._add_batch_mode(mA)
         mB = self._add_batch_mode(mB)
-        splits = cutlass.Int32(1)
-        if cutlass.const_expr(self.split):
-            # The split workspace already has its third mode: the split index.
-            assert mD.element_type.width == 32 and self.epi.is_identity, "split-K writes raw 32-bit partial sums"
-            splits = mD.shape[2]
-        else:
-            mD = self._add_batch_mode(mD)
+        mD = self._add_batch_mode(mD)
         self._setup(
             mA.element_type,
             mB.element_type,
@@ -209,6 +236,7 @@ class GemmSm90:
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.c_smem_staged)], 1024]
             vec_full_empty: cute.struct.MemRange[cutlass.Int64, VEC_STAGES * 2]
+            split_flag: cute.struct.MemRange[cutlass.Int32, 4]  # split-K: "finisher" flags (split_fixup)
             sVec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.vec_slots * VEC_STAGES], 16]
 
         self.shared_storage = SharedStorage
@@ -216,7 +244,7 @@ class GemmSm90:
 
         self.kernel(
             tma_a, tA, tma_b, tB, tma_d, tD, mD,
-            mBias, mResidual, mRowScale, mColScale, alpha, beta,
+            mBias, mResidual, mRowScale, mColScale, alpha, beta, mWs, mSem,
             clusters_m, clusters_n, splits,
             self.tiled_mma, self.a_smem_staged, self.b_smem_staged, self.c_smem_staged,
         ).launch(
@@ -253,6 +281,8 @@ class GemmSm90:
         mColScale: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
+        mWs: cute.Tensor | None,
+        mSem: cute.Tensor | None,
         clusters_m: cutlass.Int32,
         clusters_n: cutlass.Int32,
         splits: cutlass.Int32,
@@ -293,6 +323,7 @@ class GemmSm90:
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sD = storage.sD.get_tensor(c_smem_staged.outer, swizzle=c_smem_staged.inner)
         sVec = storage.sVec.get_tensor(cute.make_layout((self.vec_slots, VEC_STAGES)))
+        sFlag = storage.split_flag.get_tensor(cute.make_layout(4))
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
@@ -307,7 +338,8 @@ class GemmSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(
-                tiled_mma, sA, sB, sD, sVec, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
+                tiled_mma, sA, sB, sD, sVec, sFlag, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale,
+                alpha, beta, mWs, mSem,
                 ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, cute.ceil_div(mA.shape[1], self.tile_k),
             )
 
@@ -419,8 +451,8 @@ class GemmSm90:
 
     @cute.jit
     def consumer(
-        self, tiled_mma, sA, sB, sD, sVec, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta,
-        ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, k_tiles,
+        self, tiled_mma, sA, sB, sD, sVec, sFlag, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale,
+        alpha, beta, mWs, mSem, ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, k_tiles,
     ):
         """Consumer warpgroups: for each owned tile, `mma()` then `epilogue()`.
 
@@ -496,12 +528,15 @@ class GemmSm90:
                 tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
                 res_first = None
                 if cutlass.const_expr(self.epi.residual and self.c_dtype.width == 16):
-                    # The first slab's residual is loaded before the main loop, so its
-                    # global-memory latency hides under the MMAs instead of stalling the
-                    # epilogue (later slabs are loaded one slab ahead, in `epilogue`).
                     res_first = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], mResidual.element_type)
-                    self._load_residual(res_first, thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile)),
-                                        mD, mResidual, tm * self.tile_mn[0], tn * self.tile_mn[1])
+                    if cutlass.const_expr(not self.split):
+                        # The first slab's residual is loaded before the main loop, so its
+                        # global-memory latency hides under the MMAs instead of stalling the
+                        # epilogue (later slabs are loaded one slab ahead, in `epilogue`).
+                        # Split-K loads it after the fixup: only the finisher needs it, and
+                        # held across the fixup it spilled the 128 x 128 ping-pong tile.
+                        self._load_residual(res_first, thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile)),
+                                            mD, mResidual, tm * self.tile_mn[0], tn * self.tile_mn[1])
                 if cutlass.const_expr(pingpong):
                     if local > 0:  # wait for the other warpgroup to finish issuing its main loop
                         if wg_idx == 0:
@@ -512,20 +547,28 @@ class GemmSm90:
                     tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_count,
                     turn, wg_idx, work + step < total,
                 )
+                finish = True
+                if cutlass.const_expr(self.split):
+                    finish = self.split_fixup(acc, mWs, mSem, sFlag, tidx, wg_idx, tm, tn, split_idx, splits,
+                                              clusters_m, clusters_n, tiles_done, epi_barrier, epi_barrier_wg1)
                 if cutlass.const_expr(self.stage_vectors):
                     vec_pipeline.consumer_wait(vec_state)
-                if cutlass.const_expr(self.c_dtype.width == 32):
-                    self.epilogue_32bit(
-                        acc, tCcD, sD, box_sD, box_gD, tma_d, mD, mBias, mResidual, mRowScale, mColScale,
-                        factor, beta, tm, tn, split_idx, tiles_done, warp_idx - 4)
-                else:
-                    self.epilogue(
-                        acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
-                        factor, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
-                        epi_barrier, epi_barrier_wg1, res_first, sVec, vec_state.index,
-                    )
-                    if cutlass.const_expr(self.stage_vectors):
-                        vec_pipeline.consumer_release(vec_state)
+                if finish:
+                    if cutlass.const_expr(self.split and self.epi.residual and self.c_dtype.width == 16):
+                        self._load_residual(res_first, thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile)),
+                                            mD, mResidual, tm * self.tile_mn[0], tn * self.tile_mn[1])
+                    if cutlass.const_expr(self.c_dtype.width == 32):
+                        self.epilogue_32bit(
+                            acc, tCcD, sD, box_sD, box_gD, tma_d, mD, mBias, mResidual, mRowScale, mColScale,
+                            factor, beta, tm, tn, tiles_done, warp_idx - 4)
+                    else:
+                        self.epilogue(
+                            acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
+                            factor, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
+                            epi_barrier, epi_barrier_wg1, res_first, sVec, vec_state.index,
+                        )
+                if cutlass.const_expr(self.stage_vectors):
+                    vec_pipeline.consumer_release(vec_state)
                 tiles_done += 1
             else:
                 # The other warpgroup's tile: step over its stages in the smem ring.
@@ -577,6 +620,62 @@ class GemmSm90:
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
         return read_state, release_state
+
+    @cute.jit
+    def split_fixup(self, acc, mWs, mSem, sFlag, tidx, wg_idx, tm, tn, split_idx, splits, clusters_m, clusters_n,
+                    tiles_done, epi_barrier, epi_barrier_wg1):
+        """Split-K: exactly one split of the tile (the finisher) adds all the partials.
+
+        Returns whether this CTA (warpgroup, in ping-pong) is the finisher and runs the
+        tile's epilogue. The tile's counter holds how many splits have published
+        their partial. A split that finds S - 1 already published is the finisher and
+        writes nothing; otherwise it publishes its partial (store, release fence) and
+        counts in, and the one that brings the count to S is the finisher. Either way
+        exactly one split finishes, nobody waits for anybody (a spin loop here made
+        ptxas spill under the 168-register launch cap), and the finisher resets the
+        counter for the next launch.
+        """
+        pingpong = self.cfg.pingpong
+        threads = self.threads_per_wg if pingpong else self.num_mma_threads
+        e = tidx % self.threads_per_wg if pingpong else tidx  # this thread's rank in the tile
+        tiles_n = clusters_n * self.cluster_mn[1]
+        tiles = clusters_m * self.cluster_mn[0] * tiles_n
+        tile = tm * tiles_n + tn
+        tile_elems = self.tile_mn[0] * self.tile_mn[1]
+        n_acc = cute.size(acc)
+        # Flags alternate between two slots per epilogue group, so a fast thread setting
+        # the next tile's flag never overwrites one a slow thread has yet to read.
+        slot = tiles_done % 2
+        if cutlass.const_expr(pingpong):
+            slot = wg_idx * 2 + tiles_done % 2
+        if e == 0:
+            seen = cute.arch.load(mSem.iterator + tile, cutlass.Int32, sem="acquire", scope="gpu")
+            sFlag[slot] = cutlass.select_(seen == splits - 1, cutlass.Int32(1), cutlass.Int32(0))
+        self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+        finish = sFlag[slot] == 1
+        if not finish:
+            # Register order, threads fastest: each warp-wide store is one 128-byte line.
+            base = (split_idx * tiles + tile) * tile_elems + e
+            for v in cutlass.range_constexpr(n_acc):
+                mWs[base + v * threads] = acc[v]
+            # Release the partial before counting in; the finisher acquires all of them.
+            cute.arch.fence_acq_rel_gpu()
+            self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+            if e == 0:
+                old = cute.arch.atomic_add(mSem.iterator + tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+                sFlag[slot] = cutlass.select_(old == splits - 1, cutlass.Int32(1), cutlass.Int32(0))
+            self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+            finish = sFlag[slot] == 1
+        if finish:
+            if e == 0:
+                mSem[tile] = 0  # all other splits have counted in: ready for the next launch
+            cute.arch.fence_acq_rel_gpu()
+            for other in range(splits):
+                if other != split_idx:
+                    obase = (other * tiles + tile) * tile_elems + e
+                    for v in cutlass.range_constexpr(n_acc):
+                        acc[v] = acc[v] + mWs[obase + v * threads]
+        return finish
 
     @cute.jit
     def _mma_promoted(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles):
@@ -676,7 +775,7 @@ class GemmSm90:
     @cute.jit
     def epilogue_32bit(
         self, acc, tCcD, sD, box_sD, box_gD, tma_d, mD, mBias, mResidual, mRowScale, mColScale,
-        factor, beta, tm, tn, l_idx, tiles_done, warp_slot,
+        factor, beta, tm, tn, tiles_done, warp_slot,
     ):
         """32-bit outputs (raw int32, fp32): per-warp 16 x 32 boxes -> swizzled smem -> TMA store.
 
@@ -688,7 +787,7 @@ class GemmSm90:
         the 8 rows of a store instruction on distinct banks), fences the generic-proxy
         writes for the async proxy, and lane 0 issues the store. No warp waits for any
         other, so a warp's stores overlap its neighbours' math. TMA clips the boxes at
-        M and N; l_idx is D's batch index (the split index for split-K, else 0).
+        M and N.
         """
         box_m, box_n = self.epi_tile
         groups_per_box = box_n // 8
@@ -733,7 +832,7 @@ class GemmSm90:
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.copy(tma_d, box_sD[(None, buf)],
-                              box_gD[(None, ((row0 + band) // box_m, (col0 + b * box_n) // box_n, l_idx))])
+                              box_gD[(None, ((row0 + band) // box_m, (col0 + b * box_n) // box_n, 0))])
                     cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
