@@ -203,6 +203,35 @@ def test_gemm_layouts(layout, dtype, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["offset1", "odd_n_padded", "odd_stride", "contiguous"])
+@pytest.mark.parametrize("M,N,K", [(300, 1601, 1600), (129, 768, 3072)])
+def test_linear_residual_layouts(layout, M, N, K):
+    """The epilogue reads the residual as 4-byte column pairs: misaligned bases and odd row
+    strides go through a copy, odd N reads its padding column; the recorded plan re-checks
+    the residual's alignment per call (second call with an offset-by-one residual)."""
+    import cute_kernels as ck
+
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+
+    def residual(kind):
+        if kind == "offset1":
+            return torch.randn(M * N + 1, device="cuda", dtype=torch.bfloat16)[1:].view(M, N)
+        if kind == "odd_n_padded":
+            return torch.randn(M, N + 7 + (N % 2), device="cuda", dtype=torch.bfloat16)[:, :N]
+        if kind == "odd_stride":
+            return torch.randn(M, N + 1 + (N + 1) % 2, device="cuda", dtype=torch.bfloat16)[:, :N]
+        return torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+
+    for kind in (layout, "offset1"):
+        res = residual(kind)
+        out = ck.linear(x, w, bias, residual=res)
+        ref = ck.linear_ref(x.float(), w.float(), bias.float(), residual=res.float())
+        _err_rule(out, torch.nn.functional.linear(x, w, bias) + res, ref)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])

@@ -143,8 +143,29 @@ def run_gemm(
     GemmConfig with split_k > 1 forces split-K (clamped to the number of k-tiles).
     """
     fn = kernel_for(a, b_nk, out.dtype, epi, config=config, kernel_name=kernel_name, acc_name=acc_name)
-    fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta)
+    fn(a, b_nk, out, bias, residual_for_kernel(residual), row_scale, col_scale, alpha, beta)
     return out
+
+
+def _residual_ok(res: torch.Tensor) -> bool:
+    return res.stride(1) == 1 and not res.data_ptr() & 3 and not res.stride(0) & 1
+
+
+def residual_for_kernel(res: torch.Tensor | None) -> torch.Tensor | None:
+    """The residual as the kernel reads it, copied only when it must be.
+
+    The 16-bit epilogue loads the residual as 4-byte column pairs
+    (GemmSm90._load_residual): it needs unit column stride, a 4-byte aligned base and
+    an even row stride (so odd N has a padding column for the last pair). Anything
+    else is copied into a row-padded buffer. 32-bit residuals (fp32 output) are read
+    one element at a time and pass through.
+    """
+    if res is None or res.element_size() != 2 or _residual_ok(res):
+        return res
+    M, N = res.shape
+    buf = torch.empty((M, padded_n(N, res.dtype)), dtype=res.dtype, device=res.device)
+    buf[:, :N] = res
+    return buf[:, :N]
 
 
 def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90", acc_name="Float32"):
@@ -379,7 +400,8 @@ def linear(
         plan = _LINEAR_PLANS.get(key)
     except AttributeError:  # not tensors: the full path raises the right error
         key, plan = None, None
-    if plan is not None and not (x.data_ptr() | weight.data_ptr()) & 15:
+    if plan is not None and not (x.data_ptr() | weight.data_ptr()) & 15 and (
+            residual is None or not residual.data_ptr() & 3):
         fn, M, N, K, n_p, lead = plan
         buf = torch.empty((M, n_p), dtype=x.dtype, device=x.device)
         out = buf if n_p == N else buf[:, :N]
@@ -465,9 +487,7 @@ def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
             raise ValueError(f"residual must be a {x.dtype} tensor of shape {(*lead, N)}")
         if residual.device != x.device:
             raise ValueError(f"residual is on {residual.device}, expected {x.device}")
-        res2 = residual.reshape(-1, N)
-        if res2.stride(1) != 1:
-            res2 = res2.contiguous()
+        res2 = residual_for_kernel(residual.reshape(-1, N))
     out = _alloc_out(M, N, x.dtype, x.device)
     if M and N:
         if K == 0:

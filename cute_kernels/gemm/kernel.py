@@ -528,7 +528,7 @@ class GemmSm90:
                 tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
                 res_first = None
                 if cutlass.const_expr(self.epi.residual and self.c_dtype.width == 16):
-                    res_first = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], mResidual.element_type)
+                    res_first = self._residual_fragment(thr_r2s, sD)
                     if cutlass.const_expr(not self.split):
                         # The first slab's residual is loaded before the main loop, so its
                         # global-memory latency hides under the MMAs instead of stalling the
@@ -741,7 +741,7 @@ class GemmSm90:
             buf0 = wg_idx * EPI_STAGES
         res = [None, None]
         if cutlass.const_expr(self.epi.residual):
-            res = [res_first, cute.make_rmem_tensor(res_first.shape, mResidual.element_type)]
+            res = [res_first, self._residual_fragment(thr_r2s, sD)]
         for slab in cutlass.range_constexpr(n_slabs):
             for v in cutlass.range_constexpr(n_regs):
                 tRS_rD[v] = rd_dtype(tRS_acc[slab * n_regs + v])
@@ -853,14 +853,33 @@ class GemmSm90:
             atom_c = atom_r2s
         return cute.make_tiled_copy_S(atom_r2s, cute.make_tiled_copy_C_atom(atom_c, tiled_mma))
 
+    def _residual_fragment(self, thr_r2s, sD):
+        """Registers for one slab of the residual: its 16-bit values in (column) pairs, one Int32
+        per pair (see `_load_residual`)."""
+        return cute.make_rmem_tensor((cute.size(thr_r2s.partition_S(sD).shape[:3]) // 2,), cutlass.Int32)
+
     @cute.jit
     def _load_residual(self, rR, cD, mD, mResidual, row0, col0):
-        """residual[(row0, col0) + cD[i]] -> rR[i], clamped into the matrix like `_epilogue_math`."""
+        """residual[(row0, col0) + cD[i]] for the slab's values i, as 4-byte column pairs.
+
+        A thread's slab values come in pairs (i, i + 1) at columns (c, c + 1), c even
+        (the wgmma accumulator layout). One 4-byte load per pair instead of two 2-byte
+        ones halves the load instructions, each of which touches 8 rows (8 L1 wavefronts).
+        The host passes a residual with a 4-byte aligned base and an even row stride
+        (api.residual_for_kernel). Rows past M are clamped; columns to the last even one,
+        (N - 1) & ~1: its pair is (N - 2, N - 1) for even N and (N - 1, padding) for odd N,
+        whose rows are padded. Clamped values land in clipped outputs only.
+        """
         m_last = mD.shape[0] - 1
-        n_last = mD.shape[1] - 1
-        for v in cutlass.range_constexpr(cute.size(rR)):
-            m_local, n_local = cD[v]
-            rR[v] = mResidual[cutlass.min(row0 + m_local, m_last), cutlass.min(col0 + n_local, n_last)]
+        n_pair = (mD.shape[1] - 1) // 2 * 2
+        for k in cutlass.range_constexpr(cute.size(rR)):
+            m_local, n_local = cD[2 * k]
+            crd = (cutlass.min(row0 + m_local, m_last), cutlass.min(col0 + n_local, n_pair))
+            addr = (mResidual.iterator + cute.crd2idx(crd, mResidual.layout)).toint()
+            # The residual pointer is only known 2-byte aligned: an Int32 view of it would be
+            # split into two 2-byte loads. The host guarantees 4 (see above).
+            pair = cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=4)
+            rR[k] = cute.make_tensor(pair, cute.make_layout(1))[0]
 
     def _vector_segments(self):
         """(kind, first slot, length) of each staged vector present in the epilogue."""
@@ -912,7 +931,7 @@ class GemmSm90:
     def _epilogue_math(self, rD, cD, mD, mBias, rRes, mRowScale, mColScale, factor, beta, row0, col0,
                        sVec, buf, r_tile0, c_tile0):
         """In-register epilogue on one fp32 slab; register i sits at (row0, col0) + cD[i]
-        (in the tile: (r_tile0, c_tile0) + cD[i]) and its residual (if any) at rRes[i].
+        (in the tile: (r_tile0, c_tile0) + cD[i]); its residual (if any) is half i of rRes (pairs).
 
         Vector operands come from the tile's staged copy in sVec when `stage_vectors`;
         otherwise coordinates are clamped into the matrix instead of predicated: rows
@@ -925,11 +944,14 @@ class GemmSm90:
         sV = None
         if cutlass.const_expr(self.stage_vectors):
             sV = sVec[(None, buf)]
+        res_vals = None
+        if cutlass.const_expr(self.epi.residual):
+            res_vals = cute.recast_tensor(rRes, self.c_dtype)  # the pairs' 16-bit halves, in order
         for v in cutlass.range_constexpr(cute.size(rD)):
             m_local, n_local = cD[v]
             r = None
             if cutlass.const_expr(self.epi.residual):
-                r = rRes[v]
+                r = res_vals[v]
             if cutlass.const_expr(self.stage_vectors):
                 rs = cs = b = None
                 if cutlass.const_expr(self.epi.row_scale == "vector"):
