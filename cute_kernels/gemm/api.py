@@ -73,8 +73,11 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     vec = lambda length: make_fake_tensor(f32, (length,), (1,), assumed_align=4)  # noqa: E731
     bias_dt = to_cutlass(epi_bias_dtype(c_dt))
     fbias = make_fake_tensor(bias_dt, (n,), (1,), assumed_align=2) if epi.bias else None
+    # A 16-bit residual is TMA-loaded (16-byte base and rows: residual_for_kernel).
+    res_div, res_align = (8, 16) if es(c_dt) == 2 else (1, 4)
     fres = (
-        make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(), 1), assumed_align=2) if epi.residual else None
+        make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=res_div), 1), assumed_align=res_align)
+        if epi.residual else None
     )
     frow = {"none": None, "vector": vec(m), "scalar": vec(1)}[epi.row_scale]
     fcol = {"none": None, "vector": vec(n), "scalar": vec(1)}[epi.col_scale]
@@ -148,17 +151,17 @@ def run_gemm(
 
 
 def _residual_ok(res: torch.Tensor) -> bool:
-    return res.stride(1) == 1 and not res.data_ptr() & 3 and not res.stride(0) & 1
+    return res.stride(1) == 1 and not res.data_ptr() & 15 and not res.stride(0) & 7
 
 
 def residual_for_kernel(res: torch.Tensor | None) -> torch.Tensor | None:
     """The residual as the kernel reads it, copied only when it must be.
 
-    The 16-bit epilogue loads the residual as 4-byte column pairs
-    (GemmSm90._load_residual): it needs unit column stride, a 4-byte aligned base and
-    an even row stride (so odd N has a padding column for the last pair). Anything
-    else is copied into a row-padded buffer. 32-bit residuals (fp32 output) are read
-    one element at a time and pass through.
+    The 16-bit epilogue TMA-loads the residual (or loads it as 4-byte column pairs,
+    GemmSm90._load_residual, which also needs an even row stride so that odd N has a
+    padding column): it needs unit column stride, a 16-byte aligned base and 16-byte
+    row strides. Anything else is copied into a row-padded buffer. 32-bit residuals
+    (fp32 output) are read one element at a time and pass through.
     """
     if res is None or res.element_size() != 2 or _residual_ok(res):
         return res
@@ -401,7 +404,7 @@ def linear(
     except AttributeError:  # not tensors: the full path raises the right error
         key, plan = None, None
     if plan is not None and not (x.data_ptr() | weight.data_ptr()) & 15 and (
-            residual is None or not residual.data_ptr() & 3):
+            residual is None or not residual.data_ptr() & 15):
         fn, M, N, K, n_p, lead = plan
         buf = torch.empty((M, n_p), dtype=x.dtype, device=x.device)
         out = buf if n_p == N else buf[:, :N]

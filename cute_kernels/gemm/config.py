@@ -59,8 +59,8 @@ class GemmConfig:
     def tile_k(self, in_bytes: int) -> int:
         return 128 // in_bytes
 
-    def ab_stages(self, in_bytes: int, out_bytes: int) -> int:
-        return _ab_stages(self, in_bytes, out_bytes)
+    def ab_stages(self, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:
+        return _ab_stages(self, in_bytes, out_bytes, extra_smem)
 
     def validate(self, in_bytes: int = 2, out_bytes: int = 2) -> None:
         """The one validity check for a config; raises ValueError with the reason."""
@@ -130,12 +130,25 @@ def epi_vector_bytes(cfg: GemmConfig, out_bytes: int) -> int:
     return 4 * epi_vector_slots(cfg) * VEC_STAGES
 
 
-def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int) -> int:
+def residual_smem_bytes(cfg: GemmConfig, out_bytes: int) -> int:
+    """Shared memory for the residual slabs a 16-bit epilogue TMA-loads (two per warpgroup
+    that runs epilogues), plus their mbarriers."""
+    if out_bytes != 2:
+        return 0
+    em, en = epi_tile(cfg, out_bytes)
+    return em * en * out_bytes * RES_SLOTS * (2 if cfg.pingpong else 1) + 64
+
+
+RES_SLOTS = 2  # residual slabs in flight per epilogue warpgroup
+
+
+def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:
     tk = cfg.tile_k(in_bytes)
     per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
     em, en = epi_tile(cfg, out_bytes)
     epi = em * en * out_bytes * epi_buffers(cfg, out_bytes)
-    reserved = 1024 + 1024 + epi_vector_bytes(cfg, out_bytes)  # mbarriers + alignment slack + staged epilogue vectors
+    # mbarriers + alignment slack + staged epilogue vectors + what the epilogue asks for (residual slabs)
+    reserved = 1024 + 1024 + epi_vector_bytes(cfg, out_bytes) + extra_smem
     return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
 
 

@@ -20,7 +20,17 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .config import EPI_STAGES, SM90_SMEM_BYTES, VEC_STAGES, GemmConfig, epi_buffers, epi_tile, epi_vector_slots
+from .config import (
+    EPI_STAGES,
+    RES_SLOTS,
+    SM90_SMEM_BYTES,
+    VEC_STAGES,
+    GemmConfig,
+    epi_buffers,
+    epi_tile,
+    epi_vector_slots,
+    residual_smem_bytes,
+)
 
 _SQRT_2_OVER_PI = 0.7978845608028654
 _INV_SQRT_2 = 0.7071067811865476
@@ -138,6 +148,18 @@ class GemmSm90:
         self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
         self.c_smem_staged = sm90_utils.make_smem_layout_epi(
             c_dtype, c_layout, self.epi_tile, epi_buffers(self.cfg, out_bytes))
+        # A 16-bit residual is TMA-loaded slab by slab into RES_SLOTS smem buffers per
+        # epilogue warpgroup and read there at the accumulator coordinates, where the tile
+        # has the shared memory to spare (128 x 160, 64 x 64: no A/B stage lost) and does
+        # not split K. Otherwise each thread loads its values from global memory as column
+        # pairs (`_load_residual`).
+        res_bytes = residual_smem_bytes(self.cfg, out_bytes)
+        self.res_tma = (self.epi.residual and out_bytes == 2 and not self.split
+                        and self.cfg.ab_stages(in_bytes, out_bytes, res_bytes) == self.ab_stages)
+        self.res_slots = RES_SLOTS * (2 if self.cfg.pingpong else 1)
+        self.n_slabs = (self.tile_mn[0] // self.epi_tile[0]) * (self.tile_mn[1] // self.epi_tile[1])
+        self.r_smem_staged = sm90_utils.make_smem_layout_epi(
+            c_dtype, c_layout, self.epi_tile, self.res_slots if self.res_tma else 1)
         # 16-bit epilogues read per-row / per-column vectors from a per-tile smem copy
         # that the vector-loader warp fills ahead (`load_vectors`).
         # Not for the 128 x 256 cooperative tile with a residual: its 128 accumulators
@@ -219,6 +241,10 @@ class GemmSm90:
             num_multicast=self.cluster_mn[0],
         )
         tma_d, tD = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mD, c_smem, self.epi_tile)
+        tma_r = tR = None
+        if cutlass.const_expr(self.res_tma):
+            tma_r, tR = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), self._add_batch_mode(mResidual),
+                                                    cute.slice_(self.r_smem_staged, (None, None, 0)), self.epi_tile)
 
         tiles_m = cute.ceil_div(mD.shape[0], self.tile_mn[0])
         tiles_n = cute.ceil_div(mD.shape[1], self.tile_mn[1])
@@ -237,16 +263,19 @@ class GemmSm90:
             sD: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.c_smem_staged)], 1024]
             vec_full_empty: cute.struct.MemRange[cutlass.Int64, VEC_STAGES * 2]
             split_flag: cute.struct.MemRange[cutlass.Int32, 4]  # split-K: "finisher" flags (split_fixup)
+            res_full: cute.struct.MemRange[cutlass.Int64, 4]  # residual slabs landed (TMA transaction bytes)
+            sRes: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(self.r_smem_staged) if self.res_tma else 8], 1024]
             sVec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.vec_slots * VEC_STAGES], 16]
 
         self.shared_storage = SharedStorage
         assert SharedStorage.size_in_bytes() <= SM90_SMEM_BYTES
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_d, tD, mD,
+            tma_a, tA, tma_b, tB, tma_d, tD, tma_r, tR, mD,
             mBias, mResidual, mRowScale, mColScale, alpha, beta, mWs, mSem,
             clusters_m, clusters_n, splits,
-            self.tiled_mma, self.a_smem_staged, self.b_smem_staged, self.c_smem_staged,
+            self.tiled_mma, self.a_smem_staged, self.b_smem_staged, self.c_smem_staged, self.r_smem_staged,
         ).launch(
             grid=(self.cluster_mn[0], self.cluster_mn[1], num_clusters),
             block=[self.num_threads, 1, 1],
@@ -274,6 +303,8 @@ class GemmSm90:
         mB: cute.Tensor,
         tma_d: cute.CopyAtom,
         mD_tma: cute.Tensor,
+        tma_r: cute.CopyAtom | None,
+        mR_tma: cute.Tensor | None,
         mD: cute.Tensor,
         mBias: cute.Tensor | None,
         mResidual: cute.Tensor | None,
@@ -290,6 +321,7 @@ class GemmSm90:
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
         c_smem_staged: cute.ComposedLayout,
+        r_smem_staged: cute.ComposedLayout,
     ):
         # Layouts and the tiled MMA are built on the host (the TMA atoms need them) and
         # passed in: values created outside the kernel region cannot be used inside it.
@@ -298,6 +330,8 @@ class GemmSm90:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
             cpasync.prefetch_descriptor(tma_d)
+            if cutlass.const_expr(self.res_tma):
+                cpasync.prefetch_descriptor(tma_r)
 
         cta_layout = cute.make_layout((*self.cluster_mn, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -316,6 +350,13 @@ class GemmSm90:
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                 defer_sync=True,
             )
+        res_full = storage.res_full.data_ptr()
+        if cutlass.const_expr(self.res_tma):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    for i in cutlass.range_constexpr(self.res_slots):
+                        cute.arch.mbarrier_init(res_full + i, 1)
+                cute.arch.mbarrier_init_fence()
         # Cluster peers must see initialised barriers before any multicast lands.
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
 
@@ -324,6 +365,9 @@ class GemmSm90:
         sD = storage.sD.get_tensor(c_smem_staged.outer, swizzle=c_smem_staged.inner)
         sVec = storage.sVec.get_tensor(cute.make_layout((self.vec_slots, VEC_STAGES)))
         sFlag = storage.split_flag.get_tensor(cute.make_layout(4))
+        sRes = None
+        if cutlass.const_expr(self.res_tma):
+            sRes = storage.sRes.get_tensor(r_smem_staged.outer, swizzle=r_smem_staged.inner)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
@@ -339,7 +383,7 @@ class GemmSm90:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(
                 tiled_mma, sA, sB, sD, sVec, sFlag, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale,
-                alpha, beta, mWs, mSem,
+                alpha, beta, mWs, mSem, (tma_r, mR_tma, sRes, res_full),
                 ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, cute.ceil_div(mA.shape[1], self.tile_k),
             )
 
@@ -452,7 +496,7 @@ class GemmSm90:
     @cute.jit
     def consumer(
         self, tiled_mma, sA, sB, sD, sVec, sFlag, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale,
-        alpha, beta, mWs, mSem, ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, k_tiles,
+        alpha, beta, mWs, mSem, res_tma, ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, k_tiles,
     ):
         """Consumer warpgroups: for each owned tile, `mma()` then `epilogue()`.
 
@@ -527,7 +571,12 @@ class GemmSm90:
             if mine:
                 tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
                 res_first = None
-                if cutlass.const_expr(self.epi.residual and self.c_dtype.width == 16):
+                if cutlass.const_expr(self.res_tma):
+                    # The first slabs' TMA loads start before the main loop (see `epilogue`).
+                    if is_store_warp:
+                        for slab in cutlass.range_constexpr(min(RES_SLOTS, self.n_slabs)):
+                            self._issue_residual_slab(res_tma, tm, tn, wg_idx, slab)
+                if cutlass.const_expr(self.epi.residual and self.c_dtype.width == 16 and not self.res_tma):
                     res_first = self._residual_fragment(thr_r2s, sD)
                     if cutlass.const_expr(not self.split):
                         # The first slab's residual is loaded before the main loop, so its
@@ -565,7 +614,7 @@ class GemmSm90:
                         self.epilogue(
                             acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
                             factor, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline,
-                            epi_barrier, epi_barrier_wg1, res_first, sVec, vec_state.index,
+                            epi_barrier, epi_barrier_wg1, res_first, sVec, vec_state.index, res_tma,
                         )
                 if cutlass.const_expr(self.stage_vectors):
                     vec_pipeline.consumer_release(vec_state)
@@ -707,7 +756,7 @@ class GemmSm90:
     def epilogue(
         self, acc, copy_r2s, thr_r2s, sD, tma_d, gD, mD, mBias, mResidual, mRowScale, mColScale,
         factor, beta, tm, tn, tiles_done, wg_idx, is_store_warp, store_pipeline, epi_barrier, epi_barrier_wg1,
-        res_first, sVec, vec_buf,
+        res_first, sVec, vec_buf, res_tma,
     ):
         """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store.
 
@@ -740,19 +789,26 @@ class GemmSm90:
         if cutlass.const_expr(self.cfg.pingpong):
             buf0 = wg_idx * EPI_STAGES
         res = [None, None]
-        if cutlass.const_expr(self.epi.residual):
+        if cutlass.const_expr(self.epi.residual and not self.res_tma):
             res = [res_first, self._residual_fragment(thr_r2s, sD)]
+        r_tma = None
+        if cutlass.const_expr(self.res_tma):
+            r_tma = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
         for slab in cutlass.range_constexpr(n_slabs):
             for v in cutlass.range_constexpr(n_regs):
                 tRS_rD[v] = rd_dtype(tRS_acc[slab * n_regs + v])
             slab_mn = slab_layout.get_hier_coord(slab)
-            if cutlass.const_expr(self.epi.residual and slab + 1 < n_slabs):
+            rres = res[slab % 2]
+            if cutlass.const_expr(self.res_tma):
+                self._read_residual_slab(res_tma, r_tma, tRS_cD, tiles_done, wg_idx, slab, n_slabs)
+                rres = r_tma
+            if cutlass.const_expr(self.epi.residual and not self.res_tma and slab + 1 < n_slabs):
                 nxt = slab_layout.get_hier_coord(slab + 1)
                 self._load_residual(res[(slab + 1) % 2], tRS_cD, mD, mResidual,
                                     tm * self.tile_mn[0] + nxt[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + nxt[1] * self.epi_tile[1])
             if cutlass.const_expr(not self.epi.is_identity):
-                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, res[slab % 2], mRowScale, mColScale, factor, beta,
+                self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, rres, mRowScale, mColScale, factor, beta,
                                     tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1],
                                     sVec, vec_buf, slab_mn[0] * self.epi_tile[0], slab_mn[1] * self.epi_tile[1])
@@ -770,7 +826,49 @@ class GemmSm90:
                     cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
                     store_pipeline.producer_commit()
                     store_pipeline.producer_acquire()
+                if cutlass.const_expr(self.res_tma and slab + RES_SLOTS < n_slabs):
+                    # Everyone has read this slab's residual (barrier above): refill its slot.
+                    self._issue_residual_slab(res_tma, tm, tn, wg_idx, slab + RES_SLOTS)
             self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+
+    @cute.jit
+    def _issue_residual_slab(self, res_tma, tm, tn, wg_idx, slab: int):
+        """TMA-load residual slab `slab` of tile (tm, tn) into its smem slot (one whole warp).
+
+        Called by the full warp: the DSL's TMA load elects its issuing lane itself
+        (`elect.sync` over all 32 lanes), so calling it from inside `elect_one()` hangs
+        (the first GPU run of this path did). Only the expect-tx arrive is elected here."""
+        tma_r, mR_tma, sRes, res_full = res_tma
+        slot = slab % RES_SLOTS
+        if cutlass.const_expr(self.cfg.pingpong):
+            slot = wg_idx * RES_SLOTS + slab % RES_SLOTS
+        gR = cute.local_tile(mR_tma, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
+        tRsR, tRgR = cpasync.tma_partition(
+            tma_r, 0, cute.make_layout(1), cute.group_modes(sRes, 0, 2),
+            cute.zipped_divide(gR[(None, None, tm, tn, 0)], self.epi_tile),
+        )
+        per_row = self.tile_mn[1] // self.epi_tile[1]
+        bar = res_full + slot
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8)
+        cute.copy(tma_r, tRgR[(None, (slab // per_row, slab % per_row))], tRsR[(None, slot)], tma_bar_ptr=bar)
+
+    @cute.jit
+    def _read_residual_slab(self, res_tma, rR, cD, tiles_done, wg_idx, slab: int, n_slabs: int):
+        """Wait for residual slab `slab` and copy this thread's values (slab coordinates cD)
+        into rR. Slot j of a warpgroup is filled ceil((n_slabs - j) / RES_SLOTS) times per
+        tile, which gives each wait its mbarrier phase. Rows and columns past M and N were
+        zero-filled by TMA; their outputs are clipped by the store."""
+        _tma_r, _mR, sRes, res_full = res_tma
+        j = slab % RES_SLOTS
+        slot = j
+        if cutlass.const_expr(self.cfg.pingpong):
+            slot = wg_idx * RES_SLOTS + j
+        fills = (n_slabs - j + RES_SLOTS - 1) // RES_SLOTS
+        cute.arch.mbarrier_wait(res_full + slot, (tiles_done * fills + slab // RES_SLOTS) % 2)
+        sR = sRes[(None, None, slot)]
+        for v in cutlass.range_constexpr(cute.size(rR)):
+            rR[v] = sR[cD[v]]
 
     @cute.jit
     def epilogue_32bit(
