@@ -69,7 +69,8 @@ class GemmSm90:
         epilogue runs under the other's main loop. Per tile: `mma()` (wgmma main loop;
         FP8 "promote" adds each k-tile's partial sums into an fp32 accumulator), then
         `epilogue()`: accumulators -> epilogue math in fp32 -> output dtype -> stmatrix
-        into a staged smem slab -> one warp issues the TMA store. 32-bit outputs
+        into a staged smem slab -> one warp issues the TMA store (the same store warp
+        TMA-loads the tile's residual slabs ahead, when `res_tma`). 32-bit outputs
         (int32, fp32) use `epilogue_32bit()`: each warp writes its own 16 x 32 boxes
         into two private swizzled smem buffers and its lane 0 TMA-stores them, with no
         barrier between warps.
@@ -86,6 +87,11 @@ class GemmSm90:
         that keeps at most EPI_STAGES - 1 TMA stores in flight before an epilogue
         buffer is reused. The 32-bit epilogue keeps the same discipline per warp
         (lane 0's bulk groups).
+      * residual slots (`res_tma`: RES_SLOTS smem slabs per epilogue warpgroup, one
+        mbarrier each, completed by the TMA transaction bytes): the store warp loads
+        the tile's first slabs before the main loop and refills a slot right after
+        the epilogue barrier that follows every thread's read of it; each wait's
+        phase follows from how often the slot is filled per tile.
 
     Tile schedule: static persistent. Cluster c processes work items c, c + G, ...
     (G = clusters launched); a work item maps to a cluster tile through a grouped
