@@ -969,8 +969,9 @@ class GemmSm90:
         A thread's slab values come in pairs (i, i + 1) at columns (c, c + 1), c even
         (the wgmma accumulator layout). One 4-byte load per pair instead of two 2-byte
         ones halves the load instructions, each of which touches 8 rows (8 L1 wavefronts).
-        The host passes a residual with a 4-byte aligned base and an even row stride
-        (api.residual_for_kernel). Rows past M are clamped; columns to the last even one,
+        The host passes a residual with a 16-byte aligned base and 16-byte row strides
+        (api.residual_for_kernel; pairs need 4 and an even stride). Rows past M are
+        clamped; columns to the last even one,
         (N - 1) & ~1: its pair is (N - 2, N - 1) for even N and (N - 1, padding) for odd N,
         whose rows are padded. Clamped values land in clipped outputs only.
         """
@@ -980,8 +981,8 @@ class GemmSm90:
             m_local, n_local = cD[2 * k]
             crd = (cutlass.min(row0 + m_local, m_last), cutlass.min(col0 + n_local, n_pair))
             addr = (mResidual.iterator + cute.crd2idx(crd, mResidual.layout)).toint()
-            # The residual pointer is only known 2-byte aligned: an Int32 view of it would be
-            # split into two 2-byte loads. The host guarantees 4 (see above).
+            # The element address (dynamic column) is only known 2-byte aligned, so an Int32
+            # view of it was split back into two 2-byte loads; the column is even (above).
             pair = cute.make_ptr(cutlass.Int32, addr, cute.AddressSpace.gmem, assumed_align=4)
             rR[k] = cute.make_tensor(pair, cute.make_layout(1))[0]
 
