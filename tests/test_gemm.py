@@ -22,6 +22,8 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     (GemmConfig(128, 128, 1, 1), dict(activation="relu", bias=True, residual=True), "m", "n", torch.bfloat16),
     (GemmConfig(128, 256, 1, 1), {}, "k", "n", torch.float16),
     (GemmConfig(128, 160, 2, 1), dict(bias=True, residual=True), "k", "k", torch.bfloat16),  # GPT-2 XL c_proj
+    # TMA-loaded residual slabs, two slots per ping-pong warpgroup
+    (GemmConfig(64, 64, 1, 1, pingpong=True), dict(residual=True, beta=True), "k", "k", torch.bfloat16),
 ]
 
 
