@@ -274,6 +274,22 @@ def test_gemm_auto_split_padded_n(fake_kernels):
     torch.testing.assert_close(out, a.float() @ b.float(), atol=1e-2, rtol=1e-3)
 
 
+def test_split_workspace_grows_and_is_reused():
+    """One workspace per (device, dtype, stream): reused while big enough, grown (never
+    shrunk) otherwise, with fresh zeroed counters."""
+    api._WORKSPACES.clear()
+    dev = torch.device("cpu")
+    ws, sem = api.split_workspace(dev, torch.float32, 1000, 10)
+    assert ws.numel() == 1000 and sem.numel() == 10 and not sem.any() and sem.dtype == torch.int32
+    ws2, sem2 = api.split_workspace(dev, torch.float32, 500, 4)
+    assert ws2 is ws and sem2 is sem
+    ws3, sem3 = api.split_workspace(dev, torch.float32, 2000, 4)
+    assert ws3.numel() == 2000 and sem3.numel() == 10 and not sem3.any()
+    wsi, _ = api.split_workspace(dev, torch.int32, 10, 1)  # int8 partials: their own buffer
+    assert wsi.dtype == torch.int32
+    api._WORKSPACES.clear()
+
+
 def test_8bit_paths_do_not_auto_split(fake_kernels):
     a = torch.randint(-128, 128, (1, 6400), dtype=torch.int8)
     b = torch.randint(-128, 128, (1600, 6400), dtype=torch.int8)
