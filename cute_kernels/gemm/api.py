@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 
 import torch
@@ -217,9 +218,9 @@ class SplitKLaunch:
     def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
         M, N = out.shape
         cfg = self.cfg
-        # The kernel's tile grid is padded to whole clusters.
-        tiles_m = -(-(-(-M // cfg.tile_m)) // cfg.cluster_m) * cfg.cluster_m
-        tiles_n = -(-(-(-N // cfg.tile_n)) // cfg.cluster_n) * cfg.cluster_n
+        # The kernel's tile grid, padded to whole clusters.
+        tiles_m = math.ceil(math.ceil(M / cfg.tile_m) / cfg.cluster_m) * cfg.cluster_m
+        tiles_n = math.ceil(math.ceil(N / cfg.tile_n) / cfg.cluster_n) * cfg.cluster_n
         tiles = tiles_m * tiles_n
         ws, sem = split_workspace(out.device, self.ws_dtype, self.split * tiles * cfg.tile_m * cfg.tile_n, tiles)
         self.gemm(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta, ws, sem, self.split)

@@ -130,6 +130,9 @@ def epi_vector_bytes(cfg: GemmConfig, out_bytes: int) -> int:
     return 4 * epi_vector_slots(cfg) * VEC_STAGES
 
 
+RES_SLOTS = 2  # residual slabs in flight per epilogue warpgroup
+
+
 def residual_smem_bytes(cfg: GemmConfig, out_bytes: int) -> int:
     """Shared memory for the residual slabs a 16-bit epilogue TMA-loads (two per warpgroup
     that runs epilogues), plus their mbarriers."""
@@ -137,9 +140,6 @@ def residual_smem_bytes(cfg: GemmConfig, out_bytes: int) -> int:
         return 0
     em, en = epi_tile(cfg, out_bytes)
     return em * en * out_bytes * RES_SLOTS * (2 if cfg.pingpong else 1) + 64
-
-
-RES_SLOTS = 2  # residual slabs in flight per epilogue warpgroup
 
 
 def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:

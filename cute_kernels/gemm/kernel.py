@@ -766,10 +766,11 @@ class GemmSm90:
     ):
         """Accumulators -> fused epilogue math (fp32) -> output dtype -> smem slab -> TMA store.
 
-        The residual is read from global memory straight into registers at the
-        accumulator coordinates, one slab ahead of its use (`res_first`, slab 0, was
-        loaded before the main loop): read where it is consumed, each slab's loads
-        exposed a full memory latency per slab.
+        The residual, with `res_tma`, waits for each slab's TMA load into its smem slot
+        and is read there at the accumulator coordinates; the store warp refills the
+        slot for slab + RES_SLOTS once every thread is past it. Otherwise it is loaded
+        from global memory as column pairs, one slab ahead of its use (`res_first`, slab
+        0, was loaded before the main loop).
         """
         tRS_sD = thr_r2s.partition_D(sD)
         tRS_acc = copy_r2s.retile(acc)
@@ -779,9 +780,8 @@ class GemmSm90:
         tRS_rD = cute.make_rmem_tensor(thr_r2s.partition_S(sD).shape[:3], rd_dtype)
         tRS_rOut = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
         n_regs = cute.size(tRS_rD)
-        slabs_mn = (self.tile_mn[0] // self.epi_tile[0], self.tile_mn[1] // self.epi_tile[1])
-        slab_layout = cute.make_layout(slabs_mn, stride=(slabs_mn[1], 1))
-        n_slabs = slabs_mn[0] * slabs_mn[1]
+        slab_layout = self._slab_layout()
+        n_slabs = self.n_slabs
         gD_tile = gD[(None, None, tm, tn, 0)]
         bSG_sD, bSG_gD = cpasync.tma_partition(
             tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2),
@@ -845,19 +845,27 @@ class GemmSm90:
         (`elect.sync` over all 32 lanes), so calling it from inside `elect_one()` hangs
         (the first GPU run of this path did). Only the expect-tx arrive is elected here."""
         tma_r, mR_tma, sRes, res_full = res_tma
-        slot = slab % RES_SLOTS
-        if cutlass.const_expr(self.cfg.pingpong):
-            slot = wg_idx * RES_SLOTS + slab % RES_SLOTS
+        slot = self._residual_slot(wg_idx, slab)
         gR = cute.local_tile(mR_tma, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
         tRsR, tRgR = cpasync.tma_partition(
             tma_r, 0, cute.make_layout(1), cute.group_modes(sRes, 0, 2),
             cute.zipped_divide(gR[(None, None, tm, tn, 0)], self.epi_tile),
         )
-        per_row = self.tile_mn[1] // self.epi_tile[1]
         bar = res_full + slot
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bar, self.epi_tile[0] * self.epi_tile[1] * self.c_dtype.width // 8)
-        cute.copy(tma_r, tRgR[(None, (slab // per_row, slab % per_row))], tRsR[(None, slot)], tma_bar_ptr=bar)
+        cute.copy(tma_r, tRgR[(None, self._slab_layout().get_hier_coord(slab))], tRsR[(None, slot)], tma_bar_ptr=bar)
+
+    def _slab_layout(self):
+        """Epilogue slab index -> (slab row, slab column) in the tile; slabs run along N first."""
+        slabs_mn = (self.tile_mn[0] // self.epi_tile[0], self.tile_mn[1] // self.epi_tile[1])
+        return cute.make_layout(slabs_mn, stride=(slabs_mn[1], 1))
+
+    def _residual_slot(self, wg_idx, slab: int):
+        """The smem slot of residual slab `slab`: RES_SLOTS per epilogue warpgroup, in turn."""
+        if cutlass.const_expr(self.cfg.pingpong):
+            return wg_idx * RES_SLOTS + slab % RES_SLOTS
+        return slab % RES_SLOTS
 
     @cute.jit
     def _read_residual_slab(self, res_tma, rR, cD, tiles_done, wg_idx, slab: int, n_slabs: int):
@@ -867,9 +875,7 @@ class GemmSm90:
         zero-filled by TMA; their outputs are clipped by the store."""
         _tma_r, _mR, sRes, res_full = res_tma
         j = slab % RES_SLOTS
-        slot = j
-        if cutlass.const_expr(self.cfg.pingpong):
-            slot = wg_idx * RES_SLOTS + j
+        slot = self._residual_slot(wg_idx, slab)
         fills = (n_slabs - j + RES_SLOTS - 1) // RES_SLOTS
         cute.arch.mbarrier_wait(res_full + slot, (tiles_done * fills + slab // RES_SLOTS) % 2)
         sR = sRes[(None, None, slot)]
