@@ -107,8 +107,19 @@ def quantize_ref(
         groups = xp.unflatten(-1, (-1, BLOCK))
         scale = scale_from_amax(groups.abs().amax(dim=-1), qmax)
         q = cast_with_scale(groups, scale.unsqueeze(-1), dtype).flatten(-2)[..., :K].contiguous()
-        return q, scale
+        s2 = scale.reshape(-1, scale.shape[-1])
+        out = empty_block_scales(s2.shape[0], s2.shape[1], scale.device)
+        out.copy_(s2)
+        return q, out.reshape(scale.shape)
     raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+
+
+def empty_block_scales(M: int, n_groups: int, device) -> torch.Tensor:
+    """An fp32 [M, n_groups] tensor for 1 x 128 activation scales, stored M-major with the
+    rows padded to 16 bytes: the layout the block-scaled GEMM TMA-loads as it is (and
+    cuBLASLt's "outer-dim-major" 1 x 128 scales)."""
+    m_pad = -(-max(M, 1) // 4) * 4
+    return torch.empty((n_groups, m_pad), dtype=torch.float32, device=device)[:, :M].t()
 
 
 def quantize_weight_block_ref(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

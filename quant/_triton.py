@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ._reference import AMAX_FLOOR, BLOCK, qmax_of
+from ._reference import AMAX_FLOOR, BLOCK, empty_block_scales, qmax_of
 
 _HW_RINT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 # A row of up to this many elements is held in registers by a single program.
@@ -97,7 +97,7 @@ def _load_f32(x_ptrs, cols, mask, mul_ptr, K, HAS_MUL: tl.constexpr):
 @triton.jit
 def _quant_groups_kernel(
     x_ptr, q_ptr, s_ptr, mul_ptr,
-    M, K, stride_xm, stride_qm, n_groups,
+    M, K, stride_xm, stride_qm, stride_sm, stride_sg,
     QMAX: tl.constexpr,
     FLOOR: tl.constexpr,
     IS_INT8: tl.constexpr,
@@ -141,7 +141,7 @@ def _quant_groups_kernel(
             xf = _load_f32(x_rows + cols[None, :], cols, mask, mul_ptr, K, HAS_MUL)
             y = _cast(xf * inv[:, None], ok[:, None], QMAX, IS_INT8)
             tl.store(q_rows + cols[None, :], y.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + rows64 * n_groups + pid_g, scale, mask=row_ok)
+    tl.store(s_ptr + rows64 * stride_sm + pid_g * stride_sg, scale, mask=row_ok)
 
 
 @triton.jit
@@ -245,12 +245,15 @@ def quantize_triton(
     else:
         block_m = max(1, min(triton.next_power_of_2(max(M, 1)), TILE_ELEMS // block_k))
         num_warps = _num_warps_for(block_m * block_k)
-    scale = torch.empty((M, n_groups), dtype=torch.float32, device=x.device)
+    if granularity == "block":
+        scale = empty_block_scales(M, n_groups, x.device)  # M-major: the GEMM reads it as it is
+    else:
+        scale = torch.empty((M, n_groups), dtype=torch.float32, device=x.device)
     if M > 0:
         grid = (triton.cdiv(M, block_m), n_groups)
         _quant_groups_kernel[grid](
             x2, q, scale, mul,
-            M, K, x2.stride(0), q.stride(0), n_groups,
+            M, K, x2.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
             QMAX=qmax, FLOOR=AMAX_FLOOR, IS_INT8=is_int8, HAS_MUL=has_mul,
             GROUP_K=group_k, BLOCK_M=block_m, BLOCK_K=block_k, SINGLE_TILE=single,
             num_warps=num_warps,

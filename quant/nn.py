@@ -357,17 +357,31 @@ class FP8Linear(_QuantLinearBase):
                 import cute_kernels
 
                 y = cute_kernels.scaled_mm_blockwise(
-                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=out_dtype, activation=act
+                    q, self.weight, sa, self._kernel_block_scale(), bias=bias, out_dtype=out_dtype, activation=act,
+                    residual=r2,
                 )
             else:
                 from cute_kernels.quantized.reference import scaled_mm_blockwise_ref
 
                 y = scaled_mm_blockwise_ref(
-                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=out_dtype, activation=act
+                    q, self.weight, sa, self.weight_scale, bias=bias, out_dtype=out_dtype, activation=act,
+                    residual=r2,
                 )
-            if r2 is not None:  # the blockwise path is dequantize + bf16 GEMM: add it here
-                y = y + r2
         return y
+
+    def _kernel_block_scale(self) -> torch.Tensor:
+        """weight_scale [N/128, K/128] with 16-byte rows, as the kernel TMA-loads it. The
+        buffer itself stays contiguous (state_dict, .to()); the padded copy is cached and
+        rebuilt when the buffer changes (load_state_dict, .to())."""
+        ws = self.weight_scale
+        key = (ws.data_ptr(), ws._version, ws.device)
+        cached = getattr(self, "_block_scale_cache", None)
+        if cached is None or cached[0] != key:
+            from cute_kernels.quantized.api import block_scales_for_kernel
+
+            cached = (key, block_scales_for_kernel(None, ws)[1])
+            self._block_scale_cache = cached
+        return cached[1]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mode={self.mode}, dtype={self.weight.dtype}, fast_accum={self.fast_accum}"

@@ -388,13 +388,18 @@ def test_kernel_dispatch_contract(monkeypatch):
         return ref.scaled_mm_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, activation=activation,
                                  residual=residual)
 
-    def scaled_mm_blockwise(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None):
+    def scaled_mm_blockwise(a, b, scale_a, scale_b, *, bias=None, out_dtype=torch.bfloat16, activation=None,
+                            residual=None):
         M, K = a.shape
         N = b.shape[0]
         assert b.shape == (N, K) and b.is_contiguous() and a.is_contiguous()
         assert scale_a.shape == (M, -(-K // 128)) and scale_b.shape == (-(-N // 128), -(-K // 128))
+        # Both scales arrive in the layout the kernel TMA-loads, so nothing is copied per call.
+        assert scale_a.stride(0) == 1 and scale_a.stride(1) % 4 == 0, scale_a.stride()
+        assert scale_b.stride(1) == 1 and scale_b.stride(0) % 4 == 0, scale_b.stride()
         calls.append("scaled_mm_blockwise")
-        return ref.scaled_mm_blockwise_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+        return ref.scaled_mm_blockwise_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
+                                           residual=residual)
 
     def int8_mm(a, b, scale_a=None, scale_b=None, *, bias=None, out_dtype=None, activation=None, residual=None):
         M, K = a.shape

@@ -21,11 +21,16 @@ CASES = [
      E4M3, torch.bfloat16, "Float32"),
     (GemmConfig(128, 160, 2, 1), dict(row_scale="vector", col_scale="vector", bias=True, residual=True), E4M3,
      torch.bfloat16, "Float32"),
+    # DeepSeek-V3-style block scales (TMA-staged with each A/B stage), small-M tile too
+    (GemmConfig(128, 128, 2, 1, promote=True), dict(row_scale="block", col_scale="block", bias=True, residual=True,
+                                                    activation="gelu_tanh"), E4M3, torch.bfloat16, "Float32"),
+    (GemmConfig(64, 128, 1, 1, promote=True), dict(row_scale="block", col_scale="block"), torch.float8_e5m2,
+     torch.float16, "Float32"),
 ]
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted", "fp8-pp-rowcol-bias-gelu", "fp8-160-rowcol-bias-residual"])
+@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted", "fp8-pp-rowcol-bias-gelu", "fp8-160-rowcol-bias-residual", "fp8-blockwise-bias-gelu-residual", "fp8-blockwise-64"])
 def test_8bit_compiles_for_sm90a(tmp_path, cfg, epi, in_dt, out_dt, acc):
     from cute_kernels.gemm.api import _compile
     from cute_kernels.gemm.kernel import Epilogue
@@ -79,6 +84,25 @@ def test_8bit_api_rejects_bad_input_on_cpu():
         ck.scaled_mm(a.float(), b, one, one)
     with pytest.raises(TypeError):
         ck.int8_mm(a, b)
+
+
+def test_block_scales_for_kernel_layouts():
+    """Block scales reach the kernel M-major (scale_a) / K-major (scale_b) with 16-byte
+    strides; ones already laid out so (the quantizer's output) are passed through."""
+    import quant
+    from cute_kernels.quantized.api import block_scales_for_kernel
+
+    for M, kb in ((1, 1), (5, 3), (8, 13), (130, 50)):
+        sa = torch.rand(M, kb)
+        ka, _ = block_scales_for_kernel(sa, None)
+        assert torch.equal(ka, sa) and ka.stride(0) == 1 and ka.stride(1) % 4 == 0 and ka.stride(1) >= M
+        again, _ = block_scales_for_kernel(ka, None)
+        assert again.data_ptr() == ka.data_ptr()  # already in the kernel's layout: no copy
+        sb = torch.rand(kb + 2, kb)
+        _, kb_ = block_scales_for_kernel(None, sb)
+        assert torch.equal(kb_, sb) and kb_.stride(1) == 1 and kb_.stride(0) % 4 == 0
+    _, s = quant.quantize_fp8(torch.randn(7, 300), "block")
+    assert s.shape == (7, 3) and block_scales_for_kernel(s, None)[0].data_ptr() == s.data_ptr()
 
 
 # ------------------------------------------------------------------------------ gpu tier
@@ -205,18 +229,80 @@ def test_8bit_bad_input():
         ck.int8_mm(a, a.t())
 
 
+def _block_inputs(M, N, K, dtype=E4M3, m_major=True):
+    """DeepSeek-V3-style operands from the package's own quantizers (1 x 128 activation
+    groups, 128 x 128 weight blocks), with a spread of magnitudes so the scales differ."""
+    import quant
+
+    x = torch.randn(M, K, device="cuda") * torch.logspace(-2, 2, K, device="cuda")[torch.randperm(K, device="cuda")]
+    w = torch.randn(N, K, device="cuda") * (torch.rand(N, 1, device="cuda") * 4 + 0.1)
+    a, sa = quant.quantize_fp8(x, "block", dtype)
+    b, sb = quant.quantize_weight_fp8_block(w, dtype)
+    if not m_major:
+        sa = sa.contiguous()  # row-major [M, K/128]: the op copies it into the TMA layout
+    return a, b, sa, sb
+
+
 @pytest.mark.gpu
-def test_scaled_mm_blockwise():
+@pytest.mark.parametrize("shape", [(1, 256, 512), (17, 384, 992), (200, 520, 1600), (1000, 1600, 6400),
+                                   (300, 50257, 768), (4096, 4096, 2048)])
+@pytest.mark.parametrize("m_major", [True, False])
+def test_scaled_mm_blockwise_matches_reference(shape, m_major):
+    """Block scales applied per k-tile in the main loop: partial last k-block (K = 992),
+    odd k-tile counts (1600), the vocabulary's odd N, M-major and row-major scale_a."""
     import cute_kernels as ck
 
-    M, N, K = 200, 384, 512
-    a = torch.randn(M, K, device="cuda").to(E4M3)
-    b = torch.randn(N, K, device="cuda").to(E4M3)
-    sa = torch.rand(M, K // 128, device="cuda") + 0.5
-    sb = torch.rand(N // 128, K // 128, device="cuda") + 0.5
+    M, N, K = shape
+    a, b, sa, sb = _block_inputs(M, N, K, m_major=m_major)
     out = ck.scaled_mm_blockwise(a, b, sa, sb)
     ref = ck.scaled_mm_blockwise_ref(a, b, sa, sb, out_dtype=torch.float32)
-    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+    assert out.shape == (M, N) and out.dtype == torch.bfloat16
+    # fp32 accumulation of exactly the dequantized products: the output's bf16 rounding is
+    # the error torch's own bf16 GEMM on these inputs would at least have.
+    _rule(out, ref.to(torch.bfloat16), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "gelu_tanh"])
+def test_scaled_mm_blockwise_fused_epilogue(act):
+    import cute_kernels as ck
+
+    M, N, K = 300, 768, 1600
+    for dtype, out_dtype in ((E4M3, torch.bfloat16), (torch.float8_e5m2, torch.float16)):
+        a, b, sa, sb = _block_inputs(M, N, K, dtype)
+        bias = torch.randn(N, device="cuda", dtype=out_dtype)
+        res = torch.randn(M, N, device="cuda", dtype=out_dtype)
+        out = ck.scaled_mm_blockwise(a, b, sa, sb, bias=bias, activation=act, residual=res, out_dtype=out_dtype)
+        ref = ck.scaled_mm_blockwise_ref(a, b, sa, sb, bias=bias, activation=act, residual=res,
+                                         out_dtype=torch.float32)
+        assert out.dtype == out_dtype
+        _rule(out, ref.to(out_dtype), ref)
+
+
+@pytest.mark.gpu
+def test_scaled_mm_blockwise_edge_cases():
+    import cute_kernels as ck
+
+    a, b, sa, sb = _block_inputs(256, 384, 512)
+    # a non-finite scale or input poisons only what it touches
+    sa2 = sa.clone()
+    sa2[7, 1] = float("inf")
+    a2 = a.clone()
+    a2[9, 300] = float("nan")
+    out = ck.scaled_mm_blockwise(a2, b, sa2, sb)
+    bad = ~torch.isfinite(out.float())
+    assert bad[7].all() and bad[9].all() and bad.sum(1).ne(0).sum() == 2
+    # empty dims
+    assert ck.scaled_mm_blockwise(a[:0], b, sa[:0], sb).shape == (0, 384)
+    # bad input: one line that says what was expected
+    with pytest.raises(ValueError, match="scale_a must be"):
+        ck.scaled_mm_blockwise(a, b, sa[:, :1], sb)
+    with pytest.raises(TypeError, match="float32"):
+        ck.scaled_mm_blockwise(a, b, sa.half(), sb)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ck.scaled_mm_blockwise(a[:, :40], b[:, :40], sa[:, :1], sb[:, :1])
+    with pytest.raises(ValueError, match="row-major"):
+        ck.scaled_mm_blockwise(a.t().contiguous().t(), b, sa, sb)
 
 
 @pytest.mark.gpu

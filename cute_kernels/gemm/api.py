@@ -80,8 +80,13 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
         make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=res_div), 1), assumed_align=res_align)
         if epi.residual else None
     )
-    frow = {"none": None, "vector": vec(m), "scalar": vec(1)}[epi.row_scale]
-    fcol = {"none": None, "vector": vec(n), "scalar": vec(1)}[epi.col_scale]
+    # Block scales are TMA-loaded: scale_a [M, K/128] M-major, scale_b [N/128, K/128]
+    # K-major, both with 16-byte aligned bases and strides (quantized.api.block_scales).
+    kblocks = cute.sym_int32()
+    fsa = make_fake_tensor(f32, (m, kblocks), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+    fsb = make_fake_tensor(f32, (cute.sym_int32(), kblocks), (cute.sym_int64(divisibility=4), 1), assumed_align=16)
+    frow = {"none": None, "vector": vec(m), "scalar": vec(1), "block": fsa}[epi.row_scale]
+    fcol = {"none": None, "vector": vec(n), "scalar": vec(1), "block": fsb}[epi.col_scale]
     kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi)
     max_clusters = H100_SMS // (cfg.cluster_m * cfg.cluster_n)
     args = (fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0))

@@ -114,6 +114,12 @@ def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
     return EPI_STAGES * (2 if cfg.pingpong else 1)
 
 
+def block_scale_smem_bytes(cfg: GemmConfig) -> int:
+    """Shared memory of block scales staged with every A/B stage (up to 8 stages): scale_a
+    for the tile's rows and a 16-byte box of scale_b in a 128-byte slot, fp32."""
+    return 8 * 4 * (cfg.tile_m + 32)
+
+
 def epi_vector_slots(cfg: GemmConfig) -> int:
     """fp32 slots of one tile's staged epilogue vectors: row scales, column scales, bias."""
     return cfg.tile_m + 2 * cfg.tile_n

@@ -27,6 +27,7 @@ from .config import (
     VEC_STAGES,
     GemmConfig,
     epi_buffers,
+    block_scale_smem_bytes,
     epi_tile,
     epi_vector_slots,
     residual_smem_bytes,
@@ -41,8 +42,8 @@ class Epilogue:
     """Compile-time description of the fused epilogue."""
 
     activation: str = "none"  # none | relu | gelu | gelu_tanh
-    row_scale: str = "none"  # none | scalar | vector   (per-row of A: per token)
-    col_scale: str = "none"  # none | scalar | vector   (per-column of B: per channel)
+    row_scale: str = "none"  # none | scalar | vector | block  (per-row of A: per token)
+    col_scale: str = "none"  # none | scalar | vector | block  (per-column of B: per channel)
     bias: bool = False
     residual: bool = False
     alpha: bool = False  # multiply by the runtime scalar alpha
@@ -51,6 +52,13 @@ class Epilogue:
     @property
     def is_identity(self) -> bool:
         return self == Epilogue()
+
+    @property
+    def block_scaled(self) -> bool:
+        """DeepSeek-V3-style block scales: row_scale "block" is A's [M, K/128] (1 x 128
+        groups), col_scale "block" is B's [N/128, K/128] (128 x 128 blocks). They apply
+        per k-tile inside the promoted main loop, not in the epilogue."""
+        return self.row_scale == "block"
 
 
 class GemmSm90:
@@ -112,6 +120,13 @@ class GemmSm90:
 
     def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue):
         cfg.validate()
+        if (epilogue.row_scale == "block") != (epilogue.col_scale == "block"):
+            raise ValueError("block scales come in pairs: row_scale and col_scale must both be 'block'")
+        if epilogue.block_scaled and not (cfg.promote and cfg.tile_n in (64, 128) and not cfg.pingpong
+                                          and cfg.tile_m in (64, 128) and cfg.split_k == 1):
+            # One 128-wide column block per tile and one 64-row M-step per warpgroup, so
+            # every thread needs exactly three scales per k-tile (two rows, one column block).
+            raise ValueError(f"block scales need a promoted cooperative 64/128 x 64/128 tile without split-K, got {cfg}")
         self.cfg = cfg
         # Only whether to split is compiled in; the split count is D's runtime last extent.
         self.split = cfg.split_k > 1
@@ -149,7 +164,8 @@ class GemmSm90:
         )
         out_bytes = c_dtype.width // 8
         self.epi_tile = epi_tile(self.cfg, out_bytes)
-        self.ab_stages = self.cfg.ab_stages(in_bytes, out_bytes)
+        self.ab_stages = self.cfg.ab_stages(
+            in_bytes, out_bytes, block_scale_smem_bytes(self.cfg) if self.epi.block_scaled else 0)
         self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
         self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
         self.c_smem_staged = sm90_utils.make_smem_layout_epi(
@@ -247,6 +263,13 @@ class GemmSm90:
             num_multicast=self.cluster_mn[0],
         )
         tma_d, tD = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mD, c_smem, self.epi_tile)
+        tma_sa = tSA = tma_sb = tSB = None
+        if cutlass.const_expr(self.epi.block_scaled):
+            sa_staged, sb_staged = self._scale_smem_layouts()
+            tma_sa, tSA = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mRowScale,
+                                                      cute.slice_(sa_staged, (None, None, 0)), (self.tile_mn[0], 1))
+            tma_sb, tSB = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mColScale,
+                                                      cute.slice_(sb_staged, (None, None, 0)), (1, 4))
         tma_r = tR = None
         if cutlass.const_expr(self.res_tma):
             tma_r, tR = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), self._add_batch_mode(mResidual),
@@ -273,12 +296,16 @@ class GemmSm90:
             sRes: cute.struct.Align[
                 cute.struct.MemRange[self.c_dtype, cute.cosize(self.r_smem_staged) if self.res_tma else 8], 1024]
             sVec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.vec_slots * VEC_STAGES], 16]
+            sSA: cute.struct.Align[cute.struct.MemRange[
+                cutlass.Float32, self.tile_mn[0] * self.ab_stages if self.epi.block_scaled else 4], 128]
+            sSB: cute.struct.Align[cute.struct.MemRange[
+                cutlass.Float32, 32 * self.ab_stages if self.epi.block_scaled else 4], 128]
 
         self.shared_storage = SharedStorage
         assert SharedStorage.size_in_bytes() <= SM90_SMEM_BYTES
 
         self.kernel(
-            tma_a, tA, tma_b, tB, tma_d, tD, tma_r, tR, mD,
+            tma_a, tA, tma_b, tB, tma_d, tD, tma_r, tR, (tma_sa, tSA, tma_sb, tSB), mD,
             mBias, mResidual, mRowScale, mColScale, alpha, beta, mWs, mSem,
             clusters_m, clusters_n, splits,
             self.tiled_mma, self.a_smem_staged, self.b_smem_staged, self.c_smem_staged, self.r_smem_staged,
@@ -289,6 +316,15 @@ class GemmSm90:
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    def _scale_smem_layouts(self):
+        """Block scales ride in the A/B stages: per k-tile, scale_a's tile_m rows (a box of
+        the M-major [M, K/128] array) and a 4-wide k box of scale_b's row for the tile's
+        column block (TMA boxes need 16 bytes; the consumer picks k % 4). Every stage's
+        box starts 128-byte aligned, as TMA's shared-memory destination must. Built where
+        used: IR values made on the host side cannot be used inside the kernel."""
+        return (cute.make_layout((self.tile_mn[0], 1, self.ab_stages)),
+                cute.make_layout((1, 4, self.ab_stages), stride=(4, 1, 32)))
 
     @staticmethod
     def _add_batch_mode(t: cute.Tensor) -> cute.Tensor:
@@ -311,6 +347,7 @@ class GemmSm90:
         mD_tma: cute.Tensor,
         tma_r: cute.CopyAtom | None,
         mR_tma: cute.Tensor | None,
+        scale_tma: tuple,  # block scales: (atom, tensor) for scale_a, then scale_b; Nones otherwise
         mD: cute.Tensor,
         mBias: cute.Tensor | None,
         mResidual: cute.Tensor | None,
@@ -338,6 +375,9 @@ class GemmSm90:
             cpasync.prefetch_descriptor(tma_d)
             if cutlass.const_expr(self.res_tma):
                 cpasync.prefetch_descriptor(tma_r)
+            if cutlass.const_expr(self.epi.block_scaled):
+                cpasync.prefetch_descriptor(scale_tma[0])
+                cpasync.prefetch_descriptor(scale_tma[2])
 
         cta_layout = cute.make_layout((*self.cluster_mn, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -374,13 +414,18 @@ class GemmSm90:
         sRes = None
         if cutlass.const_expr(self.res_tma):
             sRes = storage.sRes.get_tensor(r_smem_staged.outer, swizzle=r_smem_staged.inner)
+        sScale = None
+        if cutlass.const_expr(self.epi.block_scaled):
+            sa_staged, sb_staged = self._scale_smem_layouts()
+            sScale = (storage.sSA.get_tensor(sa_staged), storage.sSB.get_tensor(sb_staged))
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
-                self.load(tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits)
+                self.load(tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits,
+                          scale_tma, sScale)
             if cutlass.const_expr(self.stage_vectors):
                 if warp_idx == 1:
                     self.load_vectors(mD, mBias, mRowScale, mColScale, sVec, vec_pipeline, cta_coord,
@@ -389,7 +434,7 @@ class GemmSm90:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(
                 tiled_mma, sA, sB, sD, sVec, sFlag, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale,
-                alpha, beta, mWs, mSem, (tma_r, mR_tma, sRes, res_full),
+                alpha, beta, mWs, mSem, (tma_r, mR_tma, sRes, res_full), sScale,
                 ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, cute.ceil_div(mA.shape[1], self.tile_k),
             )
 
@@ -407,7 +452,7 @@ class GemmSm90:
             num_stages=self.ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=consumer,
-            tx_count=a_bytes + b_bytes,
+            tx_count=a_bytes + b_bytes + (4 * (self.tile_mn[0] + 4) if self.epi.block_scaled else 0),
             cta_layout_vmnk=cute.make_layout((1, *cta_layout.shape)),
             defer_sync=True,
         )
@@ -461,8 +506,10 @@ class GemmSm90:
         return work, 0, 0, k_tiles
 
     @cute.jit
-    def load(self, tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits):
-        """Producer warp: TMA loads of every k-tile of every tile this CTA owns."""
+    def load(self, tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits,
+             scale_tma, sScale):
+        """Producer warp: TMA loads of every k-tile of every tile this CTA owns (and, when
+        block-scaled, of each k-tile's scales, on the same stage barrier)."""
         gA = cute.local_tile(mA, cute.slice_(self.tile_mnk, (None, 0, None)), (None, None, None))
         gB = cute.local_tile(mB, cute.slice_(self.tile_mnk, (0, None, None)), (None, None, None))
         # A is shared by the CTAs of one cluster row (same M tile, different N): they
@@ -478,6 +525,16 @@ class GemmSm90:
         a_mask = cute.make_layout_image_mask(cta_layout, cta_coord, mode=1) if self.cluster_mn[1] > 1 else 0
         b_mask = cute.make_layout_image_mask(cta_layout, cta_coord, mode=0) if self.cluster_mn[0] > 1 else 0
         k_tiles = cute.size(gA, mode=[3])
+        tSAs = tSAg = tSBs = tSBg = None
+        if cutlass.const_expr(self.epi.block_scaled):
+            # Not multicast: each CTA loads the scales of its own rows / column block.
+            tma_sa, mSA, tma_sb, mSB = scale_tma
+            tSAs, tSAg = cpasync.tma_partition(
+                tma_sa, 0, cute.make_layout(1), cute.group_modes(sScale[0], 0, 2),
+                cute.group_modes(cute.local_tile(mSA, (self.tile_mn[0], 1), (None, None)), 0, 2))
+            tSBs, tSBg = cpasync.tma_partition(
+                tma_sb, 0, cute.make_layout(1), cute.group_modes(sScale[1], 0, 2),
+                cute.group_modes(cute.local_tile(mSB, (1, 4), (None, None)), 0, 2))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         total = self._num_work(clusters_m, clusters_n, splits)
@@ -493,6 +550,10 @@ class GemmSm90:
                 bar = ab_pipeline.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
                 cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                if cutlass.const_expr(self.epi.block_scaled):
+                    cute.copy(scale_tma[0], tSAg[(None, tm, k)], tSAs[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(scale_tma[2], tSBg[(None, tn * self.tile_mn[1] // 128, k // 4)], tSBs[(None, state.index)],
+                              tma_bar_ptr=bar)
                 ab_pipeline.producer_commit(state)
                 state.advance()
             work += cute.arch.grid_dim()[2]
@@ -502,7 +563,8 @@ class GemmSm90:
     @cute.jit
     def consumer(
         self, tiled_mma, sA, sB, sD, sVec, sFlag, tma_d, mD_tma, mD, mBias, mResidual, mRowScale, mColScale,
-        alpha, beta, mWs, mSem, res_tma, ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits, k_tiles,
+        alpha, beta, mWs, mSem, res_tma, sScale, ab_pipeline, vec_pipeline, cta_coord, clusters_m, clusters_n, splits,
+        k_tiles,
     ):
         """Consumer warpgroups: for each owned tile, `mma()` then `epilogue()`.
 
@@ -598,9 +660,13 @@ class GemmSm90:
                             turn[0].arrive_and_wait()
                         else:
                             turn[1].arrive_and_wait()
+                blk = None
+                if cutlass.const_expr(self.epi.block_scaled):
+                    # This thread's first accumulator row within the tile, for its scale_a.
+                    blk = (sScale[0], sScale[1], tCcD[0][0], _k_begin)
                 read_state, release_state = self.mma(
                     tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_count,
-                    turn, wg_idx, work + step < total,
+                    turn, wg_idx, work + step < total, blk,
                 )
                 finish = True
                 if cutlass.const_expr(self.split):
@@ -637,10 +703,12 @@ class GemmSm90:
         store_pipeline.producer_tail()
 
     @cute.jit
-    def mma(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles, turn, wg_idx, has_next):
+    def mma(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles, turn, wg_idx,
+            has_next, blk=None):
         """Main loop over k: keep one wgmma batch in flight while the next stage lands."""
         if cutlass.const_expr(self.cfg.promote):
-            return self._mma_promoted(tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles)
+            return self._mma_promoted(tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state,
+                                      k_tiles, blk)
         k_blocks = cute.size(tCrA, mode=[2])
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         ab_pipeline.consumer_wait(read_state)
@@ -733,15 +801,30 @@ class GemmSm90:
         return finish
 
     @cute.jit
-    def _mma_promoted(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles):
-        """FP8 main loop with promotion: acc += (fresh wgmma sum over one k-tile), in fp32 FADDs.
+    def _mma_promoted(self, tiled_mma, acc, acc_k, tCrA, tCrB, ab_pipeline, read_state, release_state, k_tiles,
+                      blk=None):
+        """FP8 main loop with promotion: acc += (fresh wgmma sum over one k-tile), in fp32.
 
         The wait after every k-tile costs some tensor-core idle time; it buys fp32
         accuracy for long K (what torch._scaled_mm's use_fast_accum=False provides).
+
+        Block-scaled (blk = (staged scale_a, staged scale_b, first row, first k-tile)):
+        a k-tile is exactly one 128-deep scale block, so the promotion is
+        acc += acc_k * scale_a[row, k] * scale_b[n-block, k]. The producer TMA-loads the
+        scales into the k-tile's stage with A and B, so they are in shared memory when
+        the stage is; they are read while the wgmmas run and before the stage is
+        released. (Read from global memory in this loop, even one or two k-tiles ahead,
+        they cost 10-20%: the stall is the load latency at the first k-tile of each tile
+        and the register pressure of keeping loads in flight.) Rows alternate every two
+        accumulator registers (row r for (v // 2) % 2 == 0, r + 8 otherwise), the wgmma
+        C layout.
         """
         k_blocks = cute.size(tCrA, mode=[2])
         acc.fill(0.0)
-        for _k in range(k_tiles):
+        if cutlass.const_expr(blk is not None):
+            sSA, sSB, row0, k0 = blk
+            assert cute.size(acc, mode=[1]) == 1 and cute.size(acc, mode=[2]) == 1, "one 64-row M-step per warpgroup"
+        for k in range(k_tiles):
             ab_pipeline.consumer_wait(read_state)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
             warpgroup.fence()
@@ -750,12 +833,20 @@ class GemmSm90:
                           tCrB[(None, None, kb, read_state.index)], acc_k)
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             warpgroup.commit_group()
+            s0 = s1 = cutlass.Float32(1.0)
+            if cutlass.const_expr(blk is not None):
+                sb = sSB[0, (k0 + k) % 4, read_state.index]
+                s0 = sSA[row0, 0, read_state.index] * sb
+                s1 = sSA[row0 + 8, 0, read_state.index] * sb
             warpgroup.wait_group(0)
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
             read_state.advance()
             for v in cutlass.range_constexpr(cute.size(acc)):
-                acc[v] = acc[v] + acc_k[v]
+                if cutlass.const_expr(blk is not None):
+                    acc[v] = acc_k[v] * (s0 if (v // 2) % 2 == 0 else s1) + acc[v]
+                else:
+                    acc[v] = acc[v] + acc_k[v]
         return read_state, release_state
 
     @cute.jit

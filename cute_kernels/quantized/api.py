@@ -131,6 +131,30 @@ def _promoted_config(M: int, N: int):
     return GemmConfig(128, 128, 2 if tiles_m >= 2 else 1, 1, promote=True)
 
 
+def _tma_f32(t: torch.Tensor, unit_dim: int) -> bool:
+    """A float32 matrix TMA can read: unit stride on `unit_dim`, 16-byte base and other stride."""
+    return (t.stride(unit_dim) == 1 and not t.stride(1 - unit_dim) % 4 and not t.data_ptr() % 16
+            and t.stride(1 - unit_dim) >= t.shape[unit_dim])
+
+
+def block_scales_for_kernel(scale_a: torch.Tensor | None, scale_b: torch.Tensor | None):
+    """The block scales as the kernel TMA-loads them, copied only when they must be:
+    scale_a [M, K/128] M-major ("outer-dim-major", as `quant.quantize_fp8(x, "block")`
+    writes it) and scale_b [N/128, K/128] K-major, each with 16-byte aligned base and
+    padded stride. Either may be None (left alone)."""
+    if scale_a is not None and not _tma_f32(scale_a, 0):
+        M, kb = scale_a.shape
+        buf = torch.empty((kb, -(-max(M, 1) // 4) * 4), dtype=torch.float32, device=scale_a.device)
+        buf[:, :M] = scale_a.t()
+        scale_a = buf[:, :M].t()
+    if scale_b is not None and not _tma_f32(scale_b, 1):
+        nb, kb = scale_b.shape
+        buf = torch.empty((nb, -(-max(kb, 1) // 4) * 4), dtype=torch.float32, device=scale_b.device)
+        buf[:, :kb] = scale_b
+        scale_b = buf[:, :kb]
+    return scale_a, scale_b
+
+
 def scaled_mm_blockwise(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -140,35 +164,56 @@ def scaled_mm_blockwise(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """DeepSeek-V3-style block-scaled FP8 GEMM: a [M, K] with scale_a [M, ceil(K/128)] (1x128
-    blocks), b [N, K] with scale_b [ceil(N/128), ceil(K/128)] (128x128 blocks).
+    """DeepSeek-V3-style block-scaled FP8 GEMM: act(sum over 128-deep k-blocks of
+    (a_kb @ b_kb^T) * scale_a[m, kb] * scale_b[n // 128, kb] + bias) + residual.
 
-    Runs as a fused dequantize to bf16 followed by our bf16 GEMM (exact up to one bf16
-    rounding of each dequantized value); a kernel that applies the block scales inside
-    the main loop is future work.
+    a [M, K] row-major fp8 with scale_a [M, ceil(K/128)] (1 x 128 groups); b [N, K]
+    row-major fp8 (the weight itself, not its .t()) with scale_b [ceil(N/128), ceil(K/128)]
+    (128 x 128 blocks); float32 scales of any strides (M-major scale_a with 16-byte
+    aligned strides, as `quant.quantize_fp8(x, "block")` returns it, is used in place;
+    other layouts are copied, see `block_scales_for_kernel`). Each k-tile of the kernel is
+    one scale block: the producer TMA-loads its scales with A and B, and its wgmma partial
+    sums are scaled and added into an fp32 accumulator in the main loop (the promoted
+    "2xAcc" loop with scales).
     """
-    from ..gemm.api import linear
+    from ..gemm.kernel import Epilogue
 
-    for t, name in ((a, "a"), (b, "b")):
-        if not isinstance(t, torch.Tensor) or t.dtype not in FP8:
-            raise TypeError(f"scaled_mm_blockwise: {name} must be an fp8 tensor")
-        check_device(t, name)
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"scaled_mm_blockwise: need a [M, K] and b [N, K], got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not isinstance(b, torch.Tensor):
+        raise TypeError(f"b must be a torch.Tensor, got {type(b).__name__}")
+    if b.dim() != 2:
+        raise ValueError(f"scaled_mm_blockwise: b must be a 2-D [N, K] weight, got shape {tuple(b.shape)}")
+    _check_8bit_operands(a, b.t(), FP8, "scaled_mm_blockwise")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"scaled_mm_blockwise: out_dtype must be bfloat16 or float16, got {out_dtype}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     M, K = a.shape
     N = b.shape[0]
     kb, nb = -(-K // 128), -(-N // 128)
-    if tuple(scale_a.shape) != (M, kb) or tuple(scale_b.shape) != (nb, kb):
-        raise ValueError(f"scaled_mm_blockwise: scale_a must be [{M}, {kb}] and scale_b [{nb}, {kb}], "
-                         f"got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}")
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
-    sa = scale_a.float().repeat_interleave(128, dim=1)[:, :K]
-    sb = scale_b.float().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:N, :K]
-    a_deq = (a.float() * sa).to(out_dtype)
-    b_deq = (b.float() * sb).to(out_dtype)
-    return linear(a_deq, b_deq, _check_bias(bias, N, out_dtype, a.device), activation=activation)
+    for t, name, shape in ((scale_a, "scale_a", (M, kb)), (scale_b, "scale_b", (nb, kb))):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise TypeError(f"scaled_mm_blockwise: {name} must be a float32 tensor")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"scaled_mm_blockwise: scale_a must be [{M}, {kb}] and scale_b [{nb}, {kb}], "
+                             f"got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}")
+        if t.device != a.device:
+            raise ValueError(f"scaled_mm_blockwise: {name} is on {t.device}, the operands on {a.device}")
+    bias = _check_bias(bias, N, out_dtype, a.device)
+    residual = _check_residual(residual, M, N, out_dtype, a.device)
+    out = _alloc_out(M, N, out_dtype, a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:  # no k-blocks: the product is zero
+        out.copy_(scaled_mm_blockwise_ref(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
+                                          activation=activation, residual=residual))
+        return out
+    scale_a, scale_b = block_scales_for_kernel(scale_a, scale_b)
+    epi = Epilogue(activation=activation or "none", row_scale="block", col_scale="block", bias=bias is not None,
+                   residual=residual is not None)
+    return run_gemm(a, b, out, epi=epi, bias=bias, residual=residual, row_scale=scale_a, col_scale=scale_b,
+                    config=_promoted_config(M, N), kernel_name="scaled_mm_blockwise_sm90")
 
 
 def int8_mm(

@@ -40,6 +40,7 @@ def scaled_mm_blockwise_ref(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     activation: str | None = None,
+    residual: torch.Tensor | None = None,
     block: int = 128,
 ) -> torch.Tensor:
     """a [M, K] with scale_a [M, ceil(K/128)]; b [N, K] with scale_b [ceil(N/128), ceil(K/128)]."""
@@ -50,7 +51,10 @@ def scaled_mm_blockwise_ref(
     y = (a.float() * sa) @ (b.float() * sb).t()
     if bias is not None:
         y = y + bias.float()
-    return apply_activation(y, activation).to(out_dtype)
+    y = apply_activation(y, activation)
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(out_dtype)
 
 
 def int8_mm_ref(
