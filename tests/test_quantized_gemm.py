@@ -26,11 +26,13 @@ CASES = [
                                                     activation="gelu_tanh"), E4M3, torch.bfloat16, "Float32"),
     (GemmConfig(64, 128, 1, 1, promote=True), dict(row_scale="block", col_scale="block"), torch.float8_e5m2,
      torch.float16, "Float32"),
+    (GemmConfig(64, 128, 1, 1, promote=True, split_k=2), dict(row_scale="block", col_scale="block", bias=True), E4M3,
+     torch.bfloat16, "Float32"),
 ]
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted", "fp8-pp-rowcol-bias-gelu", "fp8-160-rowcol-bias-residual", "fp8-blockwise-bias-gelu-residual", "fp8-blockwise-64"])
+@pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted", "fp8-pp-rowcol-bias-gelu", "fp8-160-rowcol-bias-residual", "fp8-blockwise-bias-gelu-residual", "fp8-blockwise-64", "fp8-blockwise-64-split"])
 def test_8bit_compiles_for_sm90a(tmp_path, cfg, epi, in_dt, out_dt, acc):
     from cute_kernels.gemm.api import _compile
     from cute_kernels.gemm.kernel import Epilogue
@@ -245,11 +247,12 @@ def _block_inputs(M, N, K, dtype=E4M3, m_major=True):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 256, 512), (17, 384, 992), (200, 520, 1600), (1000, 1600, 6400),
-                                   (300, 50257, 768), (4096, 4096, 2048)])
+                                   (64, 1600, 6400), (300, 50257, 768), (4096, 4096, 2048)])
 @pytest.mark.parametrize("m_major", [True, False])
 def test_scaled_mm_blockwise_matches_reference(shape, m_major):
     """Block scales applied per k-tile in the main loop: partial last k-block (K = 992),
-    odd k-tile counts (1600), the vocabulary's odd N, M-major and row-major scale_a."""
+    odd k-tile counts (1600), 64-row tiles (M < 1024) and split-K (64 x 1600 x 6400), the
+    vocabulary's odd N, M-major and row-major scale_a."""
     import cute_kernels as ck
 
     M, N, K = shape

@@ -123,10 +123,10 @@ class GemmSm90:
         if (epilogue.row_scale == "block") != (epilogue.col_scale == "block"):
             raise ValueError("block scales come in pairs: row_scale and col_scale must both be 'block'")
         if epilogue.block_scaled and not (cfg.promote and cfg.tile_n in (64, 128) and not cfg.pingpong
-                                          and cfg.tile_m in (64, 128) and cfg.split_k == 1):
+                                          and cfg.tile_m in (64, 128)):
             # One 128-wide column block per tile and one 64-row M-step per warpgroup, so
             # every thread needs exactly three scales per k-tile (two rows, one column block).
-            raise ValueError(f"block scales need a promoted cooperative 64/128 x 64/128 tile without split-K, got {cfg}")
+            raise ValueError(f"block scales need a promoted cooperative 64/128 x 64/128 tile, got {cfg}")
         self.cfg = cfg
         # Only whether to split is compiled in; the split count is D's runtime last extent.
         self.split = cfg.split_k > 1
