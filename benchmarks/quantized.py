@@ -52,26 +52,32 @@ def run_fp8(shapes=SUITE):
     plan = [(rw, s, providers, "") for rw in (False, True) for s in shapes]
     plan += [(True, s, precise, "precise-") for s in shapes if s[0] == s[1] == s[2]]
     for rowwise, (M, N, K), provs, tag in plan:
-        if True:
-            case = f"fp8-{tag}{'row' if rowwise else 'tensor'}-{M}x{N}x{K}"
-            nrot = rotation_count(M * K + N * K + 2 * M * N)
-            sets = [_fp8_inputs(M, N, K, rowwise) for _ in range(nrot)]
-            ref = None
-            for name, fn in provs.items():
-                try:
-                    out = fn(*sets[0])
-                    ref = ref if ref is not None else ck.scaled_mm_ref(*sets[0], out_dtype=torch.float32)
-                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                    if not err < 2e-2:
-                        print(f"[fp8] {name} {case}: WRONG (rel err {err:.3g})")
-                        continue
-                    ms = time_ms(lambda i: fn(*sets[i]), n_rotate=nrot)
-                except Exception as e:
-                    print(f"[fp8] {name} {case} failed: {type(e).__name__}: {str(e)[:200]}")
-                    continue
-                tf = 2 * M * N * K / ms / 1e9
-                rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["fp8"]))
-            del sets
+        sets = [_fp8_inputs(M, N, K, rowwise) for _ in range(rotation_count(M * K + N * K + 2 * M * N))]
+        rows += _time_checked(f"fp8-{tag}{'row' if rowwise else 'tensor'}-{M}x{N}x{K}", (M, N, K), provs, sets,
+                              lambda: ck.scaled_mm_ref(*sets[0], out_dtype=torch.float32))
+        del sets
+    return rows
+
+
+def _time_checked(case, mnk, provs, sets, make_ref):
+    """Check each provider against the fp32 reference on sets[0] (2% relative), then time it
+    over the rotated input sets; a provider that fails or is wrong gets no row."""
+    M, N, K = mnk
+    rows, ref = [], None
+    for name, fn in provs.items():
+        try:
+            out = fn(*sets[0])
+            ref = make_ref() if ref is None else ref
+            err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+            if not err < 2e-2:
+                print(f"[fp8] {name} {case}: WRONG (rel err {err:.3g})")
+                continue
+            ms = time_ms(lambda i: fn(*sets[i]), n_rotate=len(sets))
+        except Exception as e:
+            print(f"[fp8] {name} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            continue
+        tf = 2 * M * N * K / ms / 1e9
+        rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["fp8"]))
     return rows
 
 
@@ -99,22 +105,9 @@ def run_fp8_block(shapes=SUITE):
     }
     rows = []
     for M, N, K in shapes:
-        case = f"fp8-block-{M}x{N}x{K}"
-        nrot = rotation_count(M * K + N * K + 2 * M * N)
-        sets = [_block_inputs(M, N, K) for _ in range(nrot)]
-        ref = ck.scaled_mm_blockwise_ref(*sets[0][:4], out_dtype=torch.float32)
-        for name, fn in providers.items():
-            try:
-                err = ((fn(*sets[0]).float() - ref).abs().max() / ref.abs().max()).item()
-                if not err < 2e-2:
-                    print(f"[fp8] {name} {case}: WRONG (rel err {err:.3g})")
-                    continue
-                ms = time_ms(lambda i: fn(*sets[i]), n_rotate=nrot)
-            except Exception as e:
-                print(f"[fp8] {name} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-                continue
-            tf = 2 * M * N * K / ms / 1e9
-            rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["fp8"]))
+        sets = [_block_inputs(M, N, K) for _ in range(rotation_count(M * K + N * K + 2 * M * N))]
+        rows += _time_checked(f"fp8-block-{M}x{N}x{K}", (M, N, K), providers, sets,
+                              lambda: ck.scaled_mm_blockwise_ref(*sets[0][:4], out_dtype=torch.float32))
         del sets
     return rows
 
