@@ -261,10 +261,13 @@ def quantize_triton(
     return q.reshape(x.shape), scale.reshape(*lead, n_groups)
 
 
+GROUP = tl.constexpr(BLOCK)  # the 1 x 128 scale group, inside kernels
+
+
 @triton.jit
 def _layernorm_quant_kernel(
     x_ptr, w_ptr, b_ptr, q_ptr, s_ptr, mul_ptr,
-    M, K, stride_xm, stride_qm, eps,
+    M, K, stride_xm, stride_qm, stride_sm, stride_sg, eps,
     QMAX: tl.constexpr,
     FLOOR: tl.constexpr,
     IS_INT8: tl.constexpr,
@@ -272,10 +275,12 @@ def _layernorm_quant_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     QUANT: tl.constexpr = True,
+    GROUPED: tl.constexpr = False,
 ):
     """Per-token quantization of LayerNorm(x): the rows are normalized in registers and
-    quantized without the LayerNorm output ever reaching memory. QUANT=False: the plain
-    LayerNorm into q (x's dtype), no scales."""
+    quantized without the LayerNorm output ever reaching memory; GROUPED: one scale per
+    128-wide group of each row (1 x 128 blocks) instead of per row. QUANT=False: the
+    plain LayerNorm into q (x's dtype), no scales."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -293,36 +298,55 @@ def _layernorm_quant_kernel(
     y = (d * rstd[:, None] * w[None, :] + b[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
     if HAS_MUL:
         y = y * tl.load(mul_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    if QUANT:
+    if QUANT and GROUPED:
+        # [BLOCK_M, BLOCK_K] -> [BLOCK_M, groups, 128]: zero padding past K cannot raise an amax.
+        y = tl.reshape(tl.where(mask, y, 0.0), (BLOCK_M, BLOCK_K // GROUP, GROUP))
+        amax = tl.max(_abs_nan_to_inf(y), axis=2)
+        scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
+        out = tl.reshape(_cast(y * inv[:, :, None], ok[:, :, None], QMAX, IS_INT8), (BLOCK_M, BLOCK_K))
+        tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], out.to(q_ptr.dtype.element_ty), mask=mask)
+        groups = tl.arange(0, BLOCK_K // GROUP)
+        tl.store(s_ptr + rows64[:, None] * stride_sm + groups[None, :] * stride_sg, scale,
+                 mask=row_ok[:, None] & (groups * GROUP < K)[None, :])
+    elif QUANT:
         y = tl.where(mask, y, 0.0)
         amax = tl.max(_abs_nan_to_inf(y), axis=1)
         scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
         out = _cast(y * inv[:, None], ok[:, None], QMAX, IS_INT8)
         tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], out.to(q_ptr.dtype.element_ty), mask=mask)
-        tl.store(s_ptr + rows64, scale, mask=row_ok)
+        tl.store(s_ptr + rows64 * stride_sm, scale, mask=row_ok)
     else:
         tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], y.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def layernorm_quantize_triton(x, weight, bias, eps: float, dtype, multiplier=None, _block_m=None, _num_warps=None,
-                              _quant=True):
-    """(q [M, K], scale [M, 1]) = per-token quantization of layer_norm(x); x [M, K], K <= MAX_SINGLE_K.
+                              _quant=True, granularity: str = "row", _store_dtype=None):
+    """(q [M, K], scale) = quantization of layer_norm(x); x [M, K], K <= MAX_SINGLE_K. scale is
+    [M, 1] per token ("row") or [M, ceil(K/128)] per 1 x 128 group ("block", M-major as
+    `quantize` writes it).
 
-    _block_m / _num_warps override the tile (tuning sweeps only). _quant=False: see layernorm_triton."""
+    _block_m / _num_warps override the tile (tuning sweeps only). _quant=False: see layernorm_triton.
+    _store_dtype: as in `quantize_triton` (tests under TRITON_INTERPRET)."""
     M, K = x.shape
-    q = torch.empty((M, K), dtype=dtype, device=x.device)
-    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device) if _quant else q  # unused without _quant
-    block_k = triton.next_power_of_2(K)
+    q = torch.empty((M, K), dtype=_store_dtype or dtype, device=x.device)
+    grouped = granularity == "block"
+    if not _quant:
+        scale = q  # unused
+    elif grouped:
+        scale = empty_block_scales(M, triton.cdiv(K, BLOCK), x.device)
+    else:
+        scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+    block_k = max(triton.next_power_of_2(K), BLOCK if grouped else 1)
     # 4 warps over 2 rows of 2048 (GPT-2 XL's 1600): 22.9 us at 8192 x 1600 vs 29.0 us with the
     # quantize kernel's 8 warps (same-run sweep, L2-rotated inputs).
     block_m = _block_m or max(1, min(triton.next_power_of_2(max(M, 1)), TILE_ELEMS // block_k))
     mul = multiplier.float().contiguous() if multiplier is not None else weight  # dummy pointer
     if M > 0:
         _layernorm_quant_kernel[(triton.cdiv(M, block_m),)](
-            x, weight, bias, q, scale, mul, M, K, x.stride(0), q.stride(0), float(eps),
-            QMAX=qmax_of(dtype) if _quant else 1.0, FLOOR=AMAX_FLOOR, IS_INT8=dtype == torch.int8,
+            x, weight, bias, q, scale, mul, M, K, x.stride(0), q.stride(0), scale.stride(0), scale.stride(-1),
+            float(eps), QMAX=qmax_of(dtype) if _quant else 1.0, FLOOR=AMAX_FLOOR, IS_INT8=dtype == torch.int8,
             HAS_MUL=multiplier is not None,
-            BLOCK_M=block_m, BLOCK_K=block_k, num_warps=_num_warps or 4, QUANT=_quant,
+            BLOCK_M=block_m, BLOCK_K=block_k, num_warps=_num_warps or 4, QUANT=_quant, GROUPED=grouped,
         )
     return q, scale
 

@@ -224,10 +224,11 @@ class _QuantLinearBase(nn.Module):
         return self._run(x, residual, None)
 
     def forward_layernorm(self, x: torch.Tensor, ln: nn.LayerNorm, residual: torch.Tensor | None = None):
-        """self(ln(x), residual), with the LayerNorm fused into the per-token activation
-        quantization where the W8A8 GEMM runs (row scales, CUDA kernels, more rows than
-        the weight-only decode path takes): the normalized activations never reach
-        memory in 16 bits (GPT-2 XL 8 x 1024 prefill: two quantize passes per layer)."""
+        """self(ln(x), residual), with the LayerNorm fused into the activation quantization
+        (per token, or per 1 x 128 group in block mode) where the W8A8 GEMM runs (CUDA
+        kernels, more rows than the weight-only decode path takes): the normalized
+        activations never reach memory in 16 bits (GPT-2 XL 8 x 1024 prefill: two quantize
+        passes per layer)."""
         return self._run(x, residual, ln)
 
     def _run(self, x, residual, ln):
@@ -235,12 +236,13 @@ class _QuantLinearBase(nn.Module):
         if x2.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
         use_kernels = _use_kernels(self.backend, x2)
-        fuse = (ln is not None and use_kernels and self._row_quant and isinstance(ln, nn.LayerNorm)
+        fuse = (ln is not None and use_kernels and isinstance(ln, nn.LayerNorm)
                 and ln.weight is not None and ln.bias is not None and not weight_only_eligible(self, x2))
         if ln is not None and not fuse:
             x2 = ln(x2)
         if fuse:
-            q, sa = layernorm_quantize(x2, ln.weight, ln.bias, ln.eps, self.weight.dtype, multiplier=self.inv_smooth)
+            q, sa = layernorm_quantize(x2, ln.weight, ln.bias, ln.eps, self.weight.dtype, multiplier=self.inv_smooth,
+                                       granularity=self._act_granularity)
         else:
             y = _weight_only_decode(self, x2, bias, r2)
             if y is not None:
@@ -332,11 +334,11 @@ class FP8Linear(_QuantLinearBase):
         return self
 
     @property
-    def _row_quant(self) -> bool:
-        return self.mode == "row"
+    def _act_granularity(self) -> str:
+        return self.mode  # "row" (per token) or "block" (1 x 128 groups)
 
     def _quantize_input(self, x2):
-        return quantize(x2, self.weight.dtype, self.mode, multiplier=self.inv_smooth)
+        return quantize(x2, self.weight.dtype, self._act_granularity, multiplier=self.inv_smooth)
 
     def _gemm(self, q, sa, out_dtype, bias, r2, use_kernels):
         act = self.activation
@@ -422,10 +424,10 @@ class Int8Linear(_QuantLinearBase):
         self._copy_bias(module)
         return self
 
-    _row_quant = True
+    _act_granularity = "row"
 
     def _quantize_input(self, x2):
-        return quantize(x2, torch.int8, "row", multiplier=self.inv_smooth)
+        return quantize(x2, torch.int8, self._act_granularity, multiplier=self.inv_smooth)
 
     def _gemm(self, q, sa, out_dtype, bias, r2, use_kernels):
         sb = self.weight_scale.view(1, -1)

@@ -122,14 +122,18 @@ def layernorm_quantize(
     *,
     multiplier: torch.Tensor | None = None,
     backend: str = "auto",
+    granularity: str = "row",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize(layer_norm(x, weight, bias, eps), dtype, "row", multiplier=...) in one pass.
+    """quantize(layer_norm(x, weight, bias, eps), dtype, granularity, multiplier=...) in one
+    pass; granularity "row" (per token) or "block" (1 x 128 groups).
 
     x [M, K] (K <= 8192 on the Triton path), weight and bias [K]. The LayerNorm output
     is rounded to x.dtype before it is quantized, as the unfused pair would do, so
     the two paths differ only in the LayerNorm's own last-bit rounding.
     """
-    _check(x, dtype, "row", multiplier, backend)
+    _check(x, dtype, granularity, multiplier, backend)
+    if granularity not in ("row", "block"):
+        raise ValueError(f"layernorm_quantize: granularity must be 'row' or 'block', got {granularity!r}")
     if x.dim() != 2 or weight.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
         raise ValueError(f"x must be [M, K] with weight and bias [K]; got {tuple(x.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(bias.shape)}")
@@ -138,9 +142,10 @@ def layernorm_quantize(
         from ._triton import layernorm_quantize_triton
 
         x = x if x.stride(1) == 1 else x.contiguous()
-        return layernorm_quantize_triton(x, weight.contiguous(), bias.contiguous(), eps, dtype, multiplier)
+        return layernorm_quantize_triton(x, weight.contiguous(), bias.contiguous(), eps, dtype, multiplier,
+                                         granularity=granularity)
     h = torch.nn.functional.layer_norm(x, (x.shape[1],), weight, bias, eps)
-    return quantize_ref(h, dtype, "row", multiplier)
+    return quantize_ref(h, dtype, granularity, multiplier)
 
 
 def quantize_fp8(

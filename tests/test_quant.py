@@ -781,6 +781,17 @@ _LN_INTERPRET_SCRIPT = textwrap.dedent(
             d = (q.int() - ref_q.int()).abs()
             assert d.max() <= 1 and (d == 0).float().mean() > 0.999, (shape, d.max())
             n += 1
+    for shape in ((5, 300), (3, 100), (2, 1600)):  # 1 x 128 groups: partial last group, K < 128
+        x = torch.randn(shape) * 3 + 1
+        x[0, 5] = 200.0  # an outlier that only its own group's scale sees
+        w, b = torch.rand(shape[1]) + 0.5, torch.randn(shape[1]) * 0.1
+        ref_q, ref_s = R.quantize_ref(F.layer_norm(x, (shape[1],), w, b, 1e-5), torch.float8_e4m3fn, "block")
+        q, s = layernorm_quantize_triton(x, w, b, 1e-5, torch.float8_e4m3fn, granularity="block",
+                                         _store_dtype=torch.float32)
+        assert s.shape == ref_s.shape and s.stride(0) == 1 and torch.allclose(s, ref_s, rtol=1e-5), shape
+        same = q.to(torch.float8_e4m3fn).float() == ref_q.float()  # correctly rounded here, on the CPU
+        assert (q.abs() <= 448).all() and same.float().mean() > 0.99, shape
+        n += 1
     from quant._triton import layernorm_triton
     for shape in ((5, 300), (2, 1600)):
         x = (torch.randn(shape) * 3 + 1).bfloat16()
@@ -840,19 +851,27 @@ def _gpt2_xl_ln_rows(device, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
-def test_layernorm_quantize_gpu(hopper, dtype):
-    """Fused LayerNorm + per-token quantization vs the unfused pair on bf16 GPT-2 XL rows:
-    the scales agree to the LayerNorm's last-bit rounding, and the dequantized values
-    differ by at most one quantization step."""
+@pytest.mark.parametrize("dtype,granularity", [(torch.float8_e4m3fn, "row"), (torch.int8, "row"),
+                                               (torch.float8_e4m3fn, "block")])
+def test_layernorm_quantize_gpu(hopper, dtype, granularity):
+    """Fused LayerNorm + quantization (per token, or per 1 x 128 group) vs the unfused pair
+    on bf16 GPT-2 XL rows: the scales agree to the LayerNorm's last-bit rounding, and the
+    dequantized values differ by at most one quantization step."""
     x, ln = _gpt2_xl_ln_rows(hopper, seed=0)
     with torch.no_grad():
-        q, s = quant.layernorm_quantize(x, ln.weight, ln.bias, ln.eps, dtype)
-        rq, rs = quant.quantize(ln(x), dtype, "row")
+        q, s = quant.layernorm_quantize(x, ln.weight, ln.bias, ln.eps, dtype, granularity=granularity)
+        rq, rs = quant.quantize(ln(x), dtype, granularity)
     torch.testing.assert_close(s, rs, rtol=1e-2, atol=0)
-    assert ((q.float() * s - rq.float() * rs).abs() <= 1.01 * torch.maximum(s, rs) * (32 if dtype != torch.int8 else 1)).all()
+    step = torch.maximum(s, rs) * (32 if dtype != torch.int8 else 1)
+    if granularity == "block":
+        step = step.repeat_interleave(128, dim=1)[:, :x.shape[1]]
+    deq, rdeq = quant.dequantize(q, s, granularity), quant.dequantize(rq, rs, granularity)
+    assert ((deq - rdeq).abs() <= 1.01 * step).all()
     lin = nn.Linear(1600, 6400).to(hopper, torch.bfloat16)
-    m = (quant.FP8Linear if dtype != torch.int8 else quant.Int8Linear).from_float(lin)
+    if dtype == torch.int8:
+        m = quant.Int8Linear.from_float(lin)
+    else:
+        m = quant.FP8Linear.from_float(lin, mode=granularity)
     with torch.no_grad():
         assert _rel(m.forward_layernorm(x, ln), m(ln(x))) < 2e-2
 
