@@ -128,10 +128,12 @@ def _promoted_config(M: int, N: int, K: int):
     in registers: 64 x 128 per warpgroup, cooperative.
 
     With fewer 128 x 128 tiles than SMs, 64-row tiles (one consumer warpgroup each) put
-    twice as many CTAs to work; with very few tiles and a long K, split K in two as well.
-    Same-run sweep on the H100 (block scales): 512x1600x6400 476 -> 607 TFLOP/s,
-    128x7168x2048 310 -> 364, 64x1600x6400 63 -> 97 (split); from 1024 rows up 128 x 128
-    stayed best (1024x7168x2048 880 vs 743)."""
+    twice as many CTAs to work; with very few tiles and a long K, split K in four as well
+    (each split keeps >= 8 k-tiles). Same-run sweeps on the H100 (block scales):
+    512x1600x6400 476 -> 607 TFLOP/s, 128x7168x2048 310 -> 364, 64x1600x6400 63 -> 97
+    (split in two); from 1024 rows up 128 x 128 stayed best (1024x7168x2048 880 vs 743).
+    Decode sizes (1 and 8 rows): K = 6400 16.7 us unsplit, 14.3 split in two, 12.9 in
+    four, 13.5 in eight; at K = 1600 any split was slower (1x4800x1600: 8.1 -> 10.1 us)."""
     from ..gemm.config import H100_SMS, GemmConfig
 
     tiles_n = -(-N // 128)
@@ -139,7 +141,7 @@ def _promoted_config(M: int, N: int, K: int):
         return GemmConfig(128, 128, 2 if M > 128 else 1, 1, promote=True)
     tiles_m = -(-M // 64)
     if tiles_m * tiles_n <= 32 and -(-K // 128) >= 32:
-        return GemmConfig(64, 128, 1, 1, promote=True, split_k=2)
+        return GemmConfig(64, 128, 1, 1, promote=True, split_k=4)
     return GemmConfig(64, 128, 2 if tiles_m >= 2 else 1, 1, promote=True)
 
 
