@@ -59,25 +59,31 @@ def run_fp8(shapes=SUITE):
     return rows
 
 
-def _time_checked(case, mnk, provs, sets, make_ref):
-    """Check each provider against the fp32 reference on sets[0] (2% relative), then time it
-    over the rotated input sets; a provider that fails or is wrong gets no row."""
+def _time_checked(case, mnk, provs, sets, make_ref, kind="fp8"):
+    """Check each provider against the reference on sets[0] (fp8: 2% relative to the fp32
+    reference; int8: bit-exact), then time it over the rotated input sets; a provider that
+    fails or is wrong gets no row."""
     M, N, K = mnk
     rows, ref = [], None
     for name, fn in provs.items():
         try:
             out = fn(*sets[0])
             ref = make_ref() if ref is None else ref
-            err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-            if not err < 2e-2:
-                print(f"[fp8] {name} {case}: WRONG (rel err {err:.3g})")
-                continue
+            if kind == "int8":
+                if not torch.equal(out, ref):
+                    print(f"[int8] {name} {case}: WRONG (not bit-exact); not timed")
+                    continue
+            else:
+                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                if not err < 2e-2:
+                    print(f"[fp8] {name} {case}: WRONG (rel err {err:.3g})")
+                    continue
             ms = time_ms(lambda i: fn(*sets[i]), n_rotate=len(sets))
         except Exception as e:
-            print(f"[fp8] {name} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            print(f"[{kind}] {name} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
             continue
         tf = 2 * M * N * K / ms / 1e9
-        rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["fp8"]))
+        rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS[kind]))
     return rows
 
 
@@ -124,22 +130,11 @@ def run_int8(shapes=SUITE):
         print("[int8] triton baseline unavailable:", e)
     rows = []
     for (M, N, K) in shapes:
-        case = f"int8-{M}x{N}x{K}"
-        nrot = rotation_count(M * K + N * K + 4 * M * N)
         sets = [(torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8),
-                 torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t()) for _ in range(nrot)]
-        ref = torch._int_mm(*sets[0])
-        for name, fn in providers.items():
-            try:
-                if not torch.equal(fn(*sets[0]), ref):
-                    print(f"[int8] {name} {case}: WRONG (not bit-exact); not timed")
-                    continue
-                ms = time_ms(lambda i: fn(*sets[i]), n_rotate=nrot)
-            except Exception as e:
-                print(f"[int8] {name} {case} failed: {type(e).__name__}: {str(e)[:200]}")
-                continue
-            tf = 2 * M * N * K / ms / 1e9
-            rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["int8"]))
+                 torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t())
+                for _ in range(rotation_count(M * K + N * K + 4 * M * N))]
+        rows += _time_checked(f"int8-{M}x{N}x{K}", (M, N, K), providers, sets, lambda: torch._int_mm(*sets[0]),
+                              kind="int8")
         del sets
     return rows
 

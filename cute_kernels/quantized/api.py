@@ -7,6 +7,8 @@ handed over as the [K, N] column-major view of a [N, K] weight (`w.t()`), exactl
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..gemm.api import _alloc_out, _tma_ok, run_gemm
@@ -123,6 +125,7 @@ def scaled_mm(
                     kernel_name="scaled_mm_sm90")
 
 
+@functools.lru_cache(maxsize=4096)  # per-call hot path: no dataclass built per launch
 def _promoted_config(M: int, N: int, K: int):
     """Tile for the promoted ("2xAcc") and block-scaled loops, which keep two accumulators
     in registers: 64 x 128 per warpgroup, cooperative.
