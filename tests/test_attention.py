@@ -250,19 +250,36 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
     for D, cfg in DECODE_CONFIG.items():  # the heuristic's block_n formula is the kernel's
         n = _decode_kernel_obj(D, 1, True, True).block_n
         assert decode_splits_heuristic(1, 1, 1, 64 * n, D) == 64 and decode_splits_heuristic(1, 1, 1, n, D) == 1
+        assert _decode_kernel_obj(D, 4, True, True, mma=True).block_n == attn_api._decode_block_n(D, True)
+
+
+def test_decode_mma_choice():
+    """The tensor-core kernel takes GQA >= 4 when its key blocks still fill the SMs; its
+    split count is capped by the partials the last CTA must read back."""
+    from cute_kernels.attention.api import decode_heads_per_cta, decode_splits_heuristic, decode_uses_mma
+
+    assert decode_uses_mma(1, 32, 8, 8192, 128) and decode_uses_mma(8, 32, 8, 1024, 128)
+    assert not decode_uses_mma(1, 32, 8, 1024, 128)  # 64 one-step CTAs: the SIMT kernel is faster
+    assert not decode_uses_mma(1, 12, 12, 8192, 64) and not decode_uses_mma(64, 32, 16, 8192, 128)  # G < 4
+    assert [decode_heads_per_cta(g, 128, mma=True) for g in (4, 8, 12, 16, 32, 24)] == [4, 8, 12, 16, 16, 12]
+    assert decode_splits_heuristic(1, 32, 16, 8192, 128, mma=True) == 16  # 128 KB of partials
+    assert decode_splits_heuristic(1, 32, 4, 8192, 128, mma=True) == 16  # one wave of 8 x 16 CTAs
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,heads,split,masked", [(64, 1, False, False), (64, 1, True, False),
-                                                         (128, 4, True, False), (64, 3, True, False),
-                                                         (64, 1, True, True)])
-def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked):
+@pytest.mark.parametrize("head_dim,heads,split,masked,mma", [
+    (64, 1, False, False, False), (64, 1, True, False, False), (128, 4, True, False, False),
+    (64, 3, True, False, False), (64, 1, True, True, False),
+    (128, 4, True, False, True), (128, 16, False, True, True), (64, 8, True, False, True)])
+def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma):
     from cute_kernels.attention.api import _compile_decode
     from tests.test_gemm import _ptxas_report
 
-    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked)
+    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked, mma=mma)
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
+    # The GQA kernel runs Q K^T and P V as warp MMAs on ldmatrix'd K and V^T tiles.
+    assert ("mma.sync.aligned.m16n8k16" in ptx and "ldmatrix.sync.aligned" in ptx and ".trans" in ptx) == mma
     # K and V rows arrive by 16-byte cp.async into the ring; the split merge counts arrivals
     # with an atomic.
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
@@ -383,6 +400,37 @@ def test_decode_kernel(D, hq, hkv, num_splits):
     o2, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True, num_splits=num_splits)
     r2, rlse = flash_attn_ref(q.float(), k.float(), v.float(), causal=True, return_lse=True)
     assert (o2.float() - r2).abs().max().item() < 2e-2
+    assert (lse - rlse).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("hq,hkv", [(32, 8), (16, 2), (32, 2), (64, 2), (48, 4)])
+@pytest.mark.parametrize("num_splits", [1, 5, None])
+def test_decode_mma_kernel(monkeypatch, D, hq, hkv, num_splits):
+    """The tensor-core decode kernel on every GQA packing (4, 8, 16 heads per CTA; 32 -> two
+    CTAs of 16; 12), forced on whatever the shape heuristic would pick: ragged lengths
+    (0, 1, a partial last block), splits, LSE through flash_attn."""
+    import cute_kernels as ck
+    from cute_kernels.attention import api as attn_api
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    monkeypatch.setattr(attn_api, "decode_uses_mma", lambda *a, **k: True)
+    B, Smax = 3, 1100
+    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([0, 1, 1037], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    n = int(lens[2])
+    sd = torch.nn.functional.scaled_dot_product_attention(
+        q[2:].transpose(1, 2), kc[2:, :n].transpose(1, 2), vc[2:, :n].transpose(1, 2), enable_gqa=True).transpose(1, 2)
+    sdpa_err = (sd.float() - ref[2:]).abs().max().item()
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+    o2, lse = ck.flash_attn(q, kc, vc, return_lse=True, num_splits=num_splits)
+    r2, rlse = flash_attn_ref(q.float(), kc.float(), vc.float(), return_lse=True)
+    assert (o2.float() - r2).abs().max().item() <= 2 * sdpa_err + 1e-3
     assert (lse - rlse).abs().max().item() < 1e-2
 
 

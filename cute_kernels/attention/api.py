@@ -36,6 +36,10 @@ MAX_SPLITS = 16
 # how many 16-byte chunks of a row each thread loads (vec). Part of the compile key.
 DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
                  128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256}}
+# GQA decode with at least `min_gqa` query heads per KV head runs the tensor-core kernel
+# (FlashDecodeMmaSm90): up to 16 packed heads per CTA (the mma tile's M rows), `warps` warps
+# of `bn` keys per step, a `stages`-deep cp.async ring per warp.
+DECODE_MMA_CONFIG = {"min_gqa": 4, "max_heads": 16, "warps": 8, "bn": 16, "stages": 2}
 
 
 def _validate(q, k, v):
@@ -135,22 +139,47 @@ def _resolve_splits(num_splits, B, Hq, Sq, Sk) -> int:
 
 # ----------------------------------------------------------------------------- decode (S_q = 1)
 
-def decode_heads_per_cta(qheads_per_kvhead: int, head_dim: int = 64) -> int:
-    """The largest divisor of the GQA ratio within DECODE_CONFIG's max_heads."""
-    cap = DECODE_CONFIG[head_dim]["max_heads"]
+def decode_heads_per_cta(qheads_per_kvhead: int, head_dim: int = 64, mma: bool = False) -> int:
+    """The largest divisor of the GQA ratio within the kernel's max_heads."""
+    cap = DECODE_MMA_CONFIG["max_heads"] if mma else DECODE_CONFIG[head_dim]["max_heads"]
     return max(h for h in range(1, cap + 1) if qheads_per_kvhead % h == 0)
 
 
-def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False):
-    from .decode import FlashDecodeSm90
+def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head_dim: int, *,
+                    num_sms: int = H100_SMS) -> bool:
+    """The tensor-core decode kernel for GQA ratios >= min_gqa, when its (bigger) key blocks
+    still give every SM a CTA: at batch 1 with 8 KV heads and 1k keys it makes 64 one-step
+    CTAs and lost to the SIMT kernel's 128 (8.9 vs 7.4 us, H100, same run)."""
+    G = q_heads // kv_heads
+    if G < DECODE_MMA_CONFIG["min_gqa"]:
+        return False
+    ctas = batch * (q_heads // decode_heads_per_cta(G, head_dim, mma=True))
+    return ctas * -(-seqlen_k // _decode_block_n(head_dim, True)) >= num_sms
 
+
+def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False,
+                       mma: bool = False):
+    from .decode import FlashDecodeMmaSm90, FlashDecodeSm90
+
+    if mma:
+        cfg = DECODE_MMA_CONFIG
+        return FlashDecodeMmaSm90(head_dim, heads, split, seqlens, num_warps=cfg["warps"], bn=cfg["bn"],
+                                  stages=cfg["stages"], masked=masked)
     cfg = DECODE_CONFIG[head_dim]
     return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
                            unroll=cfg["unroll"], stages=cfg["stages"], masked=masked)
 
 
+def _decode_block_n(head_dim: int, mma: bool) -> int:
+    """Keys per CTA step of the decode kernel (= its block_n)."""
+    if mma:
+        return DECODE_MMA_CONFIG["warps"] * DECODE_MMA_CONFIG["bn"]
+    cfg = DECODE_CONFIG[head_dim]
+    return cfg["threads"] // (head_dim // (8 * cfg["vec"])) * cfg["unroll"]
+
+
 def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen_k: int, head_dim: int, *,
-                            num_sms: int = H100_SMS) -> int:
+                            num_sms: int = H100_SMS, mma: bool = False) -> int:
     """Key splits for decode.py: at most one wave of CTAs (in an H100 sweep over batch 1-64 x
     8k-32k keys the best split counts filled the SMs once: 12 CTAs -> 8-11 splits, 64 -> 2,
     96 -> 1), no split shorter than one key block, and none with less work than
@@ -163,20 +192,26 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     from .decode import MAX_DECODE_SPLITS
 
     ctas = batch * (q_heads // heads_per_cta)
-    cfg = DECODE_CONFIG[head_dim]
-    block_n = cfg["threads"] // (head_dim // (8 * cfg["vec"])) * cfg["unroll"]  # = FlashDecodeSm90.block_n
+    block_n = _decode_block_n(head_dim, mma)
     n_blocks = -(-seqlen_k // block_n)
     by_work = seqlen_k * 4 * head_dim * heads_per_cta // MIN_SPLIT_WORK  # K + V, 2 bytes each
-    return max(1, min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, by_work))
+    splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, by_work)
+    if mma:  # the last CTA reads every split's fp32 partial back: keep that tail short
+        splits = min(splits, MAX_MERGE_BYTES // (heads_per_cta * head_dim * 4))
+    return max(1, splits)
 
 
 # Below this much work per split (K+V bytes of one KV head x query heads per CTA), splitting
 # costs more than it saves (see above).
 MIN_SPLIT_WORK = 128 << 10
+# At most this many bytes of fp32 split partials per (batch, head group) for the tensor-core
+# kernel, whose CTAs pack up to 16 heads (B = 1, h32/2, 8k keys: 64 splits x 16 heads read
+# back by one CTA took longer than the keys).
+MAX_MERGE_BYTES = 128 << 10
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
-                    masked: bool = False):
+                    masked: bool = False, mma: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -195,13 +230,14 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
     flse = make_fake_tensor(f32, (b, hq, 1), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     fop = flp = fsem = None
     if split:
-        fop = make_fake_tensor(f32, (b, hq, ns, head_dim), tuple(cute.sym_int64() for _ in range(3)) + (1,),
-                               assumed_align=16)
+        # Contiguous fp32 rows of head_dim (allocated by _run_decode): 16-byte aligned strides.
+        fop = make_fake_tensor(f32, (b, hq, ns, head_dim), tuple(cute.sym_int64(divisibility=4) for _ in range(3))
+                               + (1,), assumed_align=16)
         flp = make_fake_tensor(f32, (b, hq, ns), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
         fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fmask = make_fake_tensor(cutlass.Uint8, (b, sk), (cute.sym_int64(), 1), assumed_align=1) if masked else None
-    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked)
+    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, fmask, f32(1.0), cutlass.Int32(1),
                         cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
@@ -236,8 +272,9 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
 
     B, _, Hq, D = q.shape
     G = Hq // k.shape[2]
-    heads = decode_heads_per_cta(G, D)
-    splits = num_splits if num_splits is not None else decode_splits_heuristic(B, Hq, heads, k.shape[1], D)
+    mma = decode_uses_mma(B, Hq, k.shape[2], k.shape[1], D)
+    heads = decode_heads_per_cta(G, D, mma=mma)
+    splits = num_splits if num_splits is not None else decode_splits_heuristic(B, Hq, heads, k.shape[1], D, mma=mma)
     from .decode import MAX_DECODE_SPLITS
 
     splits = min(splits, MAX_DECODE_SPLITS)
@@ -248,14 +285,15 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     split = splits > 1
     lens = seqlens_k is not None
     masked = key_mask is not None
-    fast = (q.dtype, D, heads, split, lens, masked)
+    fast = (q.dtype, D, heads, split, lens, masked, mma)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
-        cfg = tuple(sorted(DECODE_CONFIG[D].items()))
-        key = CompileKey("flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",), (heads, D), (1, 1),
-                         epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)), extra=(D, *cfg))
+        cfg = tuple(sorted((DECODE_MMA_CONFIG if mma else DECODE_CONFIG[D]).items()))
+        key = CompileKey("flash_decode_mma_sm90" if mma else "flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",),
+                         (heads, D), (1, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)),
+                         extra=(D, *cfg))
         fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens,
-                                                                           masked=masked))
+                                                                           masked=masked, mma=mma))
     scale = softmax_scale_log2(D, softmax_scale)
     if split:
         o_parts = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)

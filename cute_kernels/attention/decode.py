@@ -32,7 +32,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warp
 
 _LN_2 = math.log(2.0)
 # Splits per (batch, head group) at most: the merge keeps one weight per split and head in smem.
@@ -198,7 +198,17 @@ class FlashDecodeSm90:
             for i in cutlass.range_constexpr(C):
                 sO[grp, h, col + i] = acc[h, i]
         cute.arch.sync_threads()
+        self.merge_groups(sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid)
 
+        if cutlass.const_expr(self.split):
+            self.merge_splits(mO, mLSE, mOpart, mLpart, mSem, sW, sFlag, num_splits, b, hg, hq0, tid)
+
+    @cute.jit
+    def merge_groups(self, sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid):
+        """Fold the R row groups' softmax states (sM, sL in log2 units, sO unnormalised) into
+        this CTA's answer: O and LSE, or with several splits this split's fp32 partial."""
+        H, D, R = self.heads, self.head_dim, self.rows
+        neg_inf = -cutlass.Float32.inf
         for idx in cutlass.range(tid, H * D, self.num_threads):
             h = idx // D
             d = idx - h * D
@@ -225,9 +235,6 @@ class FlashDecodeSm90:
                 mO[b, 0, hq0 + h, d] = o.to(mO.element_type)
                 if d == 0:
                     mLSE[b, hq0 + h, 0] = lse2 * _LN_2
-
-        if cutlass.const_expr(self.split):
-            self.merge_splits(mO, mLSE, mOpart, mLpart, mSem, sW, sFlag, num_splits, b, hg, hq0, tid)
 
     @cute.jit
     def issue_rows(self, g2s, gK, gV, ring, slot, n0, end, grp, col, tid):
@@ -308,8 +315,7 @@ class FlashDecodeSm90:
             # Split weights per head: warp w folds head w (heads <= warps), lanes over splits.
             warp = tid // 32
             lane = tid % 32
-            if warp < H:
-                h = warp
+            for h in cutlass.range(warp, H, self.num_threads // 32):
                 mx = neg_inf
                 for sp in cutlass.range(lane, num_splits, 32):
                     mx = cutlass.max(mx, mLpart[b, hq0 + h, sp])
@@ -332,10 +338,285 @@ class FlashDecodeSm90:
                                                                        fastmath=True), neg_inf)
                     mLSE[b, hq0 + h, 0] = lse2 * _LN_2
             cute.arch.sync_threads()
-            for idx in cutlass.range(tid, H * D, self.num_threads):
-                h = idx // D
-                d = idx - h * D
-                o = cutlass.Float32(0.0)
-                for sp in cutlass.range(num_splits, unroll=8):
-                    o += sW[h, sp] * mOpart[b, hq0 + h, sp, d]
-                mO[b, 0, hq0 + h, d] = o.to(mO.element_type)
+            # Four columns per thread (16-byte loads), eight splits' loads in flight at once
+            # (indices clamped, weights zeroed past the end, so no branch splits the batch):
+            # this tail runs on one CTA after all the others, so its L2 round trips are
+            # serial time. (A rolled remainder loop made the 11-split MHA case 1 us slower.)
+            part = cute.make_rmem_tensor(cute.make_layout((8, 4), stride=(4, 1)), cutlass.Float32)
+            o = cute.make_rmem_tensor((4,), cutlass.Float32)
+            ov = cute.make_rmem_tensor((4,), mO.element_type)
+            for idx in cutlass.range(tid, H * D // 4, self.num_threads):
+                h = idx // (D // 4)
+                d4 = idx - h * (D // 4)
+                o.fill(0.0)
+                for sp0 in cutlass.range(0, num_splits, 8):
+                    for j in cutlass.range_constexpr(8):
+                        sp = cutlass.min(sp0 + j, num_splits - 1)
+                        cute.autovec_copy(cute.local_tile(mOpart[b, hq0 + h, sp, None], (4,), (d4,)), part[j, None])
+                    for j in cutlass.range_constexpr(8):
+                        w = cutlass.select_(sp0 + j < num_splits, sW[h, cutlass.min(sp0 + j, num_splits - 1)],
+                                            cutlass.Float32(0.0))
+                        for i in cutlass.range_constexpr(4):
+                            o[i] += w * part[j, i]
+                for i in cutlass.range_constexpr(4):
+                    ov[i] = o[i].to(mO.element_type)
+                cute.autovec_copy(ov, cute.local_tile(mO[b, 0, hq0 + h, None], (4,), (d4,)))
+
+
+class FlashDecodeMmaSm90(FlashDecodeSm90):
+    """Split-KV decode attention for GQA on the tensor cores (mma.sync m16n8k16), one launch.
+
+    Why: with G query heads per KV head the SIMT kernel does G dot products per key and
+    reduces each across the 16 threads of a D = 128 row with shuffles; at G = 4 that math,
+    not HBM, bounded it (62% of HBM at batch 1 and 8k keys, 0.72x cuDNN at batch 8 and 1k).
+    Here the packed query heads are the M rows of an FA2-style warp tile (padded to 16; the
+    tensor cores have room to waste), so Q K^T and P V are two small warp GEMMs and the row
+    statistics need two quad shuffles per row.
+
+    Warp roles: none; every warp copies and computes its own keys. Warp w of a CTA step
+    owns keys [w * bn, (w + 1) * bn) of it and keeps its own online softmax (rows = heads);
+    the warps merge through shared memory at the end exactly like the SIMT kernel's row
+    groups, and split partials merge in-launch through the same counter protocol.
+    Pipeline: per warp a `stages`-deep ring of swizzled [bn, D] K and V tiles in shared
+    memory, filled by the warp's own cp.async copies stages - 1 steps ahead (commit/wait
+    groups, then a warp barrier so each lane sees the others' copies: no CTA barrier in the
+    loop). Q goes through shared memory once and stays in registers as A fragments; K is
+    read with ldmatrix, V with ldmatrix.trans (the B operand of P V is V^T's K-major view).
+    """
+
+    def __init__(self, head_dim: int, heads: int, split: bool, seqlens: bool, num_warps: int = 4,
+                 bn: int = 16, stages: int = 4, masked: bool = False):
+        assert heads <= 16 and bn % 16 == 0 and stages >= 2 and head_dim % 64 == 0
+        self.head_dim = head_dim
+        self.heads = heads
+        self.split = split
+        self.seqlens = seqlens
+        self.masked = masked
+        self.num_threads = 32 * num_warps
+        self.num_warps = num_warps
+        self.rows = num_warps  # the row groups merge_groups folds
+        self.bn = bn  # keys per warp and step
+        self.stages = stages
+        self.block_n = num_warps * bn  # keys per CTA step (the split heuristic's unit)
+
+    def smem_bytes(self, dtype_bytes: int = 2) -> int:
+        ring = self.num_warps * self.stages * 2 * self.bn * self.head_dim * dtype_bytes
+        merge = self.rows * self.heads * 2 * 4 + self.heads * MAX_DECODE_SPLITS * 4  # sO overlays the ring
+        return ring + 16 * self.head_dim * dtype_bytes + merge + 1024
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask,
+                 scale_log2: cutlass.Float32, qheads_per_kvhead: cutlass.Int32, num_splits: cutlass.Int32, stream):
+        dt = mK.element_type
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
+        # 128-byte rows of 64 elements, XOR-swizzled in 16-byte chunks: the 8 rows an
+        # ldmatrix reads per matrix land in 8 different bank groups.
+        atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+        ring_layout = cute.tile_to_shape(atom, (self.bn, self.head_dim, self.num_warps * self.stages * 2), (0, 1, 2))
+        q_layout = cute.tile_to_shape(atom, (16, self.head_dim), (0, 1))
+        B, Hq = mQ.shape[0], mQ.shape[2]
+        self.kernel(mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask, scale_log2, qheads_per_kvhead,
+                    num_splits, tiled_mma, ring_layout, q_layout).launch(
+            grid=(num_splits, Hq // self.heads, B), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask, scale_log2, qheads_per_kvhead,
+               num_splits, tiled_mma: cute.TiledMma, ring_layout: cute.ComposedLayout, q_layout: cute.ComposedLayout):
+        tid, _, _ = cute.arch.thread_idx()
+        split, hg, b = cute.arch.block_idx()
+        H, D, W, BN, T = self.heads, self.head_dim, self.num_warps, self.bn, self.num_threads
+        wid = cute.arch.make_warp_uniform(tid // 32)
+        lane = tid % 32
+        hq0 = hg * H
+        h_kv = hq0 // qheads_per_kvhead
+        dt = mK.element_type
+
+        smem = cutlass.memory.SmemAllocator()
+        ring = smem.allocate_tensor(dt, ring_layout, byte_alignment=1024)
+        sQ = smem.allocate_tensor(dt, q_layout, byte_alignment=1024)
+        sM = smem.allocate_tensor(cutlass.Float32, cute.make_layout((W, H)), byte_alignment=16)
+        sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((W, H)), byte_alignment=16)
+        # The warps' partial O reuses the ring once the key loop is done (see the barrier below).
+        assert W * H * D * 4 <= cute.cosize(ring_layout) * dt.width // 8
+        sO = cute.make_tensor(cute.recast_ptr(ring.iterator, dtype=cutlass.Float32),
+                              cute.make_layout((W, H, D), stride=(H * D, D, 1)))
+        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, MAX_DECODE_SPLITS)), byte_alignment=16)
+        sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
+
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+        seqlen = mK.shape[1]
+        if cutlass.const_expr(self.seqlens):
+            seqlen = mSeqlens[b]
+        step_n = W * BN
+        n_blocks = (seqlen + step_n - 1) // step_n
+        per_split = (n_blocks + num_splits - 1) // num_splits
+        start = split * per_split * step_n
+        end = cutlass.min(seqlen, start + per_split * step_n)
+        n_steps = (end - start + step_n - 1) // step_n
+
+        gK = mK[b, None, h_kv, None]  # [Sk, D]
+        gV = mV[b, None, h_kv, None]
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
+                                  num_bits_per_copy=128)
+        # Start the first stages - 1 steps before anything else: Q's trip through smem overlaps them.
+        for p in cutlass.range_constexpr(self.stages - 1):
+            if p < n_steps:
+                self.issue_tile(g2s, gK, gV, ring, wid * self.stages + p, start + p * step_n + wid * BN, end, lane)
+            cute.arch.cp_async_commit_group()
+
+        # Q (heads x D) into rows 0..H-1 of a 16-row tile, zeros below.
+        qv = cute.make_rmem_tensor((8,), dt)
+        for idx in cutlass.range(tid, 16 * (D // 8), T):
+            r = idx // (D // 8)
+            c = idx - r * (D // 8)
+            if r < H:
+                cute.autovec_copy(cute.local_tile(mQ[b, 0, hq0 + r, None], (8,), (c,)), qv)
+            else:
+                qv.fill(0.0)
+            cute.autovec_copy(qv, cute.local_tile(sQ[r, None], (8,), (c,)))
+        cute.arch.sync_threads()
+
+        thr_mma = tiled_mma.get_slice(lane)
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dt)
+        copy_q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(lane)
+        copy_k = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(lane)
+        copy_v = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(lane)
+        transpose = cute.make_layout((D, BN), stride=(BN, 1))
+        sK0 = ring[None, None, 0]
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK0))
+        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(cute.composition(sK0, transpose)))
+        cute.copy(copy_q, copy_q.partition_S(sQ), copy_q.retile(tSrQ))
+        acc_s = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, BN)), cutlass.Float32)
+        acc_o = cute.make_rmem_tensor(thr_mma.partition_shape_C((16, D)), cutlass.Float32)
+        acc_o.fill(0.0)
+        tScS = thr_mma.partition_C(cute.make_identity_tensor((16, BN)))
+        tOcO = thr_mma.partition_C(cute.make_identity_tensor((16, D)))
+        rP = cute.make_rmem_tensor(acc_s.layout, dt)
+        tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
+
+        neg_inf = -cutlass.Float32.inf
+        # Thread rows r (quad row) and r + 8; with H <= 8 the second half never holds a head.
+        m0, m1 = cutlass.Float32(neg_inf), cutlass.Float32(neg_inf)
+        l0, l1 = cutlass.Float32(0.0), cutlass.Float32(0.0)
+        two_halves = H > 8
+        for it in cutlass.range(n_steps):
+            cute.arch.cp_async_wait_group(self.stages - 2)
+            cute.arch.sync_warp()  # the other lanes' copies of this slot are visible now
+            slot = wid * self.stages + it % self.stages
+            nxt = it + self.stages - 1
+            if nxt < n_steps:
+                self.issue_tile(g2s, gK, gV, ring, wid * self.stages + nxt % self.stages,
+                                start + nxt * step_n + wid * BN, end, lane)
+            cute.arch.cp_async_commit_group()
+
+            sK = ring[None, None, 2 * slot]
+            sVt = cute.composition(ring[None, None, 2 * slot + 1], transpose)
+            acc_s.fill(0.0)
+            tSsK = copy_k.partition_S(sK)
+            tSrK_v = copy_k.retile(tSrK)
+            for kb in cutlass.range_constexpr(cute.size(tSrK.shape[2])):
+                cute.copy(copy_k, tSsK[None, None, kb], tSrK_v[None, None, kb])
+                cute.gemm(tiled_mma, acc_s, tSrQ[None, None, kb], tSrK[None, None, kb], acc_s)
+
+            n0 = start + it * step_n + wid * BN
+            mx0, mx1 = m0, m1
+            for v in cutlass.range_constexpr(cute.size(acc_s)):
+                n = n0 + tScS[v][1]
+                s = acc_s[v] * scale_log2
+                if n >= end:
+                    s = neg_inf
+                if cutlass.const_expr(self.masked):
+                    if mMask[b, cutlass.min(n, end - 1)] == 0:
+                        s = neg_inf
+                acc_s[v] = s
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    mx0 = cute.arch.fmax(mx0, s)
+                elif cutlass.const_expr(two_halves):
+                    mx1 = cute.arch.fmax(mx1, s)
+            mx0 = cute.arch.fmax(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=1))
+            mx0 = cute.arch.fmax(mx0, cute.arch.shuffle_sync_bfly(mx0, offset=2))
+            if cutlass.const_expr(two_halves):
+                mx1 = cute.arch.fmax(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=1))
+                mx1 = cute.arch.fmax(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=2))
+            # exp2(-inf - 0) = 0 rather than NaN while a row has seen no key.
+            ref0 = cutlass.select_(mx0 == neg_inf, cutlass.Float32(0.0), mx0)
+            ref1 = cutlass.select_(mx1 == neg_inf, cutlass.Float32(0.0), mx1)
+            c0 = cute.math.exp2(m0 - ref0, fastmath=True)
+            c1 = cute.math.exp2(m1 - ref1, fastmath=True)
+            m0, m1 = mx0, mx1
+            l0, l1 = l0 * c0, l1 * c1
+            for v in cutlass.range_constexpr(cute.size(acc_s)):
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    p = cute.math.exp2(acc_s[v] - ref0, fastmath=True)
+                    l0 += p
+                    acc_s[v] = p
+                elif cutlass.const_expr(two_halves):
+                    p = cute.math.exp2(acc_s[v] - ref1, fastmath=True)
+                    l1 += p
+                    acc_s[v] = p
+                else:
+                    acc_s[v] = 0.0
+            for v in cutlass.range_constexpr(cute.size(acc_o)):
+                if cutlass.const_expr((v // 2) % 2 == 0):
+                    acc_o[v] = acc_o[v] * c0
+                elif cutlass.const_expr(two_halves):
+                    acc_o[v] = acc_o[v] * c1
+            rP.store(acc_s.load().to(dt))
+            tOsV = copy_v.partition_S(sVt)
+            tOrV_v = copy_v.retile(tOrV)
+            for kb in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+                cute.copy(copy_v, tOsV[None, None, kb], tOrV_v[None, None, kb])
+                cute.gemm(tiled_mma, acc_o, tOrP[None, None, kb], tOrV[None, None, kb], acc_o)
+
+        # Each warp's row sums are spread over its quad: total them, then publish the warp's state.
+        l0 = l0 + cute.arch.shuffle_sync_bfly(l0, offset=1)
+        l0 = l0 + cute.arch.shuffle_sync_bfly(l0, offset=2)
+        l1 = l1 + cute.arch.shuffle_sync_bfly(l1, offset=1)
+        l1 = l1 + cute.arch.shuffle_sync_bfly(l1, offset=2)
+        r0 = lane // 4
+        # sO overlays the ring: every warp must be done reading its tiles (and no copy may be
+        # in flight: the trailing commit groups are empty) before any warp writes.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        if lane % 4 == 0:
+            if r0 < H:
+                sM[wid, r0] = m0
+                sL[wid, r0] = l0
+            if cutlass.const_expr(two_halves):
+                if r0 + 8 < H:
+                    sM[wid, r0 + 8] = m1
+                    sL[wid, r0 + 8] = l1
+        for v in cutlass.range_constexpr(cute.size(acc_o)):
+            r = tOcO[v][0]
+            if r < H:
+                sO[wid, r, tOcO[v][1]] = acc_o[v]
+        cute.arch.sync_threads()
+        self.merge_groups(sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid)
+        if cutlass.const_expr(self.split):
+            self.merge_splits(mO, mLSE, mOpart, mLpart, mSem, sW, sFlag, num_splits, b, hg, hq0, tid)
+
+    @cute.jit
+    def issue_tile(self, g2s, gK, gV, ring, slot, n0, end, lane):
+        """cp.async this warp's bn x D tiles of K and V (keys n0...) into ring slot `slot`.
+        Rows past the range are clamped to its last row: in bounds and finite; the scores of
+        those keys are masked."""
+        chunks = self.head_dim // 8
+        sK = ring[None, None, 2 * slot]
+        sV = ring[None, None, 2 * slot + 1]
+        for i in cutlass.range_constexpr(self.bn * chunks // 32):
+            idx = lane + 32 * i
+            r = idx // chunks
+            c = idx - r * chunks
+            row = cutlass.min(n0 + r, end - 1)
+            cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (c,)), cute.local_tile(sK[r, None], (8,), (c,)))
+            cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (c,)), cute.local_tile(sV[r, None], (8,), (c,)))
+
+    @staticmethod
+    def _acc_to_a_layout(layout):
+        """((2, 2), 1, N/8) m16n8 accumulator -> ((2, 2, 2), 1, N/16) m16n8k16 A fragment: two
+        adjacent n8 tiles of C are one k16 slice of A (FA2's register reuse of P)."""
+        n8 = layout.shape[2]
+        return cute.make_layout(((2, 2, 2), 1, n8 // 2), stride=((1, 2, 4), 0, 8))
