@@ -39,7 +39,7 @@ DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threa
 # GQA decode with at least `min_gqa` query heads per KV head runs the tensor-core kernel
 # (FlashDecodeMmaSm90): up to 16 packed heads per CTA (the mma tile's M rows), `warps` warps
 # of `bn` keys per step, a `stages`-deep cp.async ring per warp.
-DECODE_MMA_CONFIG = {"min_gqa": 4, "max_heads": 16, "warps": 8, "bn": 16, "stages": 2}
+DECODE_MMA_CONFIG = {"min_gqa": 4, "max_heads": 16, "warps": 4, "bn": 16, "stages": 3}
 
 
 def _validate(q, k, v):
@@ -195,7 +195,7 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     block_n = _decode_block_n(head_dim, mma)
     n_blocks = -(-seqlen_k // block_n)
     by_work = seqlen_k * 4 * head_dim * heads_per_cta // MIN_SPLIT_WORK  # K + V, 2 bytes each
-    splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, by_work)
+    splits = min(MAX_DECODE_SPLITS, DECODE_WAVES * num_sms // ctas, n_blocks, by_work)
     if mma:  # the last CTA reads every split's fp32 partial back: keep that tail short
         splits = min(splits, MAX_MERGE_BYTES // (heads_per_cta * head_dim * 4))
     return max(1, splits)
@@ -208,6 +208,8 @@ MIN_SPLIT_WORK = 128 << 10
 # kernel, whose CTAs pack up to 16 heads (B = 1, h32/2, 8k keys: 64 splits x 16 heads read
 # back by one CTA took longer than the keys).
 MAX_MERGE_BYTES = 128 << 10
+# Split CTAs per SM the heuristic aims for.
+DECODE_WAVES = 1
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
