@@ -253,6 +253,12 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
         assert _decode_kernel_obj(D, 4, True, True, mma=True).block_n == attn_api._decode_block_n(D, True)
 
 
+def test_pingpong_choice():
+    from cute_kernels.attention.api import pingpong_for
+
+    assert not pingpong_for(64, 2) and pingpong_for(64, 3) and pingpong_for(128, 2)
+
+
 def test_decode_mma_choice():
     """The tensor-core kernel takes GQA >= 4 when its key blocks still fill the SMs; its
     split count is capped by the partials the last CTA must read back."""

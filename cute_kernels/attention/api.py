@@ -15,6 +15,15 @@ from .reference import flash_attn_ref  # noqa: F401
 HEAD_DIMS = (64, 128)
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
 PINGPONG = True
+
+
+def pingpong_for(head_dim: int, num_mma_wg: int) -> bool:
+    """Ping-pong turns between the consumer warpgroups, except at D = 64 with two of them:
+    there the turn barriers cost more than the overlap buys (same-run A/B on the H100,
+    twelfth session: 16x12x1024x64 359 -> 369 TFLOP/s, causal 250 -> 257, 8x25x1024x64 348
+    -> 360, causal 239 -> 249; D = 128 and three warpgroups were even or mixed, so they keep it)."""
+    return PINGPONG and not (head_dim == 64 and num_mma_wg == 2)
+
 # Consumer warpgroups per CTA (64 query rows each). At D = 64 the softmax's exp2s take as
 # many cycles as the two GEMMs, and a third warpgroup (192-row tiles, as FlashAttention-3
 # uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
@@ -93,7 +102,8 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
                                 assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
-    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=PINGPONG, split_kv=split_kv, num_mma_wg=num_mma_wg)
+    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=pingpong_for(head_dim, num_mma_wg), split_kv=split_kv,
+                              num_mma_wg=num_mma_wg)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -318,7 +328,7 @@ def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: b
     if fn is None:
         key = CompileKey("flash_fwd_sm90", (dtype_name(dtype),), ("bshd",), (128, 128), (1, 1),
                          epilogue=(("causal", causal), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
-                                   ("split_kv", split_kv)), extra=(D, PINGPONG, "persistent", wg))
+                                   ("split_kv", split_kv)), extra=(D, pingpong_for(D, wg), "persistent", wg))
         fn = _FAST[fast] = KERNELS.get(key, lambda: _compile(dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
                                                               split_kv=split_kv, num_mma_wg=wg))
     return fn
