@@ -259,6 +259,17 @@ def test_pingpong_choice():
     assert not pingpong_for(64, 2) and pingpong_for(64, 3) and pingpong_for(128, 2)
 
 
+def test_decode_mma_configs_fit():
+    """Every head packing of the tensor-core decode kernel fits shared memory, with the
+    partial O overlaying the K/V ring."""
+    from cute_kernels.attention.api import _decode_kernel_obj
+
+    for D in (64, 128):
+        for heads in (1, 4, 8, 12, 16):
+            k = _decode_kernel_obj(D, heads, True, True, mma=True)
+            assert k.smem_bytes() <= 227 * 1024 and k.num_warps * heads * D * 4 <= k.ring_bytes()
+
+
 def test_decode_mma_choice():
     """The tensor-core kernel takes GQA >= 4 when its key blocks still fill the SMs; its
     split count is capped by the partials the last CTA must read back."""

@@ -37,6 +37,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 _LN_2 = math.log(2.0)
 # Splits per (batch, head group) at most: the merge keeps one weight per split and head in smem.
 MAX_DECODE_SPLITS = 64
+_SM90_SMEM_BYTES = 232448  # per block, opt-in maximum on sm_90
 
 
 class FlashDecodeSm90:
@@ -398,11 +399,17 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         self.bn = bn  # keys per warp and step
         self.stages = stages
         self.block_n = num_warps * bn  # keys per CTA step (the split heuristic's unit)
+        # The warps' fp32 partial O overlays the K/V ring after the key loop.
+        assert num_warps * heads * head_dim * 4 <= self.ring_bytes(), "partial O does not fit in the ring"
+        assert self.smem_bytes() <= _SM90_SMEM_BYTES, f"{self.smem_bytes()} bytes of smem"
+
+    def ring_bytes(self, dtype_bytes: int = 2) -> int:
+        return self.num_warps * self.stages * 2 * self.bn * self.head_dim * dtype_bytes
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        ring = self.num_warps * self.stages * 2 * self.bn * self.head_dim * dtype_bytes
-        merge = self.rows * self.heads * 2 * 4 + self.heads * MAX_DECODE_SPLITS * 4  # sO overlays the ring
-        return ring + 16 * self.head_dim * dtype_bytes + merge + 1024
+        """Ring + Q tile + per-warp (max, sum) + split weights + alignment slack."""
+        merge = self.rows * self.heads * 2 * 4 + self.heads * MAX_DECODE_SPLITS * 4
+        return self.ring_bytes(dtype_bytes) + 16 * self.head_dim * dtype_bytes + merge + 1024
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask,
@@ -437,7 +444,6 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         sM = smem.allocate_tensor(cutlass.Float32, cute.make_layout((W, H)), byte_alignment=16)
         sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((W, H)), byte_alignment=16)
         # The warps' partial O reuses the ring once the key loop is done (see the barrier below).
-        assert W * H * D * 4 <= cute.cosize(ring_layout) * dt.width // 8
         sO = cute.make_tensor(cute.recast_ptr(ring.iterator, dtype=cutlass.Float32),
                               cute.make_layout((W, H, D), stride=(H * D, D, 1)))
         sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, MAX_DECODE_SPLITS)), byte_alignment=16)
@@ -559,11 +565,13 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
                     acc_s[v] = p
                 else:
                     acc_s[v] = 0.0
-            for v in cutlass.range_constexpr(cute.size(acc_o)):
-                if cutlass.const_expr((v // 2) % 2 == 0):
-                    acc_o[v] = acc_o[v] * c0
-                elif cutlass.const_expr(two_halves):
-                    acc_o[v] = acc_o[v] * c1
+            # Flat accumulator index v = 4 * n8_tile + 2 * row_half + column (nested loops
+            # keep each unrolled loop short).
+            for j in cutlass.range_constexpr(cute.size(acc_o) // 4):
+                for i in cutlass.range_constexpr(2):
+                    acc_o[4 * j + i] = acc_o[4 * j + i] * c0
+                    if cutlass.const_expr(two_halves):
+                        acc_o[4 * j + 2 + i] = acc_o[4 * j + 2 + i] * c1
             rP.store(acc_s.load().to(dt))
             tOsV = copy_v.partition_S(sVt)
             tOrV_v = copy_v.retile(tOrV)
@@ -589,10 +597,11 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
                 if r0 + 8 < H:
                     sM[wid, r0 + 8] = m1
                     sL[wid, r0 + 8] = l1
-        for v in cutlass.range_constexpr(cute.size(acc_o)):
-            r = tOcO[v][0]
-            if r < H:
-                sO[wid, r, tOcO[v][1]] = acc_o[v]
+        for j in cutlass.range_constexpr(cute.size(acc_o) // 4):
+            for i in cutlass.range_constexpr(4):
+                r, c = tOcO[4 * j + i]
+                if r < H:
+                    sO[wid, r, c] = acc_o[4 * j + i]
         cute.arch.sync_threads()
         self.merge_groups(sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid)
         if cutlass.const_expr(self.split):
