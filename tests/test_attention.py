@@ -451,6 +451,49 @@ def test_decode_mma_kernel(monkeypatch, D, hq, hkv, num_splits):
     assert (lse - rlse).abs().max().item() < 1e-2
 
 
+@pytest.mark.compile
+def test_append_kv_compiles_for_sm90a(tmp_path):
+    from cute_kernels.attention.api import _compile_append
+
+    _compile_append(torch.bfloat16, 128, keep_dir=str(tmp_path))
+    ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 16-byte chunks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("s_new", [1, 5])
+def test_append_kv_fused_matches_torch(D, s_new):
+    """The one-launch append writes exactly what torch indexing writes (strided k_new too),
+    returns lens + S_new, drops rows past the capacity, and replays in a CUDA graph."""
+    from cute_kernels.attention.api import append_kv, append_kv_fused
+
+    B, Smax, H = 3, 300, 4
+    kc, vc = (torch.randn(B, Smax, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k0, v0 = kc.clone(), vc.clone()
+    big = torch.randn(B, s_new, 2 * H, D, device="cuda", dtype=torch.bfloat16)
+    kn, vn = big[:, :, :H], big[:, :, H:]  # strided views, rows still 16-byte aligned
+    lens = torch.tensor([0, 17, Smax - 2], dtype=torch.int32, device="cuda")
+    kr, vr = kc.clone(), vc.clone()
+    keep = Smax - 2 + s_new <= Smax  # the last sequence overflows when s_new > 2
+    if keep:
+        append_kv(kr, vr, lens, kn, vn)
+    else:
+        append_kv(kr[:2], vr[:2], lens[:2], kn[:2], vn[:2])
+        kr[2, Smax - 2:], vr[2, Smax - 2:] = kn[2, :2], vn[2, :2]
+    out = append_kv_fused(kc, vc, lens, kn, vn)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    assert out.tolist() == [min(n + s_new, Smax) for n in lens.tolist()]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o2 = append_kv_fused(kc, vc, lens, kn, vn)
+    kc.copy_(k0)
+    vc.copy_(v0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(kc, kr) and torch.equal(vc, vr) and torch.equal(o2, out)
+
+
 @pytest.mark.gpu
 def test_decode_nan_stays_in_its_rows_and_graph_replay():
     """A NaN key poisons only the query heads of its KV head in its sequence; the split

@@ -409,6 +409,49 @@ def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
     v_cache[bidx, rows] = v_new
 
 
+def _compile_append(dtype, head_dim: int, keep_dir: str | None = None):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from ..runtime.dtypes import to_cutlass
+    from .append import AppendKVSm90
+
+    dt = to_cutlass(dtype)
+    b = cute.sym_int32()
+
+    def bshd():
+        return make_fake_tensor(dt, (b, cute.sym_int32(), cute.sym_int32(), head_dim),
+                                tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,), assumed_align=16)
+
+    lens = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4)
+    lens_out = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4)
+    return cute.compile(AppendKVSm90(head_dim), bshd(), bshd(), bshd(), bshd(), lens, lens_out,
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
+
+
+def _tma_aligned(t: torch.Tensor) -> bool:
+    return t.stride(-1) == 1 and not t.data_ptr() % 16 and not any((s * t.element_size()) % 16 for s in t.stride()[:-1])
+
+
+_FAST_APPEND: dict = {}
+
+
+def append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new) -> torch.Tensor:
+    """append_kv in one launch (append.py); returns the new lengths min(cache_seqlens + S_new,
+    Smax) as a fresh int32 tensor. Needs 16-byte aligned rows in k_new/v_new."""
+    D = k_new.shape[3]
+    fn = _FAST_APPEND.get((k_new.dtype, D))
+    if fn is None:
+        key = CompileKey("append_kv_sm90", (dtype_name(k_new.dtype),), ("bshd",), (D,), (1, 1))
+        fn = _FAST_APPEND[(k_new.dtype, D)] = KERNELS.get(key, lambda: _compile_append(k_new.dtype, D))
+    lens_out = torch.empty_like(cache_seqlens)
+    fn(k_cache, v_cache, k_new, v_new, cache_seqlens.contiguous(), lens_out)
+    return lens_out
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
                             causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
                             key_mask=None):
@@ -418,6 +461,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     [B, S_new, Hkv, D] are appended in place first; the query [B, S_new, Hq, D] then
     attends to the first cache_seqlens[b] + S_new keys (causal: bottom-right aligned).
     Returns O [B, S_new, Hq, D]; cache_seqlens itself is not advanced.
+
+    The append is one launch (append.py) when k_new/v_new rows are 16-byte aligned, torch
+    indexing otherwise. cache_seqlens[b] + S_new must not exceed Smax: that is not checked
+    (it would cost a host sync); the fused append drops rows past Smax and attends to Smax keys.
 
     Cache rows past the filled length must hold finite values (a zero-initialised cache,
     as Hugging Face's StaticCache is): the last key block is read whole and its masked
@@ -441,8 +488,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
             raise ValueError(f"k_new/v_new must be [B={B}, S_new, Hkv, D] matching the cache, got {tuple(k_new.shape)}")
         if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
             raise TypeError("k_new/v_new must have the cache dtype")
-        append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
-        lens = cache_seqlens + k_new.shape[1]
+        if k_new.numel() == 0:
+            pass
+        elif _tma_aligned(k_new) and _tma_aligned(v_new):
+            lens = append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new)
+        else:
+            append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
+            lens = cache_seqlens + k_new.shape[1]
     lens = lens.to(torch.int32).contiguous()
     if key_mask is not None:
         if q.shape[1] != 1:
