@@ -51,6 +51,11 @@ DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threa
 DECODE_MMA_CONFIG = {"min_gqa": 4, "max_heads": 16, "warps": 4, "bn": 16, "stages": 3}
 
 
+def _tma_aligned(t: torch.Tensor) -> bool:
+    """Unit stride on D, 16-byte aligned base and strides (TMA, 16-byte copies)."""
+    return t.stride(-1) == 1 and not t.data_ptr() % 16 and not any((s * t.element_size()) % 16 for s in t.stride()[:-1])
+
+
 def _validate(q, k, v):
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor):
@@ -72,7 +77,7 @@ def _validate(q, k, v):
     if D not in HEAD_DIMS:
         raise ValueError(f"head dim {D} is not supported; supported: {HEAD_DIMS}")
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+        if not _tma_aligned(t):
             raise ValueError(f"{n} needs a 16-byte aligned base and 16-byte aligned strides (TMA)")
 
 
@@ -205,7 +210,7 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     block_n = _decode_block_n(head_dim, mma)
     n_blocks = -(-seqlen_k // block_n)
     by_work = seqlen_k * 4 * head_dim * heads_per_cta // MIN_SPLIT_WORK  # K + V, 2 bytes each
-    splits = min(MAX_DECODE_SPLITS, DECODE_WAVES * num_sms // ctas, n_blocks, by_work)
+    splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, by_work)
     if mma:  # the last CTA reads every split's fp32 partial back: keep that tail short
         splits = min(splits, MAX_MERGE_BYTES // (heads_per_cta * head_dim * 4))
     return max(1, splits)
@@ -218,8 +223,6 @@ MIN_SPLIT_WORK = 128 << 10
 # kernel, whose CTAs pack up to 16 heads (B = 1, h32/2, 8k keys: 64 splits x 16 heads read
 # back by one CTA took longer than the keys).
 MAX_MERGE_BYTES = 128 << 10
-# Split CTAs per SM the heuristic aims for.
-DECODE_WAVES = 1
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
@@ -432,10 +435,6 @@ def _compile_append(dtype, head_dim: int, keep_dir: str | None = None):
                         + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-def _tma_aligned(t: torch.Tensor) -> bool:
-    return t.stride(-1) == 1 and not t.data_ptr() % 16 and not any((s * t.element_size()) % 16 for s in t.stride()[:-1])
-
-
 _FAST_APPEND: dict = {}
 
 
@@ -488,9 +487,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
             raise ValueError(f"k_new/v_new must be [B={B}, S_new, Hkv, D] matching the cache, got {tuple(k_new.shape)}")
         if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
             raise TypeError("k_new/v_new must have the cache dtype")
-        if k_new.numel() == 0:
-            pass
-        elif _tma_aligned(k_new) and _tma_aligned(v_new):
+        if k_new.numel() and _tma_aligned(k_new) and _tma_aligned(v_new):
             lens = append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new)
         else:
             append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)

@@ -133,14 +133,7 @@ class FlashDecodeSm90:
         # attribute the wait returns at once.
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        seqlen = mK.shape[1]
-        if cutlass.const_expr(self.seqlens):
-            seqlen = mSeqlens[b]
-        # Contiguous, block-aligned key ranges; trailing splits may be empty.
-        n_blocks = (seqlen + self.block_n - 1) // self.block_n
-        per_split = (n_blocks + num_splits - 1) // num_splits
-        start = split * per_split * self.block_n
-        end = cutlass.min(seqlen, start + per_split * self.block_n)
+        start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
 
         # q with the softmax scale folded in (log2 units), fp32: [H, C] per thread.
         q = cute.make_rmem_tensor((H, C), cutlass.Float32)
@@ -170,7 +163,6 @@ class FlashDecodeSm90:
         # 16-byte cp.async.cg (bypassing L1: every byte is read once).
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
                                   num_bits_per_copy=128)
-        n_steps = (end - start + self.block_n - 1) // self.block_n
         for p in cutlass.range_constexpr(self.stages - 1):
             if p < n_steps:
                 self.issue_rows(g2s, gK, gV, ring, p, start + p * self.block_n, end, grp, col, tid)
@@ -203,6 +195,19 @@ class FlashDecodeSm90:
 
         if cutlass.const_expr(self.split):
             self.merge_splits(mO, mLSE, mOpart, mLpart, mSem, sW, sFlag, num_splits, b, hg, hq0, tid)
+
+    @cute.jit
+    def key_range(self, mK, mSeqlens, b, split, num_splits):
+        """This split's keys [start, end) of sequence b and the block_n steps covering them:
+        contiguous, block-aligned ranges; trailing splits may be empty."""
+        seqlen = mK.shape[1]
+        if cutlass.const_expr(self.seqlens):
+            seqlen = mSeqlens[b]
+        n_blocks = (seqlen + self.block_n - 1) // self.block_n
+        per_split = (n_blocks + num_splits - 1) // num_splits
+        start = split * per_split * self.block_n
+        end = cutlass.min(seqlen, start + per_split * self.block_n)
+        return start, end, (end - start + self.block_n - 1) // self.block_n
 
     @cute.jit
     def merge_groups(self, sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid):
@@ -313,7 +318,7 @@ class FlashDecodeSm90:
         cute.arch.sync_threads()
         if sFlag[0] == 1:
             cute.arch.fence_acq_rel_gpu()
-            # Split weights per head: warp w folds head w (heads <= warps), lanes over splits.
+            # Split weights per head: warp w folds heads w, w + warps, ...; lanes over splits.
             warp = tid // 32
             lane = tid % 32
             for h in cutlass.range(warp, H, self.num_threads // 32):
@@ -451,15 +456,8 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
 
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        seqlen = mK.shape[1]
-        if cutlass.const_expr(self.seqlens):
-            seqlen = mSeqlens[b]
-        step_n = W * BN
-        n_blocks = (seqlen + step_n - 1) // step_n
-        per_split = (n_blocks + num_splits - 1) // num_splits
-        start = split * per_split * step_n
-        end = cutlass.min(seqlen, start + per_split * step_n)
-        n_steps = (end - start + step_n - 1) // step_n
+        step_n = self.block_n  # W * BN keys per CTA step
+        start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
 
         gK = mK[b, None, h_kv, None]  # [Sk, D]
         gV = mV[b, None, h_kv, None]
