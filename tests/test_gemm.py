@@ -501,3 +501,58 @@ def test_layernorm_linear(M, NK, activation):
     t = F.gelu(t, approximate="tanh") if activation else t
     e_torch = (t.float() - ref).abs().max().item()
     assert out.shape == (M, N) and (out.float() - ref).abs().max().item() <= 2 * e_torch + 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K,opts", [
+    (4800, 1600, dict(ln=True, kv=True)), (1600, 1600, dict(res=True)), (6400, 1600, dict(ln=True, act="gelu_tanh")),
+    (50257, 1600, dict(ln=True)), (1000, 80, dict(act="relu", alpha=0.5)), (8, 16, {}), (129, 3072, dict(res=True, beta=0.25, act="gelu")),
+    (960, 1024, dict(kv=True, dtype=torch.float16)), (333, 4096, dict(ln=True, res=True)),
+])
+def test_gemv_sm90(monkeypatch, N, K, opts):
+    """The CuTe DSL one-row GEMV (bulk-copied weight rows, mma.sync, PDL) against the fp32
+    reference within 2x the Triton skinny kernel's error; its KV append writes exactly its own
+    k / v columns into cache row pos and nothing else; N not a multiple of the rows per CTA and multi-wave grids
+    (50257) included; outputs poisoned first."""
+    import torch.nn.functional as F
+
+    from cute_kernels.gemm.gemv import gemv_sm90_applies, skinny_gemm
+
+    dt = opts.get("dtype", torch.bfloat16)
+    x = (torch.randn(1, K, device="cuda") * 3 + 1).to(dt)
+    w = (torch.randn(N, K, device="cuda") / K**0.5).to(dt)
+    b = torch.randn(N, device="cuda").to(dt)
+    res = torch.randn(1, N, device="cuda").to(dt) if opts.get("res") else None
+    ln = (1 + 0.1 * torch.randn(K, device="cuda").to(dt), 0.1 * torch.randn(K, device="cuda").to(dt), 1e-5) \
+        if opts.get("ln") else None
+    alpha, beta = opts.get("alpha", 1.0), opts.get("beta", 1.0)
+    outs, caches = [], []
+    for path in ("0", "1"):
+        monkeypatch.setenv("CUTE_KERNELS_GEMV_SM90", path)
+        kv = None
+        if opts.get("kv"):
+            g = torch.Generator(device="cuda").manual_seed(1)
+            kc = torch.randn(1, N // 3 // 64, 32, 64, device="cuda", generator=g).to(dt)
+            kv = (kc, torch.randn(kc.shape, device="cuda", generator=g).to(dt), torch.tensor([7], device="cuda"))
+        out = torch.full((1, N), float("nan"), device="cuda", dtype=dt)
+        if path == "1":
+            assert gemv_sm90_applies(x, w, out, b, res, ln, None, None, kv)
+        skinny_gemm(x, w, b, opts.get("act"), res, out=out, alpha=alpha, beta=beta, ln=ln, kv=kv)
+        outs.append(out.float())
+        caches.append(kv)
+    xr = F.layer_norm(x.float(), (K,), ln[0].float(), ln[1].float(), 1e-5) if ln else x.float()
+    ref = apply_activation(alpha * (xr @ w.float().t()) + b.float(), opts.get("act"))
+    if res is not None:
+        ref = ref + beta * res.float()
+    e_triton = (outs[0] - ref).abs().max().item()
+    assert torch.isfinite(outs[1]).all()
+    assert (outs[1] - ref).abs().max().item() <= 2 * e_triton + 1e-6
+    if opts.get("kv"):  # row 7 of each cache holds this call's k / v columns, nothing else moved
+        g = torch.Generator(device="cuda").manual_seed(1)
+        k0 = torch.randn(caches[1][0].shape, device="cuda", generator=g).to(dt)
+        v0 = torch.randn(k0.shape, device="cuda", generator=g).to(dt)
+        C, H = N // 3, k0.shape[1]
+        y = outs[1].to(dt)
+        k0[0, :, 7] = y[0, C:2 * C].view(H, 64)
+        v0[0, :, 7] = y[0, 2 * C:].view(H, 64)
+        assert torch.equal(caches[1][0], k0) and torch.equal(caches[1][1], v0)

@@ -514,3 +514,83 @@ def test_layernorm_linear_validates():
         ck.layernorm_linear(x.float(), g, g, w.float())
     with pytest.raises(ValueError, match="CUDA|cuda|GPU"):
         ck.layernorm_linear(x, g, g, w)
+
+
+# --------------------------------------------------------------------------- CuTe DSL one-row GEMV
+
+GEMV_SM90_CASES = [
+    # (epilogue, LayerNorm prologue, kv append): GPT-2's four decode linears and every option
+    (dict(bias=True), True, True),  # c_attn: LN + bias + KV append
+    (dict(bias=True, residual=True), False, False),  # attn / mlp c_proj
+    (dict(bias=True, activation="gelu_tanh"), True, False),  # c_fc
+    (dict(residual=True, alpha=True, beta=True, activation="gelu"), False, False),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("epi,ln,kv", GEMV_SM90_CASES, ids=["c_attn", "c_proj", "c_fc", "alpha-beta-gelu"])
+def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
+    """The one-row GEMV for sm_90a on the CPU: bulk copies (cp.async.bulk), the bf16
+    mma.sync, ldmatrix, programmatic dependent launch, no spills."""
+    import glob
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
+    from cute_kernels.gemm.kernel import Epilogue
+
+    cfg = gemv_sm90_config(4800, 1600, ln)
+    _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(**epi), ln, (torch.bfloat16, torch.int64) if kv else None,
+                       cfg, keep_dir=str(tmp_path))
+    ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+    assert ".target sm_90a" in ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ldmatrix" in ptx
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", glob.glob(str(tmp_path / "*.ptx"))[0], "-o", os.devnull],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert all(s == ("0", "0") for s in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr))
+
+
+def test_gemv_sm90_config_and_routing():
+    """Rows per CTA in multiples of 8 sized to ~96 KB of weights, at least one CTA per SM where
+    N allows; what the one-row kernel takes (everything else stays on the Triton kernel)."""
+    from cute_kernels.gemm.gemv import gemv_sm90_applies, gemv_sm90_config
+
+    assert gemv_sm90_config(4800, 1600, True).rows == 32  # 150 CTAs, two per SM fit
+    assert gemv_sm90_config(1600, 1600, False).rows == 8  # 200 CTAs (16 rows would leave SMs idle)
+    assert gemv_sm90_config(50257, 1600, True).rows == 32
+    assert gemv_sm90_config(16, 16, False).rows == 8
+    for N, K, ln in ((4800, 1600, True), (1600, 6400, False), (50257, 4096, True)):
+        cfg = gemv_sm90_config(N, K, ln)
+        assert cfg.rows % 8 == 0 and cfg.k_max >= K and cfg.k_max % 64 == 0
+        assert cfg.smem_bytes(ln) <= 227 * 1024
+
+    class Fake:  # a CUDA-looking tensor for the routing rules (no GPU here)
+        def __init__(self, shape, dtype=torch.bfloat16, stride=None, ptr=0):
+            self.shape, self.dtype, self.is_cuda = shape, dtype, True
+            self._stride = stride or (shape[1], 1) if len(shape) == 2 else (1,)
+            self._ptr = ptr
+
+        def stride(self, i=None):
+            return self._stride if i is None else self._stride[i]
+
+        def element_size(self):
+            return torch.empty((), dtype=self.dtype).element_size()
+
+        def data_ptr(self):
+            return self._ptr
+
+    x, w, out = Fake((1, 1600)), Fake((4800, 1600)), Fake((1, 4800))
+    assert gemv_sm90_applies(x, w, out, None, None, None, None, None, None)
+    assert not gemv_sm90_applies(Fake((2, 1600)), w, Fake((2, 4800)), None, None, None, None, None, None)  # M > 1
+    assert not gemv_sm90_applies(Fake((1, 1608)), Fake((4800, 1608)), out, None, None, None, None, None, None)  # K % 16
+    assert not gemv_sm90_applies(x, Fake((4800, 1600), torch.float8_e4m3fn), out, None, None, None, None, None, None)
+    assert not gemv_sm90_applies(Fake((1, 1600), ptr=2), w, out, None, None, None, None, None, None)  # unaligned x
+    assert not gemv_sm90_applies(Fake((1, 6400)), Fake((1600, 6400)), Fake((1, 1600)), None, None, None, None, None,
+                                 None)  # K above GEMV_K_MAX: its rows would not fit two CTAs per SM

@@ -22,6 +22,13 @@ weight tiles already loading (weights do not depend on the previous kernel), and
 (griddepcontrol.wait) when this one ends, instead of paying launch latency and ramp-up.
 The KV-cache append of c_attn can ride in the epilogue (`kv=`).
 
+One activation row with 16-bit weights (M = 1, K a multiple of 16 up to GEMV_K_MAX) runs
+on the CuTe DSL kernel of gemv_kernel.py instead (`gemv_sm90_applies`): whole weight rows
+bulk-copied into shared memory before the PDL wait, the product on the tensor cores. In the
+same GPT-2 XL chain on the H100 it took 1.50 -> 1.35 ms, and the decode step 1.82 -> 1.72 ms
+(CUTE_KERNELS_GEMV_SM90=0 turns it off). K = 6400 stays here: 8 rows of it (102 KB) leave
+no room for a second CTA per SM, and the chain was slower with it (1.45 ms).
+
 On the H100 (2026-11-22) it is correct (tests/test_gemm.py -k gemv) and runs GPT-2 XL's
 decode linears at 1.11-1.43x cuBLAS at M = 1 and the 1x50257x1600 lm_head at 1.7x
 (`gemm_decode_h100.md`), where the wgmma path ran 0.75-0.92x; so `kernel_for` routes every
@@ -289,6 +296,8 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     N = w_nk.shape[0]
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
+        return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, w_scale, kv)
     block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
@@ -362,3 +371,133 @@ def layernorm_gemv(x, ln_weight, ln_bias, eps: float, w_nk, bias, activation):
 def weight_only_gemv(x, w_q, w_scale, bias=None, activation=None, residual=None, x_scale=None):
     """Decode with 8-bit weights and 16-bit activations (see skinny_gemm)."""
     return skinny_gemm(x, w_q, bias, activation, residual, w_scale=w_scale, x_scale=x_scale)
+
+
+# --------------------------------------------------------------------------- CuTe DSL one-row GEMV
+
+GEMV_SM90_ENV = "CUTE_KERNELS_GEMV_SM90"
+H100_SMS = 132
+# Weight bytes per CTA (see gemv_sm90_rows); env-overridable for sweeps.
+GEMV_SLICE_BYTES = int(os.environ.get("CUTE_KERNELS_GEMV_SLICE", str(96 * 1024)))
+GEMV_MAX_ROWS = 64
+GEMV_K_MAX = int(os.environ.get("CUTE_KERNELS_GEMV_KMAX", "4096"))
+GEMV_WARPS = int(os.environ.get("CUTE_KERNELS_GEMV_WARPS", "8"))
+GEMV_EARLY_LAUNCH = os.environ.get("CUTE_KERNELS_GEMV_EARLY", "1") != "0"
+
+
+def _aligned16(t: torch.Tensor | None) -> bool:
+    return t is None or t.data_ptr() % 16 == 0
+
+
+def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) -> bool:
+    """Whether the CuTe DSL one-row GEMV (gemv_kernel.py) runs this product: one 16-bit
+    activation row, 16-bit weights of its dtype with 16-byte aligned rows (they are bulk
+    copied), K a multiple of 16 up to GEMV_K_MAX, on CUDA. Everything else stays on the Triton kernel."""
+    if os.environ.get(GEMV_SM90_ENV, "1") == "0" or not x.is_cuda or x.shape[0] != 1:
+        return False
+    K = x.shape[1]
+    es = x.element_size()
+    if w_nk.dtype != x.dtype or x.dtype not in (torch.bfloat16, torch.float16) or w_scale is not None \
+            or x_scale is not None:
+        return False
+    if K % 16 or K > GEMV_K_MAX or K == 0 or w_nk.shape[0] == 0 or x.stride(1) != 1 or w_nk.stride(1) != 1:
+        return False
+    if (w_nk.stride(0) * es) % 16 or not (_aligned16(x) and _aligned16(w_nk)):
+        return False
+    if out.dtype not in (torch.bfloat16, torch.float16, torch.float32) or out.stride(1) != 1:
+        return False
+    if residual is not None and (residual.dtype != out.dtype or residual.stride(1) != 1):
+        return False
+    if bias is not None and (bias.dtype != out.dtype or bias.stride(0) != 1):
+        return False
+    if ln is not None:
+        lw, lb, _ = ln
+        if lw.dtype != x.dtype or lb.dtype != x.dtype or not (_aligned16(lw) and _aligned16(lb)) \
+                or not (lw.is_contiguous() and lb.is_contiguous()):
+            return False
+    return True
+
+
+def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None):
+    """The GemvConfig for an N x K one-row product.
+
+    Each CTA holds its rows whole in shared memory, all copied before the PDL wait, so a
+    CTA's share is what it keeps in flight. Slices of about `slice_bytes` leave room for
+    several CTAs per SM, of this GEMV and of the next one (whose copies then start while
+    this one finishes); at least one CTA per SM where N allows. Rows come in multiples of 8
+    (the MMA's n) and k_max in multiples of 64, so a handful of variants serve all shapes."""
+    from .gemv_kernel import GemvConfig
+
+    rows = round((slice_bytes or GEMV_SLICE_BYTES) / (2 * K) / 8) * 8
+    rows = max(8, min(GEMV_MAX_ROWS, rows, N // H100_SMS // 8 * 8))
+    return GemvConfig(rows=rows, k_max=-(-K // 64) * 64, warps=GEMV_WARPS)
+
+
+_FAST_GEMV: dict = {}
+
+
+def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, early: bool = True, keep_dir: str | None = None):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from ..runtime import TARGET_ARCH
+    from ..runtime.dtypes import to_cutlass
+    from .gemv_kernel import GemvSm90
+
+    xt, ot = to_cutlass(x_dt), to_cutlass(out_dt)
+    n, k = cute.sym_int32(), cute.sym_int32(divisibility=16)
+    fx = make_fake_tensor(xt, (1, k), (cute.sym_int64(), 1), assumed_align=16)
+    fw = make_fake_tensor(xt, (n, k), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    fo = make_fake_tensor(ot, (1, n), (cute.sym_int64(), 1), assumed_align=4 if out_dt == torch.float32 else 2)
+    fbias = make_fake_tensor(ot, (n,), (1,), assumed_align=2) if epi.bias else None
+    fres = make_fake_tensor(ot, (1, n), (cute.sym_int64(), 1), assumed_align=2) if epi.residual else None
+    fln = [make_fake_tensor(xt, (k,), (1,), assumed_align=16) for _ in range(2)] if ln else [None, None]
+    fkc = fvc = fpos = None
+    if kv is not None:
+        cache_dt, pos_dt = kv
+        b, h, smax, d = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+        fkc, fvc = (make_fake_tensor(to_cutlass(cache_dt), (b, h, smax, d),
+                                     (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1), assumed_align=2)
+                    for _ in range(2))
+        fpos = make_fake_tensor(to_cutlass(pos_dt), (cute.sym_int32(),), (1,), assumed_align=4)
+    f32 = cutlass.Float32
+    kernel = GemvSm90(cfg, epi, ln, kv is not None, early_launch=early)
+    return cute.compile(kernel, fx, fw, fo, fbias, fres, None, *fln, fkc, fvc, fpos, f32(1.0), f32(1.0), f32(1e-5),
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
+
+
+def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0, beta=1.0, ln=None, w_scale=None,
+              kv=None):
+    """out[0] = epilogue(LN(x) @ w_nk.T) on the CuTe DSL one-row kernel (see gemv_sm90_applies)."""
+    from ..runtime import KERNELS, CompileKey
+    from ..runtime.dtypes import dtype_name
+    from .kernel import Epilogue
+
+    N, K = w_nk.shape
+    cfg = gemv_sm90_config(N, K, ln is not None)
+    use_beta = residual is not None and beta != 1.0
+    epi = Epilogue(activation=activation or "none", bias=bias is not None, residual=residual is not None,
+                   alpha=alpha != 1.0, beta=use_beta)
+    kv_key = None
+    if kv is not None:
+        k_cache, v_cache, pos = kv
+        _check_kv(k_cache, v_cache, pos, 1, N)
+        kv_key = (k_cache.dtype, pos.dtype)
+    early = GEMV_EARLY_LAUNCH
+    fkey = (x.dtype, out.dtype, epi, ln is not None, kv_key, cfg, early)
+    fn = _FAST_GEMV.get(fkey)
+    if fn is None:
+        key = CompileKey("gemv_sm90", (dtype_name(x.dtype), dtype_name(out.dtype)) + (
+            (dtype_name(kv_key[0]), dtype_name(kv_key[1])) if kv_key else ()), ("k",),
+            (cfg.rows, cfg.k_max, cfg.warps), (1, 1), tuple(sorted(vars(epi).items())), (ln is not None, early))
+        fn = _FAST_GEMV[fkey] = KERNELS.get(key, lambda: _compile_gemv_sm90(x.dtype, out.dtype, epi, ln is not None,
+                                                                             kv_key, cfg, early))
+    lw, lb, eps = ln if ln is not None else (None, None, 1e-5)
+    kc = vc = pos = None
+    if kv is not None:
+        kc, vc, pos = kv
+    fn(x, w_nk, out, bias, residual, None, lw, lb, kc, vc, pos, float(alpha), float(beta), float(eps))
+    return out

@@ -37,6 +37,19 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 _INV_SQRT_2 = 0.7071067811865476
 
 
+@cute.jit
+def apply_activation(x, act: cutlass.Constexpr):
+    """The epilogue activation on an fp32 value (none | relu | gelu | gelu_tanh)."""
+    if cutlass.const_expr(act == "relu"):
+        x = cutlass.max(x, cutlass.Float32(0.0))
+    if cutlass.const_expr(act == "gelu"):
+        x = 0.5 * x * (1.0 + cute.math.erf(x * _INV_SQRT_2))
+    if cutlass.const_expr(act == "gelu_tanh"):
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        x = 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
+    return x
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """Compile-time description of the fused epilogue."""
@@ -1202,12 +1215,4 @@ class GemmSm90:
 
     @cute.jit
     def _activation(self, x):
-        act = self.epi.activation
-        if cutlass.const_expr(act == "relu"):
-            x = cutlass.max(x, cutlass.Float32(0.0))
-        if cutlass.const_expr(act == "gelu"):
-            x = 0.5 * x * (1.0 + cute.math.erf(x * _INV_SQRT_2))
-        if cutlass.const_expr(act == "gelu_tanh"):
-            inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
-            x = 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
-        return x
+        return apply_activation(x, self.epi.activation)

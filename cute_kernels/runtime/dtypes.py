@@ -14,6 +14,7 @@ _TORCH_TO_CUTLASS_NAME = {
     torch.int8: "Int8",
     torch.uint8: "Uint8",
     torch.int32: "Int32",
+    torch.int64: "Int64",
 }
 
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
