@@ -400,6 +400,25 @@ def _kvcache_sdpa_err(q, kc, vc, lens, ref) -> float:
     return err
 
 
+def _check_ragged_decode(D, hq, hkv, Smax, longest, num_splits):
+    """Three sequences of 0, 1 and `longest` cached keys through flash_attn_with_kvcache vs the
+    fp32 reference: zeros (not NaN) with no keys, error within 2x SDPA's. Returns q, kc, vc
+    and SDPA's error."""
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    B = 3
+    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([0, 1, longest], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    sdpa_err = _kvcache_sdpa_err(q, kc, vc, lens, ref)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # no keys: zeros, not NaN
+    assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+    return q, kc, vc, sdpa_err
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("hq,hkv", [(12, 12), (32, 8), (8, 1), (12, 4), (48, 4)])
@@ -407,17 +426,8 @@ def _kvcache_sdpa_err(q, kc, vc, lens, ref) -> float:
 def test_decode_kernel(D, hq, hkv, num_splits):
     """S_q = 1 through decode.py: GQA packing, split merge, ragged and empty caches, LSE."""
     import cute_kernels as ck
-    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
-    B, Smax = 3, 2100
-    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens = torch.tensor([0, 1, 2047], dtype=torch.int32, device="cuda")
-    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
-    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
-    sdpa_err = _kvcache_sdpa_err(q, kc, vc, lens, ref)
-    assert torch.equal(out[0], torch.zeros_like(out[0]))  # no keys: zeros, not NaN
-    assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+    q, kc, vc, _ = _check_ragged_decode(D, hq, hkv, 2100, 2047, num_splits)
     # Plain flash_attn at S_q = 1 (all Sk keys), with its log-sum-exp.
     k, v = kc[:, :1500], vc[:, :1500]
     o2, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True, num_splits=num_splits)
@@ -436,18 +446,9 @@ def test_decode_mma_kernel(monkeypatch, D, hq, hkv, num_splits):
     (0, 1, a partial last block), splits, LSE through flash_attn."""
     import cute_kernels as ck
     from cute_kernels.attention import api as attn_api
-    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
     monkeypatch.setattr(attn_api, "decode_uses_mma", lambda *a, **k: True)
-    B, Smax = 3, 1100
-    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens = torch.tensor([0, 1, 1037], dtype=torch.int32, device="cuda")
-    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
-    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
-    out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
-    sdpa_err = _kvcache_sdpa_err(q, kc, vc, lens, ref)
-    assert torch.equal(out[0], torch.zeros_like(out[0]))
-    assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+    q, kc, vc, sdpa_err = _check_ragged_decode(D, hq, hkv, 1100, 1037, num_splits)
     o2, lse = ck.flash_attn(q, kc, vc, return_lse=True, num_splits=num_splits)
     r2, rlse = flash_attn_ref(q.float(), kc.float(), vc.float(), return_lse=True)
     assert (o2.float() - r2).abs().max().item() <= 2 * sdpa_err + 1e-3

@@ -14,8 +14,8 @@ tail, and a CTA's whole share is in flight at once. Rows land 16 bytes apart bey
 After the wait, the CTA stages x (LayerNorm applied: two CTA-wide reductions) in shared
 memory and multiplies on the tensor cores: x broadcast into the 16 rows of an m16n8k16
 A operand, 8 weight rows per B operand, the warps splitting K; row 0 of C is the answer.
-One CTA barrier later, thread t runs the epilogue of row t (bias and the column scale were
-loaded before the wait, the residual right after it): activation, residual, and for c_attn
+One CTA barrier later, thread t runs the epilogue of row t (the bias was loaded before the
+wait, the residual right after it): activation, residual, and for c_attn
 the KV-cache append of the new key/value.
 
 Warp roles: none are specialised; warp 0's lanes initialise the row barriers and issue the
@@ -34,7 +34,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp as warp_ops
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .kernel import Epilogue, apply_activation
+from .kernel import Epilogue, epilogue_activation
 
 
 @dataclass(frozen=True)
@@ -81,25 +81,24 @@ class GemvSm90:
     the activation row and then reduces whole weight rows. Pipelines: one single-use
     mbarrier per weight row (see the module docstring)."""
 
-    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, early_launch: bool = True):
-        assert epi.row_scale == "none" and epi.col_scale in ("none", "vector")
+    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool):
+        assert epi.row_scale == "none" and epi.col_scale == "none"  # 16-bit weights only
         assert cfg.rows % 8 == 0 and cfg.k_max % 64 == 0
         self.cfg, self.epi, self.ln, self.kv = cfg, epi, ln, kv
-        self.early_launch = early_launch
         self.num_threads = cfg.warps * 32
         assert cfg.rows <= self.num_threads  # the epilogue runs one row per thread
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mBias, mRes, mColScale, mLnW, mLnB,
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mBias, mRes, mLnW, mLnB,
                  mKc, mVc, mPos, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32, stream):
         grid = (mW.shape[0] + self.cfg.rows - 1) // self.cfg.rows
         tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mW.element_type, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
-        self.kernel(mX, mW, mO, mBias, mRes, mColScale, mLnW, mLnB, mKc, mVc, mPos, alpha, beta, eps,
+        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, alpha, beta, eps,
                     tiled_mma).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
-    def kernel(self, mX, mW, mO, mBias, mRes, mColScale, mLnW, mLnB, mKc, mVc, mPos, alpha, beta, eps,
+    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, alpha, beta, eps,
                tiled_mma: cute.TiledMma):
         cfg = self.cfg
         tid, _, _ = cute.arch.thread_idx()
@@ -149,25 +148,20 @@ class GemvSm90:
         # still holds the barriers of the CTA that ran here before, whose phase 0 completed
         # (without this, multi-wave grids read rows before they landed, and faulted).
         cute.arch.sync_threads()
-        if cutlass.const_expr(self.early_launch):
-            # All of this grid's CTAs are resident once every CTA got here: let the next
-            # kernel launch now, so its CTAs take the free shared memory and start their
-            # own weight copies while this one computes.
-            cute.arch.griddepcontrol_launch_dependents()
-        # The epilogue's constant operands (thread t finishes row t) load before the wait too.
+        # All of this grid's CTAs are resident once every CTA got here: let the next kernel
+        # launch now, so its CTAs take the free shared memory and start their own weight
+        # copies while this one computes (same-run A/Bs, triggering after the wait instead: 1.72 ->
+        # 1.81 ms for the GPT-2 XL GEMV chain in an early form of this kernel, within 2% later).
+        cute.arch.griddepcontrol_launch_dependents()
+        # The epilogue's constant operand (thread t finishes row t) loads before the wait too.
         n_own = row0 + tid
         own = tid < nrows
         bias = cutlass.Float32(0.0)
-        cscale = cutlass.Float32(1.0)
         if own:
             if cutlass.const_expr(self.epi.bias):
                 bias = mBias[n_own].to(cutlass.Float32)
-            if cutlass.const_expr(self.epi.col_scale == "vector"):
-                cscale = mColScale[n_own]
         # x, the residual and the cache position may be written by the kernel ahead of this one.
         cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(not self.early_launch):
-            cute.arch.griddepcontrol_launch_dependents()
         res = cutlass.Float32(0.0)
         if own:
             if cutlass.const_expr(self.epi.residual):
@@ -216,7 +210,7 @@ class GemvSm90:
                 total = total + partial[w, tid]
         # One thread per output column: the epilogue's loads were issued long ago.
         if own:
-            self.epilogue(total, bias, cscale, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
+            self.epilogue(total, bias, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
 
     @cute.jit
     def stage_activation(self, mX, gs, bs, ln_bar, eps, xs, red, K, tid):
@@ -271,17 +265,15 @@ class GemvSm90:
         return x
 
     @cute.jit
-    def epilogue(self, s, bias, cscale, res, n, N, mO, mKc, mVc, mPos, alpha, beta):
+    def epilogue(self, s, bias, res, n, N, mO, mKc, mVc, mPos, alpha, beta):
         """Output column n of the product, in GemmSm90._epilogue_value's order."""
         epi = self.epi
         x = s
         if cutlass.const_expr(epi.alpha):
             x = x * alpha
-        if cutlass.const_expr(epi.col_scale == "vector"):
-            x = x * cscale
         if cutlass.const_expr(epi.bias):
             x = x + bias
-        x = apply_activation(x, epi.activation)
+        x = epilogue_activation(x, epi.activation)
         if cutlass.const_expr(epi.residual):
             r = res
             if cutlass.const_expr(epi.beta):

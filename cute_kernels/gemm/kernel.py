@@ -38,7 +38,7 @@ _INV_SQRT_2 = 0.7071067811865476
 
 
 @cute.jit
-def apply_activation(x, act: cutlass.Constexpr):
+def epilogue_activation(x, act: cutlass.Constexpr):
     """The epilogue activation on an fp32 value (none | relu | gelu | gelu_tanh)."""
     if cutlass.const_expr(act == "relu"):
         x = cutlass.max(x, cutlass.Float32(0.0))
@@ -1215,4 +1215,4 @@ class GemmSm90:
 
     @cute.jit
     def _activation(self, x):
-        return apply_activation(x, self.epi.activation)
+        return epilogue_activation(x, self.epi.activation)
