@@ -556,3 +556,54 @@ def test_gemv_sm90(monkeypatch, N, K, opts):
         k0[0, :, 7] = y[0, C:2 * C].view(H, 64)
         v0[0, :, 7] = y[0, 2 * C:].view(H, 64)
         assert torch.equal(caches[1][0], k0) and torch.equal(caches[1][1], v0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
+@pytest.mark.parametrize("N,K,opts", [
+    (4800, 1600, dict(ln=True, kv=True)), (6400, 1600, dict(ln=True, act="gelu_tanh")), (1600, 6400, dict(res=True)),
+    (129, 3072, dict(res=True, beta=0.25, act="gelu")), (8, 16, {}), (100, 4128, dict(alpha=0.5)),
+])
+def test_gemv_sm90_8bit(monkeypatch, wdt, N, K, opts):
+    """Weight-only 8-bit decode on the one-row kernel (weights converted to f16 in registers,
+    per-channel scale in the epilogue) against the fp32 product of the dequantized weights,
+    within 2x the Triton skinny kernel's error; the KV append copies its own k / v columns."""
+    import torch.nn.functional as F
+
+    from cute_kernels.gemm.gemv import gemv_sm90_applies, skinny_gemm
+
+    dt = torch.bfloat16
+    x = (torch.randn(1, K, device="cuda") * 3 + 1).to(dt)
+    w = torch.randn(N, K, device="cuda") / K**0.5
+    qmax = 127.0 if wdt == torch.int8 else 448.0
+    scale = w.abs().amax(1).clamp(min=1e-8) / qmax
+    wq = (w / scale[:, None]).round().clamp(-127, 127) if wdt == torch.int8 else w / scale[:, None]
+    wq = wq.to(wdt)
+    b = torch.randn(N, device="cuda").to(dt)
+    res = torch.randn(1, N, device="cuda").to(dt) if opts.get("res") else None
+    ln = (1 + 0.1 * torch.randn(K, device="cuda").to(dt), 0.1 * torch.randn(K, device="cuda").to(dt), 1e-5) \
+        if opts.get("ln") else None
+    alpha, beta = opts.get("alpha", 1.0), opts.get("beta", 1.0)
+    outs = []
+    for path in ("0", "1"):
+        monkeypatch.setenv("CUTE_KERNELS_GEMV_SM90", path)
+        kv = None
+        if opts.get("kv"):
+            kc = torch.randn(1, N // 3 // 64, 32, 64, device="cuda").to(dt)
+            kv = (kc, torch.randn(kc.shape, device="cuda").to(dt), torch.tensor([7], device="cuda"))
+        out = torch.full((1, N), float("nan"), device="cuda", dtype=dt)
+        if path == "1":
+            assert gemv_sm90_applies(x, wq, out, b, res, ln, scale, None, kv)
+        skinny_gemm(x, wq, b, opts.get("act"), res, out=out, alpha=alpha, beta=beta, ln=ln, kv=kv, w_scale=scale)
+        outs.append(out.float())
+        if kv is not None and path == "1":
+            C, H = N // 3, kv[0].shape[1]
+            assert torch.equal(kv[0][0, :, 7], out[0, C:2 * C].view(H, 64))
+            assert torch.equal(kv[1][0, :, 7], out[0, 2 * C:].view(H, 64))
+    xr = F.layer_norm(x.float(), (K,), ln[0].float(), ln[1].float(), 1e-5).to(dt).float() if ln else x.float()
+    ref = apply_activation(alpha * (xr @ (wq.float() * scale[:, None]).t()) + b.float(), opts.get("act"))
+    if res is not None:
+        ref = ref + beta * res.float()
+    e_triton = (outs[0] - ref).abs().max().item()
+    assert torch.isfinite(outs[1]).all()
+    assert (outs[1] - ref).abs().max().item() <= 2 * e_triton + 1e-6

@@ -10,6 +10,8 @@ import itertools
 import pytest
 import torch
 
+from tests.ptx_check import assert_ptxas_no_spills
+
 from cute_kernels.gemm.config import (
     CANDIDATES,
     H100_SMS,
@@ -533,11 +535,6 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
     """The one-row GEMV for sm_90a on the CPU: bulk copies (cp.async.bulk), the bf16
     mma.sync, ldmatrix, programmatic dependent launch, no spills."""
     import glob
-    import os
-    import re
-    import shutil
-    import subprocess
-
     from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
     from cute_kernels.gemm.kernel import Epilogue
 
@@ -549,12 +546,27 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ldmatrix" in ptx
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
-    ptxas = shutil.which("ptxas")
-    if ptxas:
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", glob.glob(str(tmp_path / "*.ptx"))[0], "-o", os.devnull],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        assert all(s == ("0", "0") for s in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr))
+    assert_ptxas_no_spills(glob.glob(str(tmp_path / "*.ptx"))[0])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
+def test_gemv_sm90_8bit_compiles(tmp_path, wdt):
+    """The 8-bit weight-only one-row GEMV (c_attn with LayerNorm and KV append): bulk copies,
+    the f16 mma.sync, the e4m3 hardware conversion or the int8 byte-permute conversion, no spills."""
+    import glob
+    from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
+    from cute_kernels.gemm.kernel import Epilogue
+
+    cfg = gemv_sm90_config(4800, 1600, True, wbytes=1)
+    _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(bias=True, col_scale="vector"), True,
+                       (torch.bfloat16, torch.int64), cfg, keep_dir=str(tmp_path), w_dt=wdt)
+    path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(path).read()
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) if wdt == torch.float8_e4m3fn else ("prmt.b32" in ptx)
+    assert_ptxas_no_spills(path)
 
 
 def test_gemv_sm90_config_and_routing():
@@ -586,7 +598,21 @@ def test_gemv_sm90_config_and_routing():
         def data_ptr(self):
             return self._ptr
 
+        def numel(self):
+            return self.shape[0] * (self.shape[1] if len(self.shape) == 2 else 1)
+
+        def is_contiguous(self):
+            return True
+
     x, w, out = Fake((1, 1600)), Fake((4800, 1600)), Fake((1, 4800))
+    # 8-bit weight-only: e4m3 / int8 with an fp32 per-channel scale; K counts in bytes (6400 fits)
+    sc = Fake((4800,), torch.float32)
+    assert gemv_sm90_applies(x, Fake((4800, 1600), torch.float8_e4m3fn), out, None, None, None, sc, None, None)
+    assert gemv_sm90_applies(Fake((1, 6400)), Fake((1600, 6400), torch.int8), Fake((1, 1600)), None, None, None,
+                             Fake((1600,), torch.float32), None, None)
+    assert not gemv_sm90_applies(x, Fake((4800, 1600), torch.float8_e5m2), out, None, None, None, sc, None, None)
+    assert not gemv_sm90_applies(x, Fake((4800, 1600), torch.int8), out, None, None, None, sc, Fake((1600,)), None)
+    assert gemv_sm90_config(6400, 1600, True, wbytes=1).rows == 48
     assert gemv_sm90_applies(x, w, out, None, None, None, None, None, None)
     assert not gemv_sm90_applies(Fake((2, 1600)), w, Fake((2, 4800)), None, None, None, None, None, None)  # M > 1
     assert not gemv_sm90_applies(Fake((1, 1608)), Fake((4800, 1608)), out, None, None, None, None, None, None)  # K % 16

@@ -27,7 +27,11 @@ on the CuTe DSL kernel of gemv_kernel.py instead (`gemv_sm90_applies`): whole we
 bulk-copied into shared memory before the PDL wait, the product on the tensor cores. In the
 same GPT-2 XL chain on the H100 it took 1.50 -> 1.35 ms, and the decode step 1.82 -> 1.72 ms
 (CUTE_KERNELS_GEMV_SM90=0 turns it off). K = 6400 stays here: 8 rows of it (102 KB) leave
-no room for a second CTA per SM, and the chain was slower with it (1.45 ms).
+no room for a second CTA per SM, and the chain was slower with it (1.45 ms). Weight-only
+8-bit decode (fp8 e4m3 or int8 weights with a per-channel scale, `w_scale`) runs there too,
+K up to 8192 (rows are K bytes): the weights become f16 in registers for an f16 MMA. Same
+chain with 8-bit weights: fp8 1.18 -> 1.09-1.12 ms, int8 1.36 -> 1.17 ms (K = 6400 on the
+kernel included; keeping it here measured 1.17 / 1.30).
 
 On the H100 (2026-11-22) it is correct (tests/test_gemm.py -k gemv) and runs GPT-2 XL's
 decode linears at 1.11-1.43x cuBLAS at M = 1 and the 1x50257x1600 lm_head at 1.7x
@@ -283,10 +287,9 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     into `out` (allocated when None; its rows must be dense).
     ln = (weight, bias, eps) runs LayerNorm as the prologue (K <= LN_MAX_K). w_nk is 16-bit
     like x, or fp8/int8 with w_scale [N] fp32 per output channel (weight-only decode: the
-    activations stay unquantized, more accurate than W8A8 and one quantize launch fewer; it
-    reads half the weight bytes, though at GPT-2 XL's decode sizes the kernel is bound by
-    latency, not bytes, and measured as fast as with bf16 weights, no faster). x_scale [K]
-    fp32 is SmoothQuant's activation factor.
+    activations stay unquantized, more accurate than W8A8 and one quantize launch fewer; at
+    M = 1 fp8 e4m3 and int8 run on the one-row CuTe DSL kernel). x_scale [K] fp32 is
+    SmoothQuant's activation factor (Triton only).
     kv = (k_cache, v_cache, pos) also writes columns [C, 2C) / [2C, 3C) of the result (C = N/3,
     c_attn's k and v) into the caches [B >= M, H, Smax, D] (any strides but unit D) at row
     pos[m] (pos: int tensor of M elements, or one for every row). See _check_kv.
@@ -297,7 +300,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
-        return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, kv)
+        return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, kv, w_scale)
     block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
@@ -380,6 +383,8 @@ GEMV_SLICE_BYTES = 96 * 1024  # weight bytes per CTA (see gemv_sm90_config)
 GEMV_MAX_ROWS = 64
 GEMV_K_MAX = 4096  # K = 6400 lost on this kernel (see the module docstring)
 GEMV_WARPS = 8
+# 8-bit weight-only decode on the one-row kernel (format names of gemv_kernel.cvt_8bit_pair_f16x2)
+GEMV_SM90_8BIT = {torch.float8_e4m3fn: "e4m3", torch.int8: "s8"}
 
 
 def _aligned16(t: torch.Tensor | None) -> bool:
@@ -393,11 +398,16 @@ def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) ->
     if os.environ.get(GEMV_SM90_ENV, "1") == "0" or not x.is_cuda or x.shape[0] != 1:
         return False
     K = x.shape[1]
-    es = x.element_size()
-    if w_nk.dtype != x.dtype or x.dtype not in (torch.bfloat16, torch.float16) or w_scale is not None \
-            or x_scale is not None:
+    es = w_nk.element_size()
+    if x.dtype not in (torch.bfloat16, torch.float16) or x_scale is not None:
         return False
-    if K % 16 or K > GEMV_K_MAX or K == 0 or w_nk.shape[0] == 0 or x.stride(1) != 1 or w_nk.stride(1) != 1:
+    if w_scale is None:
+        if w_nk.dtype != x.dtype:
+            return False
+    elif w_nk.dtype not in GEMV_SM90_8BIT or w_scale.dtype != torch.float32 or w_scale.numel() != w_nk.shape[0] \
+            or not w_scale.is_contiguous():
+        return False
+    if K % 16 or K * es > GEMV_K_MAX * 2 or K == 0 or w_nk.shape[0] == 0 or x.stride(1) != 1 or w_nk.stride(1) != 1:
         return False
     if (w_nk.stride(0) * es) % 16 or not (_aligned16(x) and _aligned16(w_nk)):
         return False
@@ -415,7 +425,7 @@ def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) ->
     return True
 
 
-def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None):
+def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None, wbytes: int = 2):
     """The GemvConfig for an N x K one-row product.
 
     Each CTA holds its rows whole in shared memory, all copied before the PDL wait, so a
@@ -426,29 +436,31 @@ def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None):
     from .config import H100_SMS
     from .gemv_kernel import GemvConfig
 
-    rows = round((slice_bytes or GEMV_SLICE_BYTES) / (2 * K) / 8) * 8
+    rows = round((slice_bytes or GEMV_SLICE_BYTES) / (wbytes * K) / 8) * 8
     rows = max(8, min(GEMV_MAX_ROWS, rows, N // H100_SMS // 8 * 8))
-    return GemvConfig(rows=rows, k_max=-(-K // 64) * 64, warps=GEMV_WARPS)
+    return GemvConfig(rows=rows, k_max=-(-K // 64) * 64, warps=GEMV_WARPS, wbytes=wbytes)
 
 
 _FAST_GEMV: dict = {}
 
 
-def _gemv_sm90_kernel(x_dt, out_dt, N, K, activation, bias, residual, alpha, beta, ln, kv_key):
+def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alpha, beta, ln, kv_key):
     """The compiled one-row GEMV for a _FAST_GEMV key (memory / disk cache, compile on a miss)."""
     from ..runtime import KERNELS, CompileKey
     from ..runtime.dtypes import dtype_name
     from .kernel import Epilogue
 
-    cfg = gemv_sm90_config(N, K, ln)
-    epi = Epilogue(activation=activation or "none", bias=bias, residual=residual, alpha=alpha, beta=beta)
-    dts = (x_dt, out_dt) + (kv_key or ())
-    key = CompileKey("gemv_sm90", tuple(dtype_name(d) for d in dts), ("k",), (cfg.rows, cfg.k_max, cfg.warps), (1, 1),
-                     tuple(sorted(vars(epi).items())), (ln,))
-    return KERNELS.get(key, lambda: _compile_gemv_sm90(x_dt, out_dt, epi, ln, kv_key, cfg))
+    w8 = w_dt in GEMV_SM90_8BIT
+    cfg = gemv_sm90_config(N, K, ln, wbytes=1 if w8 else 2)
+    epi = Epilogue(activation=activation or "none", bias=bias, residual=residual, alpha=alpha, beta=beta,
+                   col_scale="vector" if w8 else "none")
+    dts = (x_dt, w_dt, out_dt) + (kv_key or ())
+    key = CompileKey("gemv_sm90", tuple(dtype_name(d) for d in dts), ("k",),
+                     (cfg.rows, cfg.k_max, cfg.warps, cfg.wbytes), (1, 1), tuple(sorted(vars(epi).items())), (ln,))
+    return KERNELS.get(key, lambda: _compile_gemv_sm90(x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt))
 
 
-def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None):
+def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None, w_dt=None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -457,10 +469,12 @@ def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | Non
     from ..runtime.dtypes import to_cutlass
     from .gemv_kernel import GemvSm90
 
-    xt, ot = to_cutlass(x_dt), to_cutlass(out_dt)
+    w_dt = w_dt or x_dt
+    xt, ot, wt = to_cutlass(x_dt), to_cutlass(out_dt), to_cutlass(w_dt)
     n, k = cute.sym_int32(), cute.sym_int32(divisibility=16)
     fx = make_fake_tensor(xt, (1, k), (cute.sym_int64(), 1), assumed_align=16)
-    fw = make_fake_tensor(xt, (n, k), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    fw = make_fake_tensor(wt, (n, k), (cute.sym_int64(divisibility=16 // cfg.wbytes), 1), assumed_align=16)
+    fws = make_fake_tensor(cutlass.Float32, (n,), (1,), assumed_align=4) if w_dt in GEMV_SM90_8BIT else None
     fo = make_fake_tensor(ot, (1, n), (cute.sym_int64(), 1), assumed_align=4 if out_dt == torch.float32 else 2)
     fbias = make_fake_tensor(ot, (n,), (1,), assumed_align=2) if epi.bias else None
     fres = make_fake_tensor(ot, (1, n), (cute.sym_int64(), 1), assumed_align=2) if epi.residual else None
@@ -474,14 +488,15 @@ def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | Non
                     for _ in range(2))
         fpos = make_fake_tensor(to_cutlass(pos_dt), (cute.sym_int32(),), (1,), assumed_align=4)
     f32 = cutlass.Float32
-    kernel = GemvSm90(cfg, epi, ln, kv is not None)
-    return cute.compile(kernel, fx, fw, fo, fbias, fres, *fln, fkc, fvc, fpos, f32(1.0), f32(1.0), f32(1e-5),
+    kernel = GemvSm90(cfg, epi, ln, kv is not None, GEMV_SM90_8BIT.get(w_dt))
+    return cute.compile(kernel, fx, fw, fo, fbias, fres, *fln, fkc, fvc, fpos, fws, f32(1.0), f32(1.0), f32(1e-5),
                         make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0, beta=1.0, ln=None, kv=None):
+def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0, beta=1.0, ln=None, kv=None,
+              w_scale=None):
     """out[0] = epilogue(LN(x) @ w_nk.T) on the CuTe DSL one-row kernel (see gemv_sm90_applies)."""
     N, K = w_nk.shape
     kv_key = None
@@ -491,7 +506,7 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
         kv_key = (k_cache.dtype, pos.dtype)
     # Decode calls this once per linear per token: one dict lookup on plain values, the
     # config, epilogue and compile key are built on a miss only.
-    fkey = (x.dtype, out.dtype, N, K, activation, bias is not None, residual is not None, alpha != 1.0,
+    fkey = (x.dtype, w_nk.dtype, out.dtype, N, K, activation, bias is not None, residual is not None, alpha != 1.0,
             residual is not None and beta != 1.0, ln is not None, kv_key)
     fn = _FAST_GEMV.get(fkey)
     if fn is None:
@@ -500,5 +515,5 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
     kc = vc = pos = None
     if kv is not None:
         kc, vc, pos = kv
-    fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, float(alpha), float(beta), float(eps))
+    fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, w_scale, float(alpha), float(beta), float(eps))
     return out

@@ -18,6 +18,12 @@ One CTA barrier later, thread t runs the epilogue of row t (the bias was loaded 
 wait, the residual right after it): activation, residual, and for c_attn
 the KV-cache append of the new key/value.
 
+8-bit weights (fp8 e4m3 or int8, weight-only decode): rows are K bytes, each lane reads 4
+weights per k-step as one 32-bit word and converts them to two f16x2 registers (e4m3 by
+cvt.rn.f16x2.e4m3x2, int8 exactly by a byte permute into 1024 + u and one subtraction);
+the MMA is f16 with x converted to f16 once after staging, and the per-channel weight scale
+is the epilogue's column scale.
+
 Warp roles: none are specialised; warp 0's lanes initialise the row barriers and issue the
 bulk copies (lane r % 32 for row r, lane 31 also LayerNorm's gamma and beta). Pipelines:
 none; each row barrier completes once (phase 0) and nothing is refilled, which is why a
@@ -45,15 +51,16 @@ class GemvConfig:
     rows: int = 16
     k_max: int = 2048
     warps: int = 4
+    wbytes: int = 2  # weight element bytes: 2 (bf16/fp16) or 1 (fp8 e4m3 / int8, weight-only)
 
     @property
     def row_stride(self) -> int:
-        # 16 bytes of padding per row: the 8 rows an ldmatrix reads start in 8 different
-        # 16-byte bank groups (k_max is a multiple of 64, so (k_max + 8) * 2 / 16 is odd).
-        return self.k_max + 8
+        # 16 bytes of padding per row (in elements): the 8 rows one k-step reads start in 8
+        # different bank groups (k_max is a multiple of 64).
+        return self.k_max + 16 // self.wbytes
 
     def smem_bytes(self, ln: bool) -> int:
-        return 2 * (self.rows * self.row_stride + (3 if ln else 1) * self.k_max) + 8 * (self.rows + 1) \
+        return self.wbytes * self.rows * self.row_stride + 2 * (3 if ln else 1) * self.k_max + 8 * (self.rows + 1) \
             + 4 * self.warps * self.rows + 512
 
 
@@ -74,6 +81,22 @@ def bulk_copy_g2s(dst, src, nbytes, bar, *, loc=None, ip=None):
     )
 
 
+@dsl_user_op
+def cvt_8bit_pair_f16x2(w, hi: bool, fmt: str, *, loc=None, ip=None):
+    """Two 8-bit weights of the 32-bit word w (bytes 0-1, or 2-3 when hi) as an f16x2 word:
+    e4m3 by the hardware conversion, int8 exactly by the 1024 + u magic (u = s + 128)."""
+    if fmt == "e4m3":
+        half = "hi" if hi else "lo"
+        asm = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.rn.f16x2.e4m3x2 $0, " + half + "; }"
+    else:
+        sel = "0x5352" if hi else "0x5150"
+        asm = ("{ .reg .b32 t, m; xor.b32 t, $1, 0x80808080; prmt.b32 t, t, 0x64646464, " + sel + ";"
+               " mov.b32 m, 0x64806480; sub.f16x2 $0, t, m; }")
+    return cutlass.Int32(llvm.inline_asm(cutlass.Int32.mlir_type, [cutlass.Int32(w).ir_value(loc=loc, ip=ip)], asm,
+                                         "=r,r", has_side_effects=False, is_align_stack=False,
+                                         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
 class GemvSm90:
     """One-row GEMV with all of a CTA's weight rows bulk-copied ahead of the PDL wait.
 
@@ -81,24 +104,28 @@ class GemvSm90:
     the activation row and then reduces whole weight rows. Pipelines: one single-use
     mbarrier per weight row (see the module docstring)."""
 
-    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool):
-        assert epi.row_scale == "none" and epi.col_scale == "none"  # 16-bit weights only
+    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None):
+        # w_fmt "e4m3" / "s8": 8-bit weights with a per-output-channel scale (col_scale
+        # "vector"), converted to f16 in registers; x is staged as f16 for the f16 MMA.
+        assert epi.row_scale == "none" and (epi.col_scale == "vector") == (w_fmt is not None)
+        assert w_fmt in (None, "e4m3", "s8") and cfg.wbytes == (1 if w_fmt else 2)
         assert cfg.rows % 8 == 0 and cfg.k_max % 64 == 0
-        self.cfg, self.epi, self.ln, self.kv = cfg, epi, ln, kv
+        self.cfg, self.epi, self.ln, self.kv, self.w_fmt = cfg, epi, ln, kv, w_fmt
         self.num_threads = cfg.warps * 32
         assert cfg.rows <= self.num_threads  # the epilogue runs one row per thread
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mBias, mRes, mLnW, mLnB,
-                 mKc, mVc, mPos, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32, stream):
+                 mKc, mVc, mPos, mWs, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32, stream):
         grid = (mW.shape[0] + self.cfg.rows - 1) // self.cfg.rows
-        tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mW.element_type, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
-        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, alpha, beta, eps,
+        mma_dt = cutlass.Float16 if cutlass.const_expr(self.w_fmt is not None) else mW.element_type
+        tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mma_dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
+        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
                     tiled_mma).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
-    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, alpha, beta, eps,
+    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
                tiled_mma: cute.TiledMma):
         cfg = self.cfg
         tid, _, _ = cute.arch.thread_idx()
@@ -116,6 +143,12 @@ class GemvSm90:
                                        byte_alignment=16)
         xs = smem.allocate_tensor(mX.element_type, cute.make_layout((cfg.k_max // 8, 8), stride=(8, 1)),
                                   byte_alignment=16)
+        # 8-bit weights multiply in f16: x (LayerNorm applied) is staged in x's dtype first,
+        # then converted once into xh (|x| beyond f16's 65504 becomes inf, not a silent clamp).
+        xh = xs
+        if cutlass.const_expr(self.w_fmt is not None):
+            xh = smem.allocate_tensor(cutlass.Float16, cute.make_layout((cfg.k_max // 8, 8), stride=(8, 1)),
+                                      byte_alignment=16)
         red = smem.allocate_tensor(cutlass.Float32, cute.make_layout(2 * cfg.warps), byte_alignment=16)
         gs = bs = None
         if cutlass.const_expr(self.ln):
@@ -157,9 +190,12 @@ class GemvSm90:
         n_own = row0 + tid
         own = tid < nrows
         bias = cutlass.Float32(0.0)
+        cs = cutlass.Float32(1.0)
         if own:
             if cutlass.const_expr(self.epi.bias):
                 bias = mBias[n_own].to(cutlass.Float32)
+            if cutlass.const_expr(self.w_fmt is not None):
+                cs = mWs[n_own]
         # x, the residual and the cache position may be written by the kernel ahead of this one.
         cute.arch.griddepcontrol_wait()
         res = cutlass.Float32(0.0)
@@ -168,6 +204,15 @@ class GemvSm90:
                 res = mRes[0, n_own].to(cutlass.Float32)
 
         self.stage_activation(mX, gs, bs, ln_bar, eps, xs, red, K, tid)
+        if cutlass.const_expr(self.w_fmt is not None):
+            # Each thread converts the chunks it wrote itself: no barrier in between.
+            vx = cute.make_rmem_tensor((8,), mX.element_type)
+            vh = cute.make_rmem_tensor((8,), cutlass.Float16)
+            for c in cutlass.range(tid, K // 8, self.num_threads):
+                cute.autovec_copy(xs[c, None], vx)
+                for i in cutlass.range_constexpr(8):
+                    vh[i] = vx[i].to(cutlass.Float16)
+                cute.autovec_copy(vh, xh[c, None])
         cute.arch.sync_threads()
 
         # The product on the tensor cores: x broadcast into all 16 rows of the A operand, 8
@@ -177,7 +222,27 @@ class GemvSm90:
         # after the wait; so did staging x through shared memory (three CTA barriers): each
         # warp reads its A operands straight from x (L1 after the first touch) instead.
         thr_mma = tiled_mma.get_slice(lane)
-        dt = mW.element_type
+        for r in cutlass.range(nrows):
+            cute.arch.mbarrier_wait(bars + r, 0)
+        if cutlass.const_expr(self.w_fmt is not None):
+            self.product_8bit(ring, xh, partial, K, warp, lane, thr_mma, tiled_mma)
+        else:
+            self.product_16bit(ring, xs, partial, K, warp, lane, thr_mma, tiled_mma, mX.element_type)
+        cute.arch.sync_threads()
+        total = cutlass.Float32(0.0)
+        if own:
+            for w in cutlass.range_constexpr(cfg.warps):
+                total = total + partial[w, tid]
+        # One thread per output column: the epilogue's loads were issued long ago.
+        if own:
+            self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
+
+    @cute.jit
+    def product_16bit(self, ring, xs, partial, K, warp, lane, thr_mma, tiled_mma, x_dt):
+        """partial[warp, r] <- this warp's share of K of weight row r dot x (16-bit weights)."""
+        dt = ring.element_type
+        cfg = self.cfg
+        R = cfg.rows
         ldsm = cute.make_copy_atom(warp_ops.LdMatrix8x8x16bOp(transpose=False, num_matrices=2), dt)
         copy_b = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(lane)
         tCsB = copy_b.partition_S(ring)  # (copy, n tiles, k blocks)
@@ -189,9 +254,7 @@ class GemvSm90:
         # SM80 A fragment (m16 x k16, 8 values): value bit 0 is k + 1, bit 1 is m + 8, bit 2
         # is k + 8, from k = 2 * (lane % 4). The rows are all x, so m does not matter.
         xs_pairs = cute.make_tensor(xs.iterator, cute.make_layout((cfg.k_max // 2, 2), stride=(2, 1)))
-        xp = cute.make_rmem_tensor((2, 2), mX.element_type)
-        for r in cutlass.range(nrows):
-            cute.arch.mbarrier_wait(bars + r, 0)
+        xp = cute.make_rmem_tensor((2, 2), x_dt)
         for j in cutlass.range(warp, K // 16, cfg.warps, unroll=2):
             for h in cutlass.range_constexpr(2):
                 cute.autovec_copy(xs_pairs[j * 8 + lane % 4 + 4 * h, None], xp[None, h])
@@ -203,14 +266,46 @@ class GemvSm90:
         for v in cutlass.range_constexpr(cute.size(acc)):
             if tCcC[v][0] == 0:
                 partial[warp, tCcC[v][1]] = acc[v]
-        cute.arch.sync_threads()
-        total = cutlass.Float32(0.0)
-        if own:
-            for w in cutlass.range_constexpr(cfg.warps):
-                total = total + partial[w, tid]
-        # One thread per output column: the epilogue's loads were issued long ago.
-        if own:
-            self.epilogue(total, bias, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
+
+    @cute.jit
+    def product_8bit(self, ring, xs, partial, K, warp, lane, thr_mma, tiled_mma):
+        """The 8-bit form: lane (n, kq) reads 4 weights (one 32-bit word) of row n per k-step
+        and converts them to two f16x2 B registers; the MMA's k slots (2kq, 2kq+1, 2kq+8,
+        2kq+9) then hold weights k0 + 4kq .. + 3, so A carries x at those same positions.
+        One n8 accumulator per 8 rows."""
+        cfg = self.cfg
+        R = cfg.rows
+        NG = R // 8
+        n_l = lane // 4
+        kq = lane % 4
+        dummy_a = cute.make_tensor(xs.iterator, cute.make_layout((16, 16), stride=(16, 1)))
+        dummy_b = cute.make_tensor(xs.iterator, cute.make_layout((8, 16), stride=(16, 1)))
+        tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(dummy_a))
+        tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(dummy_b))
+        tA = cute.recast_tensor(tCrA, cutlass.Int32)
+        tB = cute.recast_tensor(tCrB, cutlass.Int32)
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((16, 8)))
+        accs = [cute.make_rmem_tensor(thr_mma.partition_shape_C((16, 8)), cutlass.Float32) for _ in range(NG)]
+        for a_ in accs:
+            a_.fill(0.0)
+        ring32 = cute.make_tensor(cute.recast_ptr(ring.iterator, dtype=cutlass.Int32),
+                                  cute.make_layout((R, cfg.row_stride // 4), stride=(cfg.row_stride // 4, 1)))
+        xs32 = cute.make_tensor(cute.recast_ptr(xs.iterator, dtype=cutlass.Int32), cute.make_layout(cfg.k_max // 2))
+        for j in cutlass.range(warp, K // 16, cfg.warps, unroll=2):
+            xw = j * 8 + 2 * kq
+            tA[0] = xs32[xw]
+            tA[1] = xs32[xw]
+            tA[2] = xs32[xw + 1]
+            tA[3] = xs32[xw + 1]
+            for g in cutlass.range_constexpr(NG):
+                w = ring32[8 * g + n_l, j * 4 + kq]
+                tB[0] = cvt_8bit_pair_f16x2(w, False, self.w_fmt)
+                tB[1] = cvt_8bit_pair_f16x2(w, True, self.w_fmt)
+                cute.gemm(tiled_mma, accs[g], tCrA, tCrB, accs[g])
+        for g in cutlass.range_constexpr(NG):
+            for v in cutlass.range_constexpr(cute.size(accs[g])):
+                if tCcC[v][0] == 0:
+                    partial[warp, 8 * g + tCcC[v][1]] = accs[g][v]
 
     @cute.jit
     def stage_activation(self, mX, gs, bs, ln_bar, eps, xs, red, K, tid):
@@ -265,12 +360,14 @@ class GemvSm90:
         return x
 
     @cute.jit
-    def epilogue(self, s, bias, res, n, N, mO, mKc, mVc, mPos, alpha, beta):
+    def epilogue(self, s, bias, cs, res, n, N, mO, mKc, mVc, mPos, alpha, beta):
         """Output column n of the product, in GemmSm90._epilogue_value's order."""
         epi = self.epi
         x = s
         if cutlass.const_expr(epi.alpha):
             x = x * alpha
+        if cutlass.const_expr(self.w_fmt is not None):
+            x = x * cs
         if cutlass.const_expr(epi.bias):
             x = x + bias
         x = epilogue_activation(x, epi.activation)

@@ -1,0 +1,21 @@
+"""Shared check for the compile tier: ptxas accepts a kernel's PTX for sm_90a without spills."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+
+def assert_ptxas_no_spills(ptx_path: str) -> None:
+    """Assemble with the local ptxas (when there is one): no errors, no spill stores or loads.
+    Skips where ptxas is older than the PTX the DSL emits (the GPU image's toolkit)."""
+    ptxas = shutil.which("ptxas")
+    if not ptxas:
+        return
+    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.devnull], capture_output=True, text=True)
+    if "Unsupported .version" in r.stderr:
+        pytest.skip(f"{ptxas} is older than the DSL's PTX")
+    assert r.returncode == 0, r.stderr
+    assert all(s == ("0", "0") for s in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr))
