@@ -127,13 +127,40 @@ class FlashDecodeSm90:
             byte_alignment=128)
 
         # Programmatic dependent launch: this grid may be resident before the kernel ahead of
-        # it (the q projection, the KV append) has finished; wait for it before the first
-        # global read, then let the next kernel (the output projection) launch and start
-        # loading its weights while this one streams the cache. Without the PDL launch
-        # attribute the wait returns at once.
+        # it (the q projection, the KV append) has finished. With cache_seqlens, that kernel
+        # writes at most the newest key row (seqlen - 1) and q: the cache's older rows and the
+        # lengths were written before it started (by non-PDL launches or earlier steps), so
+        # the first stages - 1 steps of K/V are copied *before* the wait, and after it the
+        # thread that copied the newest row copies it again. Then the next kernel (the output
+        # projection) may launch and start loading its weights while this one streams the
+        # cache. Without the PDL launch attribute the wait returns at once.
+        start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
+        early = cutlass.const_expr(self.seqlens)
+        gK = mK[b, None, h_kv, None]  # [Sk, D]
+        gV = mV[b, None, h_kv, None]
+        # 16-byte cp.async.cg (bypassing L1: every byte is read once).
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
+                                  num_bits_per_copy=128)
+        if cutlass.const_expr(early):
+            self.prefetch(g2s, gK, gV, ring, start, end, n_steps, grp, col, tid)
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
+        if cutlass.const_expr(early):
+            # The early copies are done before the same slots are written again; the fresh
+            # newest row lands with the q load below (its own group, waited for there).
+            cute.arch.cp_async_wait_group(0)
+            new_row = mSeqlens[b] - 1
+            for p in cutlass.range_constexpr(self.stages - 1):
+                if p < n_steps:
+                    for u in cutlass.range_constexpr(self.unroll):
+                        row = cutlass.min(start + p * self.block_n + u * self.rows + grp, end - 1)
+                        if row == new_row:
+                            for j in cutlass.range_constexpr(self.vec):
+                                cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (col // 8 + j,)),
+                                          ring[None, tid, j, u, p, 0])
+                                cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (col // 8 + j,)),
+                                          ring[None, tid, j, u, p, 1])
+            cute.arch.cp_async_commit_group()
 
         # q with the softmax scale folded in (log2 units), fp32: [H, C] per thread.
         q = cute.make_rmem_tensor((H, C), cutlass.Float32)
@@ -154,19 +181,14 @@ class FlashDecodeSm90:
             for i in cutlass.range_constexpr(C):
                 acc[h, i] = 0.0
 
-        gK = mK[b, None, h_kv, None]  # [Sk, D]
-        gV = mV[b, None, h_kv, None]
         kv_layout = cute.make_layout((self.unroll, self.vec, 8), stride=(C, 8, 1))
         kf = cute.make_rmem_tensor(kv_layout, mK.element_type)
         vf = cute.make_rmem_tensor(kv_layout, mV.element_type)
         s = cute.make_rmem_tensor((self.unroll, H), cutlass.Float32)
-        # 16-byte cp.async.cg (bypassing L1: every byte is read once).
-        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
-                                  num_bits_per_copy=128)
-        for p in cutlass.range_constexpr(self.stages - 1):
-            if p < n_steps:
-                self.issue_rows(g2s, gK, gV, ring, p, start + p * self.block_n, end, grp, col, tid)
-            cute.arch.cp_async_commit_group()  # empty groups keep the wait count uniform
+        if cutlass.const_expr(early):
+            cute.arch.cp_async_wait_group(0)  # the newest row's copy
+        else:
+            self.prefetch(g2s, gK, gV, ring, start, end, n_steps, grp, col, tid)
         for it in cutlass.range(n_steps):
             cute.arch.cp_async_wait_group(self.stages - 2)
             slot = it % self.stages
@@ -241,6 +263,14 @@ class FlashDecodeSm90:
                 mO[b, 0, hq0 + h, d] = o.to(mO.element_type)
                 if d == 0:
                     mLSE[b, hq0 + h, 0] = lse2 * _LN_2
+
+    @cute.jit
+    def prefetch(self, g2s, gK, gV, ring, start, end, n_steps, grp, col, tid):
+        """The first stages - 1 steps of this thread's K/V copies, one commit group each."""
+        for p in cutlass.range_constexpr(self.stages - 1):
+            if p < n_steps:
+                self.issue_rows(g2s, gK, gV, ring, p, start + p * self.block_n, end, grp, col, tid)
+            cute.arch.cp_async_commit_group()  # empty groups keep the wait count uniform
 
     @cute.jit
     def issue_rows(self, g2s, gK, gV, ring, slot, n0, end, grp, col, tid):
