@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import glob
-import os
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 
 from cute_kernels.gemm.config import CANDIDATES, GemmConfig, default_config
 from cute_kernels.gemm.reference import apply_activation
+from tests.ptx_check import ptxas_report as _ptxas_report
 
 # --------------------------------------------------------------------------- compile tier
 
@@ -25,15 +23,6 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     # TMA-loaded residual slabs, two slots per ping-pong warpgroup
     (GemmConfig(64, 64, 1, 1, pingpong=True), dict(residual=True, beta=True), "k", "k", torch.bfloat16),
 ]
-
-
-def _ptxas_report(ptx_path: str) -> str:
-    ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        return ""
-    r = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx_path, "-o", os.devnull], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r.stderr
 
 
 @pytest.mark.compile

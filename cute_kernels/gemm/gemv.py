@@ -393,8 +393,10 @@ def _aligned16(t: torch.Tensor | None) -> bool:
 
 def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) -> bool:
     """Whether the CuTe DSL one-row GEMV (gemv_kernel.py) runs this product: one 16-bit
-    activation row, 16-bit weights of its dtype with 16-byte aligned rows (they are bulk
-    copied), K a multiple of 16 up to GEMV_K_MAX, on CUDA. Everything else stays on the Triton kernel."""
+    activation row, and weights either of its dtype or 8-bit weight-only (fp8 e4m3 / int8
+    with an fp32 per-channel w_scale, no SmoothQuant x_scale), with 16-byte aligned rows (they
+    are bulk copied) of at most 2 * GEMV_K_MAX bytes, K a multiple of 16, on CUDA. Everything
+    else stays on the Triton kernel."""
     if os.environ.get(GEMV_SM90_ENV, "1") == "0" or not x.is_cuda or x.shape[0] != 1:
         return False
     K = x.shape[1]
