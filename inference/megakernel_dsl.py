@@ -342,8 +342,6 @@ class DecodeChainSm90:
 
 # --------------------------------------------------------------------------- host side
 
-_COMPILED: dict = {}
-
 
 def compile_chain(cfg: ChainConfig, keep_dir: str | None = None):
     """Compile the chain kernel for bf16 (layer count dynamic) on sm_90a."""
@@ -375,18 +373,18 @@ def decode_chain(weights: dict, h_in: torch.Tensor, eps: float = 1e-5, cfg: Chai
     """Run the chain on stacked weights (see `chain_reference` for the keys and semantics):
     Wa [L, 3E, E], Wo [L, E, E], Wf [L, 4E, E], Wp [L, E, 4E] (bf16, [out, in]), biases and
     LayerNorm weights [L, n]; h_in [1, E]. Returns h [1, E]."""
-    from cute_kernels.runtime import num_sms
+    from cute_kernels.runtime import KERNELS, CompileKey, num_sms
 
     w = weights
     E = h_in.shape[1]
     if h_in.dtype != torch.bfloat16 or not h_in.is_cuda or h_in.shape[0] != 1:
         raise ValueError(f"decode_chain wants one bf16 CUDA row [1, E], got {tuple(h_in.shape)} {h_in.dtype}")
-    cfg = cfg or ChainConfig(E=E, grid=num_sms(h_in.device.index or 0))
-    if cfg.grid > num_sms(h_in.device.index or 0):
-        raise ValueError(f"grid {cfg.grid} exceeds the {num_sms(h_in.device.index or 0)} SMs: the CTAs must all be resident")
-    fn = _COMPILED.get(cfg)
-    if fn is None:
-        fn = _COMPILED[cfg] = compile_chain(cfg)
+    sms = num_sms(h_in.device.index or 0)
+    cfg = cfg or ChainConfig(E=E, grid=sms)
+    if cfg.grid > sms:
+        raise ValueError(f"grid {cfg.grid} exceeds the {sms} SMs: the CTAs must all be resident")
+    key = CompileKey("decode_chain_dsl", ("BFloat16",), (), (cfg.E, cfg.slots, cfg.warps), (cfg.grid,))
+    fn = KERNELS.get(key, lambda: compile_chain(cfg))
     dev = h_in.device
     h_out = torch.empty_like(h_in)
     h = torch.empty_like(h_in)
