@@ -235,15 +235,25 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
             _resolve_splits(bad, 1, 1, 1, 1)
     # Decode: GQA heads per CTA divide the ratio and stay <= 4; splits aim at 2 CTAs per SM.
     assert [decode_heads_per_cta(g) for g in (1, 2, 3, 4, 6, 8, 12, 7)] == [1, 2, 3, 4, 3, 4, 4, 1]
-    assert decode_splits_heuristic(1, 12, 1, 8192, 64) == 11  # 12 CTAs x 11 = 132: one wave
-    assert decode_splits_heuristic(8, 32, 4, 8192, 128) == 2  # 64 CTAs
+    # Cluster merge (SIMT kernel, 2-8 splits): the largest cluster within one wave.
+    assert decode_splits_heuristic(1, 12, 1, 8192, 64) == 8  # 12 clusters of 8: 96 CTAs
+    assert decode_splits_heuristic(8, 32, 4, 8192, 128) == 2  # 64 CTAs x 2
     assert decode_splits_heuristic(8, 12, 1, 8192, 64) == 1  # 96 CTAs: a second split would make 2 waves
     assert decode_splits_heuristic(1, 12, 1, 64, 64) == 1  # one key block (64 keys): one split
-    assert decode_splits_heuristic(1, 1, 1, 1 << 20, 128) == 64  # capped
-    assert decode_splits_heuristic(1, 25, 1, 448, 64) == 1  # GPT-2 XL: too little K/V to split
+    assert decode_splits_heuristic(1, 1, 1, 1 << 20, 128) == 64  # one CTA: the global merge, capped
+    assert decode_splits_heuristic(1, 25, 1, 448, 64) == 4  # GPT-2 XL: 28 KB per split
+    assert decode_splits_heuristic(1, 25, 1, 192, 64) == 1  # too little K/V to split
+    assert decode_splits_heuristic(1, 25, 1, 256, 64) == 1  # GPT-2 XL's 256-key decode cache
+    assert decode_splits_heuristic(1, 25, 1, 1024, 64) == 4  # 25 x 8 would be two waves
+    assert decode_splits_heuristic(1, 32, 4, 1024, 128) == 8
+    from cute_kernels.attention import api as attn_api
+
+    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", False)  # the global merge's own rule
+    assert decode_splits_heuristic(1, 12, 1, 8192, 64) == 11  # 12 CTAs x 11 = 132: one wave
+    assert decode_splits_heuristic(1, 25, 1, 448, 64) == 1
     assert decode_splits_heuristic(1, 25, 1, 1024, 64) == 2
     assert decode_splits_heuristic(1, 32, 4, 1024, 128) == 16  # 4 heads per CTA: more work per key
-    from cute_kernels.attention import api as attn_api
+    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", True)
     from cute_kernels.attention.api import DECODE_CONFIG, _decode_kernel_obj
 
     monkeypatch.setattr(attn_api, "MIN_SPLIT_WORK", 1)
@@ -283,25 +293,44 @@ def test_decode_mma_choice():
     assert decode_splits_heuristic(1, 32, 4, 8192, 128, mma=True) == 16  # one wave of 8 x 16 CTAs
 
 
+def test_decode_cluster_merge_choice(monkeypatch):
+    """2-8 splits merge in a cluster when every cluster is resident at once (clusters of more
+    than 4 CTAs: at most 96 CTAs); the tensor-core kernel's B = 8 GQA splits qualify."""
+    from cute_kernels.attention import api as attn_api
+    from cute_kernels.attention.api import decode_merges_in_cluster, decode_splits_heuristic
+
+    assert decode_merges_in_cluster(12, 8) and decode_merges_in_cluster(25, 4) and decode_merges_in_cluster(64, 2)
+    assert not decode_merges_in_cluster(16, 8)  # 128 CTAs in clusters of 8: not all resident
+    assert not decode_merges_in_cluster(1, 1) and not decode_merges_in_cluster(1, 16)
+    assert not decode_merges_in_cluster(96, 2)  # 192 CTAs
+    assert decode_splits_heuristic(8, 32, 4, 1024, 128, mma=True) == 2 and decode_merges_in_cluster(64, 2)
+    assert decode_splits_heuristic(1, 16, 1, 8192, 64) == 4  # 16 clusters of 8 would not fit
+    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", False)
+    assert not decode_merges_in_cluster(12, 8)
+
+
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,heads,split,masked,mma", [
-    (64, 1, False, False, False), (64, 1, True, False, False), (128, 4, True, False, False),
-    (64, 3, True, False, False), (64, 1, True, True, False),
-    (128, 4, True, False, True), (128, 16, False, True, True), (64, 8, True, False, True)])
-def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma):
+@pytest.mark.parametrize("head_dim,heads,split,masked,mma,cluster", [
+    (64, 1, False, False, False, 1), (64, 1, True, False, False, 1), (128, 4, True, False, False, 1),
+    (64, 3, True, False, False, 1), (64, 1, True, True, False, 1), (64, 1, True, False, False, 8),
+    (128, 4, True, True, False, 3),
+    (128, 4, True, False, True, 1), (128, 16, False, True, True, 1), (64, 8, True, False, True, 1)])
+def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma, cluster):
     from cute_kernels.attention.api import _compile_decode
     from tests.test_gemm import _ptxas_report
 
-    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked, mma=mma)
+    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked, mma=mma,
+                    cluster=cluster)
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     # The GQA kernel runs Q K^T and P V as warp MMAs on ldmatrix'd K and V^T tiles.
     assert ("mma.sync.aligned.m16n8k16" in ptx and "ldmatrix.sync.aligned" in ptx and ".trans" in ptx) == mma
-    # K and V rows arrive by 16-byte cp.async into the ring; the split merge counts arrivals
-    # with an atomic.
+    # K and V rows arrive by 16-byte cp.async into the ring; the global split merge counts
+    # arrivals with an atomic, the cluster merge stores into rank 0's shared memory instead.
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
     assert "shfl.sync.bfly" in ptx and "ex2.approx" in ptx
-    assert ("atom." in ptx) == split
+    assert ("atom." in ptx) == (split and cluster == 1)
+    assert ("st.shared::cluster.f32" in ptx and "barrier.cluster.wait" in ptx) == (cluster > 1)
     # Launched as a programmatic dependent launch. The GQA kernel waits before any global
     # read; the SIMT kernel (with cache_seqlens) copies its first K/V steps before the wait
     # (older cache rows do not depend on the kernel ahead) and reads q only after it.
@@ -425,6 +454,16 @@ def _check_ragged_decode(D, hq, hkv, Smax, longest, num_splits):
     return q, kc, vc, sdpa_err
 
 
+def _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err):
+    """flash_attn at S_q = 1 over every cached key, with its LSE, against the fp32 reference."""
+    import cute_kernels as ck
+
+    o, lse = ck.flash_attn(q, kc, vc, return_lse=True, num_splits=num_splits)
+    ref, ref_lse = flash_attn_ref(q.float(), kc.float(), vc.float(), return_lse=True)
+    assert (o.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+    assert (lse - ref_lse).abs().max().item() < 1e-2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("hq,hkv", [(12, 12), (32, 8), (8, 1), (12, 4), (48, 4)])
@@ -455,10 +494,29 @@ def test_decode_mma_kernel(monkeypatch, D, hq, hkv, num_splits):
 
     monkeypatch.setattr(attn_api, "decode_uses_mma", lambda *a, **k: True)
     q, kc, vc, sdpa_err = _check_ragged_decode(D, hq, hkv, 1100, 1037, num_splits)
-    o2, lse = ck.flash_attn(q, kc, vc, return_lse=True, num_splits=num_splits)
-    r2, rlse = flash_attn_ref(q.float(), kc.float(), vc.float(), return_lse=True)
-    assert (o2.float() - r2).abs().max().item() <= 2 * sdpa_err + 1e-3
-    assert (lse - rlse).abs().max().item() < 1e-2
+    _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster_merge", [True, False])
+@pytest.mark.parametrize("D,hq,hkv", [(64, 12, 12), (128, 32, 8), (64, 25, 25)])
+@pytest.mark.parametrize("num_splits", [2, 5, 8])
+def test_decode_split_merges(monkeypatch, cluster_merge, D, hq, hkv, num_splits):
+    """Both split merges of the SIMT kernel (inside a thread-block cluster through
+    distributed shared memory, or through global memory and a counter) agree with the
+    reference: ragged and empty caches, LSE, a NaN key poisoning only its own heads."""
+    import cute_kernels as ck
+    from cute_kernels.attention import api as attn_api
+
+    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", cluster_merge)
+    monkeypatch.setattr(attn_api, "decode_uses_mma", lambda *a, **k: False)
+    q, kc, vc, sdpa_err = _check_ragged_decode(D, hq, hkv, 1300, 1237, num_splits)
+    _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err)
+    kc[1, 700, hkv - 1, 3] = float("nan")
+    bad = torch.isnan(ck.flash_attn(q, kc, vc, num_splits=num_splits)).any(-1)[:, 0]
+    expect = torch.zeros_like(bad)
+    expect[1, (hkv - 1) * (hq // hkv):] = True
+    assert torch.equal(bad, expect)
 
 
 @pytest.mark.compile

@@ -6,6 +6,8 @@ key/query lengths, head dim) from the compile cache, launch on the current strea
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, num_sms
@@ -173,16 +175,16 @@ def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head
 
 
 def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False,
-                       mma: bool = False):
+                       mma: bool = False, cluster: int = 1):
     from .decode import FlashDecodeMmaSm90, FlashDecodeSm90
 
     if mma:
         cfg = DECODE_MMA_CONFIG
         return FlashDecodeMmaSm90(head_dim, heads, split, seqlens, num_warps=cfg["warps"], bn=cfg["bn"],
-                                  stages=cfg["stages"], masked=masked)
+                                  stages=cfg["stages"], masked=masked, cluster=cluster)
     cfg = DECODE_CONFIG[head_dim]
     return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
-                           unroll=cfg["unroll"], stages=cfg["stages"], masked=masked)
+                           unroll=cfg["unroll"], stages=cfg["stages"], masked=masked, cluster=cluster)
 
 
 def _decode_block_n(head_dim: int, mma: bool) -> int:
@@ -195,27 +197,72 @@ def _decode_block_n(head_dim: int, mma: bool) -> int:
 
 def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen_k: int, head_dim: int, *,
                             num_sms: int = H100_SMS, mma: bool = False) -> int:
-    """Key splits for decode.py: at most one wave of CTAs (in an H100 sweep over batch 1-64 x
-    8k-32k keys the best split counts filled the SMs once: 12 CTAs -> 8-11 splits, 64 -> 2,
-    96 -> 1), no split shorter than one key block, and none with less work than
-    MIN_SPLIT_WORK (bytes of K and V to read times the query heads sharing them): the
-    in-launch merge (partials out, a fence, the counter, the last CTA reading them back)
-    costs ~2.5 us of dependent memory round trips. GPT-2 XL's decode (25 heads, D = 64)
-    chained in a CUDA graph, per call: 448 keys 6.5 us with the one-wave split count vs
-    4.5 us unsplit; 64 keys 5.6 vs 2.7. A CTA with 4 GQA heads does 4x the math per byte
-    and splits sooner (B = 1, 1k keys, h32/8, D = 128: 8.5 us at 16 splits, 11.9 at 4)."""
-    from .decode import MAX_DECODE_SPLITS
+    """Key splits for decode.py.
+
+    Merged through global memory (partials out, a fence, the counter, the last CTA reading
+    them back: ~2.5 us of dependent round trips): at most one wave of CTAs (in an H100 sweep
+    over batch 1-64 x 8k-32k keys the best split counts filled the SMs once: 12 CTAs -> 8-11
+    splits, 64 -> 2, 96 -> 1), no split shorter than one key block, and none with less work
+    than MIN_SPLIT_WORK (bytes of K and V to read times the query heads sharing them). A CTA
+    with 4 GQA heads does 4x the math per byte and splits sooner.
+
+    Merged inside a cluster (SIMT kernel, 2-8 splits, DECODE_CLUSTER_MERGE): the merge costs
+    little, so the largest cluster that keeps one wave and at least MIN_CLUSTER_SPLIT_WORK
+    per split. Same-run H100 sweep, B = 1 (us; cluster / best global merge / cuDNN): 12
+    heads D = 64 1k keys 4.1 (8) / 6.0 / 6.3, 8k 8.2 (8) / 9.5 / 10.8, 32k 37.4 (8) / 38.8 /
+    39.6; h32/8 D = 128 1k 6.9 (8) / 7.8 / 7.2; GPT-2 XL's 25 heads at 448 keys 4.1 (4) /
+    4.6 (unsplit); at 192 keys unsplit stays best (3.4 vs 3.6-3.8 clustered). The global
+    merge is kept where a cluster of 8 would leave most SMs idle (fewer than 8 CTAs).
+    See MIN_CLUSTER_SPLIT_TOTAL for the in-model case.
+
+    The tensor-core kernel keeps the global merge's split count, and its splits merge in a
+    cluster where decode_merges_in_cluster allows (same split count, same run, us; cluster /
+    global / cuDNN): B = 8 h32/8 1k keys 9.3 / 11.3 / 11.6, 8k 89.8 / 91.8 / 95.2; B = 1 at 8k
+    keys a cluster of 8 (64 CTAs) lost to 16 global splits (15.0 vs 11.5)."""
+    from .decode import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
 
     ctas = batch * (q_heads // heads_per_cta)
     block_n = _decode_block_n(head_dim, mma)
     n_blocks = -(-seqlen_k // block_n)
-    by_work = seqlen_k * 4 * head_dim * heads_per_cta // MIN_SPLIT_WORK  # K + V, 2 bytes each
-    splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, by_work)
+    work = seqlen_k * 4 * head_dim * heads_per_cta  # K + V, 2 bytes each
+    splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, work // MIN_SPLIT_WORK)
     if mma:  # the last CTA reads every split's fp32 partial back: keep that tail short
         splits = min(splits, MAX_MERGE_BYTES // (heads_per_cta * head_dim * 4))
+    if not mma and DECODE_CLUSTER_MERGE and (ctas >= MAX_CLUSTER_SPLITS or splits <= MAX_CLUSTER_SPLITS):
+        for c in (8, 4, 2):
+            if decode_merges_in_cluster(ctas, c) and work >= MIN_CLUSTER_SPLIT_TOTAL \
+                    and work // c >= MIN_CLUSTER_SPLIT_WORK and n_blocks >= c:
+                return c
+        return 1
     return max(1, splits)
 
 
+def decode_merges_in_cluster(ctas: int, splits: int) -> bool:
+    """Whether `splits` splits of each of `ctas` (batch, head group) pairs merge inside a
+    thread-block cluster (decode.py) rather than through global memory: 2-8 splits, and few
+    enough CTAs that every cluster is resident at once. A cluster's CTAs must share a GPC;
+    an H100 fits 12 clusters of 8 (96 CTAs) in one wave, but 16 (128 CTAs) took 1.6x as long
+    as the same split count merged globally (B = 2, 4k keys, h32/8, D = 128: 17.4 vs 11.2 us)."""
+    from .decode import MAX_CLUSTER_SPLITS
+
+    if not DECODE_CLUSTER_MERGE or not 2 <= splits <= MAX_CLUSTER_SPLITS:
+        return False
+    return ctas * splits <= (MAX_CLUSTER_CTAS_WIDE if splits > 4 else MAX_CLUSTER_CTAS)
+
+
+# CTAs per launch at most for the cluster merge: clusters of 2-4, of 5-8.
+MAX_CLUSTER_CTAS = 128
+MAX_CLUSTER_CTAS_WIDE = 96
+# SIMT decode with 2-8 splits merges them inside a thread-block cluster (decode.py);
+# CUTE_KERNELS_DECODE_CLUSTER=0 keeps every split merge in global memory (A/B runs).
+DECODE_CLUSTER_MERGE = os.environ.get("CUTE_KERNELS_DECODE_CLUSTER", "1") != "0"
+# Cluster-merged splits: each reads at least MIN_CLUSTER_SPLIT_WORK, and a CTA splits only
+# when its whole range is at least MIN_CLUSTER_SPLIT_TOTAL. Standalone (H100), 25 heads at
+# 448 keys (112 KB) in 4 splits won (4.1 vs 4.6 us), 192 keys (48 KB) lost in 2, 3 or 4; in
+# GPT-2 XL's decode step (a 256-key cache, 64 KB, where the early copies already overlap the
+# kernel ahead) 2 splits lost 15 us per token (1.682 vs 1.667 ms, two runs each).
+MIN_CLUSTER_SPLIT_WORK = 24 << 10
+MIN_CLUSTER_SPLIT_TOTAL = 96 << 10
 # Below this much work per split (K+V bytes of one KV head x query heads per CTA), splitting
 # costs more than it saves (see above).
 MIN_SPLIT_WORK = 128 << 10
@@ -226,7 +273,7 @@ MAX_MERGE_BYTES = 128 << 10
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
-                    masked: bool = False, mma: bool = False):
+                    masked: bool = False, mma: bool = False, cluster: int = 1):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -244,7 +291,7 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
     fq, fk, fv, fo = bshd(1, hq), bshd(sk, hkv), bshd(sk, hkv), bshd(1, hq)
     flse = make_fake_tensor(f32, (b, hq, 1), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     fop = flp = fsem = None
-    if split:
+    if split and cluster == 1:
         # Contiguous fp32 rows of head_dim (allocated by _run_decode): 16-byte aligned strides.
         fop = make_fake_tensor(f32, (b, hq, ns, head_dim), tuple(cute.sym_int64(divisibility=4) for _ in range(3))
                                + (1,), assumed_align=16)
@@ -252,7 +299,7 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
         fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fmask = make_fake_tensor(cutlass.Uint8, (b, sk), (cute.sym_int64(), 1), assumed_align=1) if masked else None
-    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma)
+    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma, cluster)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, fmask, f32(1.0), cutlass.Int32(1),
                         cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
@@ -300,17 +347,20 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     split = splits > 1
     lens = seqlens_k is not None
     masked = key_mask is not None
-    fast = (q.dtype, D, heads, split, lens, masked, mma)
+    cluster = splits if decode_merges_in_cluster(B * (Hq // heads), splits) else 1
+    fast = (q.dtype, D, heads, split, lens, masked, mma, cluster)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
         cfg = tuple(sorted((DECODE_MMA_CONFIG if mma else DECODE_CONFIG[D]).items()))
         key = CompileKey("flash_decode_mma_sm90" if mma else "flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",),
-                         (heads, D), (1, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)),
+                         (heads, D), (cluster, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)),
                          extra=(D, *cfg))
         fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens,
-                                                                           masked=masked, mma=mma))
+                                                                           masked=masked, mma=mma, cluster=cluster))
     scale = softmax_scale_log2(D, softmax_scale)
-    if split:
+    if cluster > 1:  # partials merge in rank 0's shared memory: no buffers, no counters
+        fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, splits)
+    elif split:
         o_parts = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
         l_parts = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
         sem = _semaphores(B * (Hq // heads), q.device)
