@@ -293,6 +293,29 @@ def test_decode_mma_choice():
     assert decode_splits_heuristic(1, 32, 4, 8192, 128, mma=True) == 16  # one wave of 8 x 16 CTAs
 
 
+def test_decode_many_wave_config():
+    """Launches of many waves (never split) take DECODE_CONFIG_MANY's steps, by cache length."""
+    from cute_kernels.attention.api import DECODE_CONFIG, decode_config, decode_config_variant
+
+    assert decode_config_variant(64, 64 * 12, 8192) == 0 and decode_config(64, 0)["unroll"] == 8
+    assert decode_config_variant(64, 64 * 12, 1024) == 1 and decode_config(64, 1)["unroll"] == 4
+    assert decode_config_variant(64, 8 * 12, 8192) == -1 and decode_config(64) is DECODE_CONFIG[64]
+    assert decode_config_variant(128, 64 * 12, 8192) == -1  # swept at D = 64 only
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", [0, 1])
+def test_decode_many_wave_config_compiles(tmp_path, variant):
+    from cute_kernels.attention.api import _compile_decode, decode_config
+    from tests.test_gemm import _ptxas_report
+
+    _compile_decode(torch.bfloat16, 64, 1, False, True, keep_dir=str(tmp_path), cfg=decode_config(64, variant))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    assert "cp.async.cg.shared.global" in open(ptx_path).read()
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
+
+
 def test_decode_cluster_merge_choice(monkeypatch):
     """2-8 splits merge in a cluster when every cluster is resident at once (clusters of more
     than 4 CTAs: at most 96 CTAs); the tensor-core kernel's B = 8 GQA splits qualify."""
@@ -452,6 +475,28 @@ def _check_ragged_decode(D, hq, hkv, Smax, longest, num_splits):
     assert torch.equal(out[0], torch.zeros_like(out[0]))  # no keys: zeros, not NaN
     assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
     return q, kc, vc, sdpa_err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("longest", [1000, 4500])
+def test_decode_many_waves(longest):
+    """Batch 48 x 12 heads (576 CTAs, >= 4 per SM): the many-wave configs (4 or 8 rows per
+    thread and step) on ragged and empty caches, against the fp32 reference."""
+    import cute_kernels as ck
+    from cute_kernels.attention.api import decode_config_variant
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    B, hq, D, Smax = 48, 12, 64, longest + 3
+    assert decode_config_variant(D, B * hq, Smax) == (0 if longest > 4096 else 1)
+    kc, vc = (torch.randn(B, Smax, hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.randint(0, longest + 1, (B,), dtype=torch.int32, device="cuda")
+    lens[0], lens[1], lens[2] = 0, 1, longest
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
+    out = ck.flash_attn_with_kvcache(q, kc, vc, lens)
+    sdpa_err = _kvcache_sdpa_err(q, kc, vc, lens, ref)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
 
 
 def _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err):

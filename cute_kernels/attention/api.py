@@ -174,15 +174,40 @@ def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head
     return ctas * -(-seqlen_k // _decode_block_n(head_dim, True)) >= num_sms
 
 
+def decode_config_variant(head_dim: int, ctas: int, seqlen_k: int, *, num_sms: int = H100_SMS) -> int:
+    """Which SIMT decode config a launch uses: -1 for DECODE_CONFIG, or for launches of many
+    waves (batch x heads >= 4 CTAs per SM, so never split) the index of the first
+    DECODE_CONFIG_MANY entry whose minimum cache length seqlen_k reaches."""
+    if ctas >= 4 * num_sms:
+        for i, (min_len, _) in enumerate(DECODE_CONFIG_MANY.get(head_dim, ())):
+            if seqlen_k >= min_len:
+                return i
+    return -1
+
+
+def decode_config(head_dim: int, variant: int = -1) -> dict:
+    """The SIMT decode kernel's config for a decode_config_variant."""
+    if variant < 0:
+        return DECODE_CONFIG[head_dim]
+    return {**DECODE_CONFIG[head_dim], **DECODE_CONFIG_MANY[head_dim][variant][1]}
+
+
+# Many-wave MHA decode (see decode_config_variant), by cache length. Same-run H100 sweep, batch 64 x
+# 12 heads, D = 64 (us; this / DECODE_CONFIG's / cuDNN): 8k keys 521.5 / 552.3 / 536.6 with 8
+# rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 / 70.1 with
+# 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost to the default.
+DECODE_CONFIG_MANY = {64: [(4096, {"unroll": 8, "stages": 2}), (0, {"unroll": 4, "stages": 4})]}
+
+
 def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False,
-                       mma: bool = False, cluster: int = 1):
+                       mma: bool = False, cluster: int = 1, cfg: dict | None = None):
     from .decode import FlashDecodeMmaSm90, FlashDecodeSm90
 
     if mma:
         cfg = DECODE_MMA_CONFIG
         return FlashDecodeMmaSm90(head_dim, heads, split, seqlens, num_warps=cfg["warps"], bn=cfg["bn"],
                                   stages=cfg["stages"], masked=masked, cluster=cluster)
-    cfg = DECODE_CONFIG[head_dim]
+    cfg = cfg or DECODE_CONFIG[head_dim]
     return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
                            unroll=cfg["unroll"], stages=cfg["stages"], masked=masked, cluster=cluster)
 
@@ -273,7 +298,7 @@ MAX_MERGE_BYTES = 128 << 10
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
-                    masked: bool = False, mma: bool = False, cluster: int = 1):
+                    masked: bool = False, mma: bool = False, cluster: int = 1, cfg: dict | None = None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -299,7 +324,7 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
         fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fmask = make_fake_tensor(cutlass.Uint8, (b, sk), (cute.sym_int64(), 1), assumed_align=1) if masked else None
-    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma, cluster)
+    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma, cluster, cfg)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, fmask, f32(1.0), cutlass.Int32(1),
                         cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
@@ -347,16 +372,19 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     split = splits > 1
     lens = seqlens_k is not None
     masked = key_mask is not None
-    cluster = splits if decode_merges_in_cluster(B * (Hq // heads), splits) else 1
-    fast = (q.dtype, D, heads, split, lens, masked, mma, cluster)
+    ctas = B * (Hq // heads)
+    cluster = splits if decode_merges_in_cluster(ctas, splits) else 1
+    variant = -1 if mma else decode_config_variant(D, ctas, k.shape[1])
+    fast = (q.dtype, D, heads, split, lens, masked, mma, cluster, variant)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
-        cfg = tuple(sorted((DECODE_MMA_CONFIG if mma else DECODE_CONFIG[D]).items()))
+        cfg = DECODE_MMA_CONFIG if mma else decode_config(D, variant)
         key = CompileKey("flash_decode_mma_sm90" if mma else "flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",),
                          (heads, D), (cluster, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)),
-                         extra=(D, *cfg))
+                         extra=(D, *sorted(cfg.items())))
         fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens,
-                                                                           masked=masked, mma=mma, cluster=cluster))
+                                                                           masked=masked, mma=mma, cluster=cluster,
+                                                                           cfg=None if mma else cfg))
     scale = softmax_scale_log2(D, softmax_scale)
     if cluster > 1:  # partials merge in rank 0's shared memory: no buffers, no counters
         fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, splits)
