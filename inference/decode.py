@@ -20,6 +20,8 @@ comparison.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +30,12 @@ from quant.nn import weight_only_eligible
 
 from . import ops
 from .megakernel import DecodeMegakernel, megakernel_plan
+from .next_token import next_token, next_token_reference
 from .patch import CuteConv1D, CuteLMHead, apply_linear
+
+
+# CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
+GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
 
 
 class StaticDecoder:
@@ -60,6 +67,13 @@ class StaticDecoder:
         self._out = torch.zeros(batch_size, max_len, dtype=torch.long, device=dev)
         patch = getattr(model, "cute_patch", None) or {}
         self._flash_backend = patch.get("backend") if patch.get("attention") == "cute" else None
+        # On our kernels (not under torch.compile) the step's glue - argmax, token and counter
+        # bookkeeping, the next step's embedding and attention lengths - is one launch
+        # (next_token.py) writing _h and _seqlens, which the next step starts from.
+        self._glue = self._flash_backend is not None and not compile and os.environ.get(GLUE_ENV, "1") != "0"
+        self._h = torch.zeros(batch_size, 1, cfg.n_embd, device=dev, dtype=dt)
+        self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
+        self._ticket = torch.zeros(1, dtype=torch.int32, device=dev)
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
         self._step_fn = self._decode_step
         if compile:
@@ -127,8 +141,11 @@ class StaticDecoder:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]."""
         gpt = self.gpt
         B, S = tokens.shape
-        h = gpt.wte(tokens) + gpt.wpe(positions)
-        if decode:  # keys 0..pos are valid; everything after is stale or zero
+        glued = decode and self._glue  # the previous step's glue left h and the lengths ready
+        h = self._h if glued else gpt.wte(tokens) + gpt.wpe(positions)
+        if glued:
+            seqlens = self._seqlens
+        elif decode:  # keys 0..pos are valid; everything after is stale or zero
             mask = (self._arange <= positions[-1]).view(1, 1, 1, -1)
             seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, blk in enumerate(gpt.h):
@@ -151,11 +168,32 @@ class StaticDecoder:
             h = apply_linear(attn.c_proj, o.reshape(B, S, -1), h)
             h = apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
         logits = self._ln_linear(gpt.ln_f, self.model.lm_head, h[:, -1:])
+        if glued:
+            self._next_token(logits[:, 0])
+            return None
         return logits.argmax(-1)
+
+    def _next_token(self, logits: torch.Tensor) -> None:
+        """The glue after the lm_head (next_token.py): token, counters, next h and lengths."""
+        wte, wpe = self.gpt.wte.weight, self.gpt.wpe.weight
+        args = (logits, wte, wpe, self._tok, self._out, self._pos, self._step, self._h, self._seqlens)
+        if self._flash_backend == "cute" and logits.is_cuda:
+            next_token(*args, self._ticket)
+        else:
+            next_token_reference(*args)
+
+    def _prime_glue(self, first: torch.Tensor, pos: int) -> None:
+        """What the glue would have left after the prompt: h and lengths for position pos."""
+        if self._glue:
+            self._h.copy_(self.gpt.wte(first) + self.gpt.wpe.weight[pos])
+            self._seqlens.fill_(pos + 1)
 
     def _decode_step(self):
         if self.megakernel is not None:
             self.megakernel()
+            return
+        if self._glue:
+            self._forward(self._tok, self._pos, decode=True)
             return
         nxt = self._forward(self._tok, self._pos, decode=True)
         self._out.index_copy_(1, self._step, nxt)
@@ -172,7 +210,7 @@ class StaticDecoder:
         back everything they touch (counters, token, output and cache rows 0..2),
         so capturing has no effect on a generation in progress.
         """
-        state = [self._tok, self._pos, self._step, self._out[:, :3]]
+        state = [self._tok, self._pos, self._step, self._out[:, :3], self._h, self._seqlens]
         state += [t[:, :, :3] for t in self.k + self.v]
         saved = [t.clone() for t in state]
         self._pos.zero_()
@@ -202,6 +240,7 @@ class StaticDecoder:
         self._tok.copy_(first)
         self._pos.fill_(S)
         self._step.fill_(1)
+        self._prime_glue(first, S)
 
     @torch.no_grad()
     def decode(self, n_steps: int) -> None:

@@ -115,6 +115,38 @@ def test_decode_loop_cuda_graph(compile):
     assert torch.equal(tight.generate(x, 1), out[:, :1])
 
 
+@torch.no_grad()
+def test_next_token_glue_matches_torch():
+    """The one-launch decode glue equals its torch reference: first maximal index on ties,
+    bf16 embedding sum, lengths, counters moved on once per launch (ticket left at 0)."""
+    from inference.next_token import next_token, next_token_reference
+
+    B, V, E, P = 3, 50257, 1600, 1024
+    wte = torch.randn(V, E, device="cuda", dtype=torch.bfloat16)
+    wpe = torch.randn(P, E, device="cuda", dtype=torch.bfloat16)
+    logits = torch.randn(B, 50264, device="cuda", dtype=torch.bfloat16)
+    logits[0, 7], logits[0, 40000] = 30.0, 30.0  # a tie: the first index wins
+    logits[2, V - 1] = 31.0  # the last real column
+    logits[1, V:] = 99.0  # row padding past the vocabulary is never chosen
+    states = []
+    for fn in (next_token, next_token_reference):
+        tok = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+        out = torch.zeros(B, 64, dtype=torch.long, device="cuda")
+        pos, step = torch.tensor([500], device="cuda"), torch.tensor([9], device="cuda")
+        h = torch.empty(B, 1, E, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.empty(B, dtype=torch.int32, device="cuda")
+        args = [logits, wte, wpe, tok, out, pos, step, h, seqlens]
+        ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
+        for _ in range(2):  # twice: the counters move on by one per launch
+            fn(*args, ticket) if fn is next_token else fn(*args)
+        states.append(args[3:] + ([ticket] if fn is next_token else []))
+    ours, ref = states
+    assert ours[0][:, 0].tolist() == [7, logits[1, :V].float().argmax().item(), V - 1]
+    for a, b in zip(ours[:6], ref):
+        assert torch.equal(a, b)
+    assert ours[-1].item() == 0
+
+
 @pytest.mark.parametrize("precision", ["fp8", "int8", "int8-smoothquant"])
 @torch.no_grad()
 def test_quantized_patch_runs(precision):
