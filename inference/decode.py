@@ -30,7 +30,7 @@ from quant.nn import weight_only_eligible
 
 from . import ops
 from .megakernel import DecodeMegakernel, megakernel_plan
-from .next_token import next_token, next_token_reference
+from .next_token import next_token, next_token_buffers, next_token_reference
 from .patch import CuteConv1D, CuteLMHead, apply_linear
 
 
@@ -73,7 +73,7 @@ class StaticDecoder:
         self._glue = self._flash_backend is not None and not compile and os.environ.get(GLUE_ENV, "1") != "0"
         self._h = torch.zeros(batch_size, 1, cfg.n_embd, device=dev, dtype=dt)
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
-        self._ticket = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
         self._step_fn = self._decode_step
         if compile:
@@ -178,7 +178,7 @@ class StaticDecoder:
         wte, wpe = self.gpt.wte.weight, self.gpt.wpe.weight
         args = (logits, wte, wpe, self._tok, self._out, self._pos, self._step, self._h, self._seqlens)
         if self._flash_backend == "cute" and logits.is_cuda:
-            next_token(*args, self._ticket)
+            next_token(*args, self._glue_buffers)
         else:
             next_token_reference(*args)
 
