@@ -278,8 +278,9 @@ def decode_merges_in_cluster(ctas: int, splits: int) -> bool:
 # CTAs per launch at most for the cluster merge: clusters of 2-4, of 5-8.
 MAX_CLUSTER_CTAS = 128
 MAX_CLUSTER_CTAS_WIDE = 96
-# SIMT decode with 2-8 splits merges them inside a thread-block cluster (decode.py);
-# CUTE_KERNELS_DECODE_CLUSTER=0 keeps every split merge in global memory (A/B runs).
+# Decode launches with 2-8 splits merge them inside a thread-block cluster where
+# decode_merges_in_cluster allows (decode.py); CUTE_KERNELS_DECODE_CLUSTER=0 keeps every split
+# merge in global memory (A/B runs).
 DECODE_CLUSTER_MERGE = os.environ.get("CUTE_KERNELS_DECODE_CLUSTER", "1") != "0"
 # Cluster-merged splits: each reads at least MIN_CLUSTER_SPLIT_WORK, and a CTA splits only
 # when its whole range is at least MIN_CLUSTER_SPLIT_TOTAL. Standalone (H100), 25 heads at
