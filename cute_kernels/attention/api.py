@@ -244,8 +244,6 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     cluster where decode_merges_in_cluster allows (same split count, same run, us; cluster /
     global / cuDNN): B = 8 h32/8 1k keys 9.3 / 11.3 / 11.6, 8k 89.8 / 91.8 / 95.2; B = 1 at 8k
     keys a cluster of 8 (64 CTAs) lost to 16 global splits (15.0 vs 11.5)."""
-    from .decode import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
-
     ctas = batch * (q_heads // heads_per_cta)
     block_n = _decode_block_n(head_dim, mma)
     n_blocks = -(-seqlen_k // block_n)
@@ -268,13 +266,16 @@ def decode_merges_in_cluster(ctas: int, splits: int) -> bool:
     enough CTAs that every cluster is resident at once. A cluster's CTAs must share a GPC;
     an H100 fits 12 clusters of 8 (96 CTAs) in one wave, but 16 (128 CTAs) took 1.6x as long
     as the same split count merged globally (B = 2, 4k keys, h32/8, D = 128: 17.4 vs 11.2 us)."""
-    from .decode import MAX_CLUSTER_SPLITS
-
     if not DECODE_CLUSTER_MERGE or not 2 <= splits <= MAX_CLUSTER_SPLITS:
         return False
     return ctas * splits <= (MAX_CLUSTER_CTAS_WIDE if splits > 4 else MAX_CLUSTER_CTAS)
 
 
+# Splits per (batch, head group) at most: the decode kernels keep one merge weight per split
+# and head in shared memory.
+MAX_DECODE_SPLITS = 64
+# Split counts up to this merge inside a thread-block cluster (8: the portable cluster size).
+MAX_CLUSTER_SPLITS = 8
 # CTAs per launch at most for the cluster merge: clusters of 2-4, of 5-8.
 MAX_CLUSTER_CTAS = 128
 MAX_CLUSTER_CTAS_WIDE = 96
@@ -363,8 +364,6 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     mma = decode_uses_mma(B, Hq, k.shape[2], k.shape[1], D)
     heads = decode_heads_per_cta(G, D, mma=mma)
     splits = num_splits if num_splits is not None else decode_splits_heuristic(B, Hq, heads, k.shape[1], D, mma=mma)
-    from .decode import MAX_DECODE_SPLITS
-
     splits = min(splits, MAX_DECODE_SPLITS)
     out = torch.empty((B, 1, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, 1), dtype=torch.float32, device=q.device)

@@ -41,11 +41,11 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
 
+# The split limits live with the host heuristics that pick split counts on every call (api.py
+# imports this module lazily, so a function-level import there would cost each call).
+from .api import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
+
 _LN_2 = math.log(2.0)
-# Splits per (batch, head group) at most: the merge keeps one weight per split and head in smem.
-MAX_DECODE_SPLITS = 64
-# Split counts up to this merge inside a thread-block cluster (8: the portable cluster size).
-MAX_CLUSTER_SPLITS = 8
 _SM90_SMEM_BYTES = 232448  # per block, opt-in maximum on sm_90
 
 
