@@ -138,7 +138,8 @@ class StaticDecoder:
                                 positions, backend, ws, xs).view(*x.shape[:-1], w.shape[0])
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
-        """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]."""
+        """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]
+        (None for a glued decode step, whose glue launch stored it and moved the counters on)."""
         gpt = self.gpt
         B, S = tokens.shape
         glued = decode and self._glue  # the previous step's glue left h and the lengths ready
@@ -192,10 +193,9 @@ class StaticDecoder:
         if self.megakernel is not None:
             self.megakernel()
             return
-        if self._glue:
-            self._forward(self._tok, self._pos, decode=True)
-            return
         nxt = self._forward(self._tok, self._pos, decode=True)
+        if nxt is None:  # the glue launch (next_token.py) did the bookkeeping below
+            return
         self._out.index_copy_(1, self._step, nxt)
         self._tok.copy_(nxt)
         self._pos.add_(1)
