@@ -67,9 +67,10 @@ if triton is not None:
         c = tl.program_id(1)
         if PDL:
             # Everything read here (logits, counters) is written by earlier kernels; the
-            # kernel after this one waits for all of it to finish before its own reads.
-            tl.extra.cuda.gdc_wait()
+            # kernel after this one (the next step's first projection) reads only its
+            # weights before its own wait, so it may launch at once.
             tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         offs = c * CH + tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + b.to(tl.int64) * l_stride + offs, mask=(offs < V) & (offs < (c + 1) * CH),
                     other=float("-inf")).to(tl.float32)

@@ -354,15 +354,18 @@ def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma
     assert "shfl.sync.bfly" in ptx and "ex2.approx" in ptx
     assert ("atom." in ptx) == (split and cluster == 1)
     assert ("st.shared::cluster.f32" in ptx and "barrier.cluster.wait" in ptx) == (cluster > 1)
-    # Launched as a programmatic dependent launch. The GQA kernel waits before any global
-    # read; the SIMT kernel (with cache_seqlens) copies its first K/V steps before the wait
-    # (older cache rows do not depend on the kernel ahead) and reads q only after it.
+    # Launched as a programmatic dependent launch that lets the next kernel launch before its
+    # own wait (the decode chain runs ahead). The GQA kernel waits before any global read;
+    # the SIMT kernel (with cache_seqlens) copies its first K/V steps before the wait (older
+    # cache rows do not depend on the kernel ahead), rechecks them against the lengths read
+    # after it and reads q only then.
     i_wait = ptx.index("griddepcontrol.wait")
-    assert i_wait < ptx.index("griddepcontrol.launch_dependents")
+    assert ptx.index("griddepcontrol.launch_dependents") < i_wait
     if mma:
         assert "ld.global" not in ptx[:i_wait]
     else:
         assert "cp.async.cg.shared.global" in ptx[:i_wait]
+        assert "ld.global" in ptx[i_wait:ptx.index("cp.async.cg.shared.global", i_wait)]  # fresh lengths
     report = _ptxas_report(ptx_path)
     assert not report or "0 bytes spill stores" in report
 
@@ -605,6 +608,63 @@ def test_append_kv_fused_matches_torch(D, s_new):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(kc, kr) and torch.equal(vc, vr) and torch.equal(o2, out)
+
+
+def _late_lengths_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def late_lengths(lens_ptr, new_ptr, B, spin):
+        # A programmatic-dependent-launch primary that lets its dependent launch at once and
+        # writes the lengths only after a long spin: the decode kernel's early copies see the
+        # old lengths and only its post-wait reads see these.
+        tl.extra.cuda.gdc_launch_dependents()
+        x = tl.load(new_ptr).to(tl.float32)
+        for _ in range(spin):
+            x = x * 0.999999 + 1e-6
+        offs = tl.arange(0, 16)
+        new = tl.load(new_ptr + offs, mask=offs < B, other=0)
+        tl.store(lens_ptr + offs, tl.where(x > -1.0, new, 0), mask=offs < B)
+
+    return late_lengths
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,D,num_splits", [(25, 25, 64, 1), (25, 25, 64, 4), (12, 12, 64, 3), (32, 8, 128, 2)])
+def test_decode_lengths_written_by_the_kernel_ahead(hq, hkv, D, num_splits):
+    """The decode kernels launch as programmatic dependents and copy their first K/V steps
+    before the wait: lengths that the kernel ahead writes late (as the decode loop's
+    next-token kernel does) must still be the ones attended to, including lengths that move
+    the split ranges (a block boundary crossed) and that grow from zero."""
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
+
+    torch.manual_seed(0)
+    B, Smax = 4, 1024
+    kc, vc = (torch.randn(B, Smax, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    old = torch.tensor([255, 0, 511, 700], dtype=torch.int32, device="cuda")
+    new = torch.tensor([256, 1, 700, 1024], dtype=torch.int32, device="cuda")
+    ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), new)
+    late = _late_lengths_kernel()
+    lens = old.clone()
+    late[(1,)](lens, old, B, 1, launch_pdl=True)  # compile both outside the capture
+    ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)  # compile, split buffers
+    # In a CUDA graph (as the decode loop runs) the decode kernel really launches while the
+    # writer spins; eager launches on this stack did not overlap. Before the fix the kernel
+    # attended to the old lengths here.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        late[(1,)](lens, new, B, 200000, launch_pdl=True)
+        out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+    for _ in range(3):
+        lens.copy_(old)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(lens, new)
+        assert (out.float() - ref).abs().max().item() < 2e-2
 
 
 @pytest.mark.gpu

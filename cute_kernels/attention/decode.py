@@ -29,6 +29,15 @@ what matters is bytes in flight per SM. This kernel is the FlashDecoding shape, 
 
 Rows with no keys give O = 0 and LSE = -inf. A NaN in K or V reaches only the heads whose
 row it is in.
+
+Programmatic dependent launch: both kernels let the next kernel launch before their own
+griddepcontrol.wait (see gemm/gemv.py: the decode chain runs ahead). With cache_seqlens the
+SIMT kernel copies its first K/V steps before the wait from the lengths it reads then, which
+the kernel ahead may not have written yet (the decode loop's next-token kernel writes them);
+after the wait it recomputes its key range and copies again every early slot whose row
+changed, and the newest row (tests/test_attention.py:
+test_decode_lengths_written_by_the_kernel_ahead; without the recheck, a CUDA graph attended
+to the old lengths).
 """
 
 from __future__ import annotations
@@ -153,34 +162,40 @@ class FlashDecodeSm90:
             byte_alignment=128)
 
         # Programmatic dependent launch: this grid may be resident before the kernel ahead of
-        # it (the q projection, the KV append) has finished. With cache_seqlens, that kernel
-        # writes at most the newest key row (seqlen - 1) and q: the cache's older rows and the
-        # lengths were written before it started (by non-PDL launches or earlier steps), so
-        # the first stages - 1 steps of K/V are copied *before* the wait, and after it the
-        # thread that copied the newest row copies it again. Then the next kernel (the output
-        # projection) may launch and start loading its weights while this one streams the
-        # cache. Without the PDL launch attribute the wait returns at once.
-        start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
+        # it (the q projection with the KV append, or the decode loop's next-token kernel) has
+        # finished. That kernel writes at most the newest key row (seqlen - 1), q and the
+        # lengths; the older rows were written by kernels that have completed. So the first
+        # stages - 1 steps of K/V are copied *before* the wait from the lengths as read then
+        # (possibly last step's), and after it the range is recomputed from the fresh lengths:
+        # every early slot whose row changed, and the newest row, is copied again.
+        # The next kernel (the output projection) may launch at once: it reads only constants
+        # (its weights) before its own wait, so its CTAs start loading them while this grid
+        # still waits (the decode chain runs ahead; see gemm/gemv_kernel.py).
         early = cutlass.const_expr(self.seqlens)
         gK = mK[b, None, h_kv, None]  # [Sk, D]
         gV = mV[b, None, h_kv, None]
         # 16-byte cp.async.cg (bypassing L1: every byte is read once).
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
                                   num_bits_per_copy=128)
+        start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
         if cutlass.const_expr(early):
             self.prefetch(g2s, gK, gV, ring, start, end, n_steps, grp, col, tid)
-        cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(early):
+            start0, end0, n_steps0 = start, end, n_steps
+            start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
             # The early copies are done before the same slots are written again; the fresh
-            # newest row lands with the q load below (its own group, waited for there).
+            # rows land with the q load below (their own group, waited for there).
             cute.arch.cp_async_wait_group(0)
             new_row = mSeqlens[b] - 1
             for p in cutlass.range_constexpr(self.stages - 1):
                 if p < n_steps:
                     for u in cutlass.range_constexpr(self.unroll):
-                        row = cutlass.min(start + p * self.block_n + u * self.rows + grp, end - 1)
-                        if row == new_row:
+                        off = p * self.block_n + u * self.rows + grp
+                        row = cutlass.min(start + off, end - 1)
+                        row0 = cutlass.min(start0 + off, end0 - 1)
+                        if row == new_row or row != row0 or p >= n_steps0:
                             for j in cutlass.range_constexpr(self.vec):
                                 cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (col // 8 + j,)),
                                           ring[None, tid, j, u, p, 0])
@@ -585,8 +600,10 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
         sPart, sLp = self.cluster_partials(smem)
 
-        cute.arch.griddepcontrol_wait()
+        # The output projection after this may launch now and load its weights (constants)
+        # while this grid waits for q and the newest K/V row (see FlashDecodeSm90.kernel).
         cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
         step_n = self.block_n  # W * BN keys per CTA step
         start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
 

@@ -22,6 +22,16 @@ weight tiles already loading (weights do not depend on the previous kernel), and
 (griddepcontrol.wait) when this one ends, instead of paying launch latency and ramp-up.
 The KV-cache append of c_attn can ride in the epilogue (`kv=`).
 
+Every kernel of the decode chain (these GEMVs, the decode attention, the next-token kernel)
+triggers its dependents *before* its own wait, so the chain runs ahead: kernel N + 1 launches
+as soon as all of kernel N's CTAs are resident, even while N still waits for N - 1, and its
+weight loads fill HBM time that used to idle through the attention and the small output
+projection. That is safe because before its wait a kernel reads only constants (weights,
+bias, LayerNorm parameters) and writes nothing: its wait returns only when N has finished,
+and N finishes only after its own wait, so every earlier kernel has too. GPT-2 XL decode
+(bf16, batch 1, H100, same run): 1.657 -> 1.573 ms/token when the attention, this kernel and
+the next-token kernel moved their trigger ahead of the wait (the DSL GEMV already had).
+
 One activation row with 16-bit weights (M = 1, K a multiple of 16 up to GEMV_K_MAX) runs
 on the CuTe DSL kernel of gemv_kernel.py instead (`gemv_sm90_applies`): whole weight rows
 bulk-copied into shared memory before the PDL wait, the product on the tensor cores. In the
@@ -171,9 +181,10 @@ def _gemv_kernel(
         # PDL kernels), and HBM idles through it unless loads are already in flight, hence
         # w0/w1: GPT-2 XL's 192 decode GEMVs in one graph took 1.49 ms without them, 1.36
         # with, and 1.12 with no wait at all (unsafe; the bound for this structure).
-        tl.extra.cuda.gdc_wait()
-        # The next kernel may launch now: its CTAs take the slots this grid leaves free.
+        # The next kernel may launch as soon as every program of this grid is resident: it
+        # reads only constants before its own wait, so its weight loads overlap this one.
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
     rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if LN:
