@@ -110,7 +110,7 @@ def next_token(logits, wte, wpe, tok, out, pos, step, h, seqlens, buffers) -> No
     logits [B, >= V] (unit stride on the vocabulary), wte [V, E] and wpe [P, E] contiguous,
     tok [B, 1] and out [B, max_len] int64, pos and step int64 [1], h [B, 1, E] in wte's
     dtype, seqlens int32 [B], buffers from next_token_buffers(B) (tickets left at 0)."""
-    from cute_kernels.gemm.gemv import pdl_enabled
+    from cute_kernels.gemm.gemv import pdl_enabled, prefer_max_shared
 
     B = logits.shape[0]
     V, E = wte.shape
@@ -122,7 +122,9 @@ def next_token(logits, wte, wpe, tok, out, pos, step, h, seqlens, buffers) -> No
     ch = triton.cdiv(V, CHUNKS)
     pdl = pdl_enabled()
     kw = {"launch_pdl": True} if pdl else {}
-    _next_token_kernel[(B, CHUNKS)](
+    kernel = _next_token_kernel[(B, CHUNKS)](
         logits, logits.stride(0), V, ch, wte, wpe, E, h, h.stride(0), tok, out, out.stride(0), pos, step, seqlens,
         part_v, part_i, tickets, B, CHUNKS=CHUNKS, BLOCK_V=triton.next_power_of_2(ch),
         BLOCK_E=triton.next_power_of_2(min(E, 2048)), PDL=pdl, num_warps=4, **kw)
+    if pdl:
+        prefer_max_shared(kernel)
