@@ -16,6 +16,9 @@ differ only in the kernels. Metrics, all against H100 SXM dense datasheet peaks:
   time / 3.35 TB/s.
 - per-op breakdown from torch.profiler, with each GEMM shape's TFLOP/s and % of
   its peak.
+- decode step timeline (decode_timeline): the kernels of CUDA-graph-replayed steps,
+  which overlap under programmatic dependent launch, with how much each one adds to
+  the step.
 Each variant starts from a CPU copy of the model, so its peak GPU memory is its own.
 """
 
@@ -59,6 +62,7 @@ class Result:
     max_logit_diff_vs_eager: float | None = None
     note: str = ""
     breakdown: dict = dataclasses.field(default_factory=dict)
+    timeline: dict = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- model arithmetic
@@ -214,6 +218,81 @@ def _is_gemm(name: str) -> bool:
     return bool(GEMM_OP.search(name)) and name not in ("aten::linear", "aten::matmul")
 
 
+def _kernel_label(name: str) -> str:
+    """A readable kernel name: CuTe DSL kernels by module and class (their mangled names run to
+    hundreds of characters), others up to the argument list."""
+    m = re.search(r"cute_kernels(\w+?)_object", name)
+    if m:
+        return m.group(1)
+    return name.split("(")[0][:60]
+
+
+def timeline_summary(kernels: list[dict], n_steps: int) -> dict | None:
+    """Where the time of a CUDA-graph-replayed step goes when its kernels overlap (PDL).
+
+    kernels: the device kernel records of n_steps identical replays ({"name", "ts", "dur"} in
+    us, optional "grid"). Per kernel kind (name and grid, in order of first appearance in a
+    step, "first" its index there): calls per step, mean duration, how long it started before
+    every kernel ahead of it had ended ("overlap"), and how much it moved the end of the work
+    so far ("adds": its end minus the latest end before it, idle gaps included; the steps'
+    kernels are in launch order, which with programmatic dependent launch is also start
+    order). A step's adds sum to its span (from the previous step's last end), so they show
+    what the step waits for, which the overlapping durations do not. Returns None when the
+    records are not n_steps repeats of one kernel sequence."""
+    kernels = sorted(kernels, key=lambda k: k["ts"])
+    if n_steps < 1 or not kernels or len(kernels) % n_steps:
+        return None
+    per = len(kernels) // n_steps
+    if any(kernels[i]["name"] != kernels[i % per]["name"] for i in range(per, len(kernels))):
+        return None  # not n_steps replays of one kernel sequence (a record dropped or extra work)
+    kinds: dict[tuple, dict] = {}
+    spans = []
+    latest = None  # carried across steps: a step's first kernel may start before the last one ends
+    for st in range(n_steps):
+        step = kernels[st * per:(st + 1) * per]
+        begin = step[0]["ts"] if latest is None else latest
+        for i, k in enumerate(step):
+            end = k["ts"] + k["dur"]
+            grid = str(tuple(k.get("grid") or ()))
+            row = kinds.setdefault((k["name"], grid), {"kernel": _kernel_label(k["name"]), "grid": grid, "first": i,
+                                                       "n": 0, "dur": 0.0, "overlap": 0.0, "adds": 0.0})
+            row["n"] += 1
+            row["dur"] += k["dur"]
+            if latest is None:
+                row["adds"] += k["dur"]
+            else:
+                row["overlap"] += max(0.0, latest - k["ts"])
+                row["adds"] += max(0.0, end - latest)
+            latest = end if latest is None else max(latest, end)
+        spans.append(latest - begin)
+    spans.sort()
+    rows = [{"kernel": r["kernel"], "grid": r["grid"], "first": r["first"], "calls": r["n"] / n_steps,
+             "mean_us": r["dur"] / r["n"],
+             "mean_overlap_us": r["overlap"] / r["n"], "adds_us": r["adds"] / n_steps} for r in kinds.values()]
+    return {"steps": n_steps, "span_us": spans[len(spans) // 2], "kernels_per_step": per, "kinds": rows}
+
+
+def decode_timeline(decoder, n_steps: int = 6) -> dict | None:
+    """timeline_summary of n_steps decode steps replayed from the decoder's CUDA graph
+    (torch.profiler's CUPTI kernel records; the decoder must have room for n_steps + 1 more
+    tokens). The profiler adds a little to every kernel, so the span runs a few percent above
+    the timed ms/step; the shares are what it is for."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder.decode(1)  # captured and warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decoder.decode(n_steps)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    kernels = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"]), "grid": (e.get("args") or {}).get("grid")}
+               for e in events if e.get("cat") == "kernel" and "dur" in e]
+    return timeline_summary(kernels, n_steps)
+
+
 # --------------------------------------------------------------------------- variants
 
 
@@ -292,6 +371,12 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
             if not args.no_profile and gen >= 6:  # 1 warm-up + 3 profiled steps must fit in the cache
                 dec.prefill(ids)
                 res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3)
+            if not args.no_profile and cuda and dec.cuda_graph and gen >= 9:  # 1 + 1 + 6 steps
+                dec.prefill(ids)
+                try:
+                    res.timeline = decode_timeline(dec) or {}
+                except Exception as e:  # noqa: BLE001 - a report section must not sink the run
+                    print(f"note: no decode timeline for {backend}/{precision} ({type(e).__name__}: {e})")
     if cuda:
         torch.cuda.synchronize()
         res.peak_gib = (torch.cuda.max_memory_allocated() + extra_bytes) / 2**30
@@ -360,6 +445,17 @@ def format_breakdown(r: Result) -> str:
     return "\n".join(out)
 
 
+def format_timeline(r: Result) -> str:
+    t = r.timeline
+    out = [f"### {r.backend} {r.precision}: decode step timeline ({t['steps']} CUDA-graph replays, "
+           f"{t['kernels_per_step']} kernels per step, span {t['span_us']:.1f} us under the profiler)", "",
+           "| first | kernel | grid | calls/step | mean us | started before the previous end, us | adds to the step, us |",
+           "|---|---|---|---|---|---|---|"]
+    out += [f"| {k['first']} | `{k['kernel']}` | {k['grid']} | {k['calls']:g} | {k['mean_us']:.2f} | "
+            f"{k['mean_overlap_us']:.2f} | {k['adds_us']:.1f} |" for k in t["kinds"]]
+    return "\n".join(out + [""])
+
+
 def _plot(results, path: Path, title: str) -> bool:
     try:
         import matplotlib
@@ -402,6 +498,12 @@ def write_report(results, skipped, meta, out_dir: Path) -> list[Path]:
            format_table(results), ""]
     md += [f"- skipped {b}/{p}: {why}" for b, p, why in skipped]
     md += ["", "## Per-op breakdown (torch.profiler)", ""] + [format_breakdown(r) for r in results if r.breakdown]
+    if any(r.timeline for r in results):
+        md += ["## Decode step timeline (torch.profiler on CUDA-graph replays)", "",
+               ("Kernels of one step overlap (programmatic dependent launch), so their durations do not add "
+                "up to the step. \"Adds\" is how far each kernel moved the step's end past every kernel "
+                "ahead of it (idle gaps included): these sum to the span and show what the step waits for."), ""]
+        md += [format_timeline(r) for r in results if r.timeline]
     png = out_dir / f"{stem}.png"
     if _plot(results, png, f"{meta['model']} on {meta['gpu']}, batch {meta['batch']}"):
         md.insert(2, f"![throughput]({png.name})\n")

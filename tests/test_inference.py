@@ -296,6 +296,41 @@ def test_quantized_precision_errors(model, monkeypatch):
         patched(model, precision="fp8")
 
 
+def test_decode_timeline_summary(tmp_path):
+    """timeline_summary on synthetic kernel records of two identical steps: a kernel that
+    starts before the one ahead ends adds only what it runs past it, an idle gap counts
+    against the kernel after it, and the adds of a step sum to its span."""
+    from inference import bench
+
+    dsl = "kernel_cutlass_kernel_cute_kernelsgemmgemv_kernelGemvSm90_object_at__tensorptrbf16_gmem_xyz"
+
+    def step(t0):  # GEMV 0-10 us, attention 6-14 (overlaps 4), GEMV again 16-20 after a 2 us gap
+        return [{"name": dsl, "ts": t0, "dur": 10.0, "grid": [150, 1, 1]},
+                {"name": "_attn_kernel", "ts": t0 + 6, "dur": 8.0, "grid": [1, 25, 1]},
+                {"name": dsl, "ts": t0 + 16, "dur": 4.0, "grid": [200, 1, 1]}]
+
+    # the second step's first kernel starts 1 us before the first step's last one ends
+    t = bench.timeline_summary(step(100.0) + step(119.0), 2)
+    assert t["steps"] == 2 and t["kernels_per_step"] == 3
+    rows = {(r["kernel"], r["grid"]): r for r in t["kinds"]}
+    g1 = rows[("gemmgemv_kernelGemvSm90", "(150, 1, 1)")]
+    at = rows[("_attn_kernel", "(1, 25, 1)")]
+    g2 = rows[("gemmgemv_kernelGemvSm90", "(200, 1, 1)")]
+    assert (g1["first"], at["first"], g2["first"]) == (0, 1, 2)
+    assert at["mean_overlap_us"] == 4.0 and at["adds_us"] == 4.0 and g2["adds_us"] == 6.0
+    assert g1["adds_us"] == (10.0 + 9.0) / 2 and g1["mean_overlap_us"] == 0.5
+    assert t["span_us"] in (20.0, 19.0)  # 100..120, then 120..139
+    assert sum(r["adds_us"] for r in t["kinds"]) == (20.0 + 19.0) / 2
+    assert bench.timeline_summary(step(0.0)[:2], 2) is None  # not two repeats of one sequence
+    assert bench.timeline_summary(step(0.0) + step(30.0)[:2], 2) is None  # a record missing
+    res = [bench.Result("cute", "bf16", decode_ms_per_step=0.02, timeline=t)]
+    meta = {"model": "tiny", "model_tag": "tiny", "gpu": "cpu", "gpu_tag": "cpu", "date": "today", "torch": "x",
+            "transformers": "y", "batch": 1, "prompt_len": 4, "gen_len": 12, "attention": "cute",
+            "random_weights": True}
+    md = bench.write_report(res, [], meta, tmp_path)[1].read_text()
+    assert "Decode step timeline" in md and "| 1 | `_attn_kernel` | (1, 25, 1) | 1 | 8.00 | 4.00 | 4.0 |" in md
+
+
 def test_bench_helpers_on_cpu(model, tmp_path):
     from inference import bench
 
