@@ -631,12 +631,14 @@ def _late_lengths_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hq,hkv,D,num_splits", [(25, 25, 64, 1), (25, 25, 64, 4), (12, 12, 64, 3), (32, 8, 128, 2)])
+@pytest.mark.parametrize("hq,hkv,D,num_splits", [(25, 25, 64, 1), (25, 25, 64, 4), (12, 12, 64, 3), (12, 12, 64, 2),
+                                               (32, 8, 128, 2)])
 def test_decode_lengths_written_by_the_kernel_ahead(hq, hkv, D, num_splits):
     """The decode kernels launch as programmatic dependents and copy their first K/V steps
     before the wait: lengths that the kernel ahead writes late (as the decode loop's
     next-token kernel does) must still be the ones attended to, including lengths that move
-    the split ranges (a block boundary crossed) and that grow from zero."""
+    the split ranges (a block boundary crossed) and that grow from zero; unsplit, split with
+    the global merge and (12 heads, 2 splits) with the cluster merge."""
     import cute_kernels as ck
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
