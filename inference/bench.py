@@ -4,7 +4,8 @@ Backends:
 - cute:     the patched model (our GEMMs with fused epilogues; attention per --attention)
 - cublas:   the unpatched model in eager PyTorch (cuBLAS GEMMs + SDPA)
 - compile:  the unpatched model under torch.compile (Inductor)
-- tensorrt: the unpatched model exported to ONNX and built with TensorRT (prefill only)
+- tensorrt: the unpatched model exported to ONNX and built with TensorRT (prefill; bf16
+            decode on a static-cache engine, tensorrt.StaticCacheStep)
 
 Prefill is one no-cache forward over [batch, prompt_len] returning all logits
 (the same work for every backend). Decode is our StaticDecoder (static KV cache,
@@ -337,8 +338,9 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
     model = copy.deepcopy(base_cpu).to(ids.device).eval()
     extra_bytes = 0
     # Build outside inference_mode (torch.export and weight re-layout want ordinary tensors).
+    trt_decoder, trt_note = None, ""
     if backend == "tensorrt":
-        prefill, extra_bytes = _tensorrt_prefill(model, precision, ids, workdir)
+        prefill, extra_bytes, trt_decoder, trt_note = _tensorrt_prefill(model, precision, ids, workdir, gen)
     else:
         if backend == "cute":
             patch_model(model, precision=precision, attention=args.attention,
@@ -357,8 +359,13 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
             res.mfu_pct = 100 * prefill_flops(cfg, batch, seq) / (ms * 1e-3) / (peak * 1e12)
         if not args.no_profile:
             res.breakdown["prefill"] = profile_breakdown(prefill)
-        if backend == "tensorrt":
-            res.note = "prefill only (no-cache engine)"
+        if backend == "tensorrt" and trt_decoder is None:
+            res.note = trt_note or "prefill only"
+        elif backend == "tensorrt":
+            dms = _decode_ms(trt_decoder, ids, max(gen - 1, 1), cuda)
+            res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
+            res.mbu_pct = 100 * decode_bytes(model, cfg, batch, seq + gen / 2) / (dms * 1e-3) / (PEAK_TBPS * 1e12)
+            res.note = "; ".join(n for n in ("decode: static-cache engine", trt_decoder.graph_note) if n)
         elif gen == 0:
             res.note = "prefill only (--gen-len 0)"
         else:
@@ -385,7 +392,10 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
     return res
 
 
-def _tensorrt_prefill(model, precision, ids, workdir: Path):
+def _tensorrt_prefill(model, precision, ids, workdir: Path, gen: int = 0):
+    """The prefill engine's call, the extra GPU bytes TensorRT holds, and for bf16 with gen > 0
+    a DecodeEngine (static-cache decode engine, caches filled from the prompt by the PyTorch
+    model) or None with the reason."""
     from . import tensorrt as trt_path
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -399,14 +409,34 @@ def _tensorrt_prefill(model, precision, ids, workdir: Path):
     shape = tuple(ids.shape)
     plan = trt_path.build_engine(onnx_path, min_shape=shape, opt_shape=shape, max_shape=shape)
     runner = trt_path.TRTRunner(plan)
+    decoder, note, decode_bytes_held = None, "prefill only (--gen-len 0)" if gen == 0 else "", 0
+    if gen > 0 and precision != "bf16":
+        note = "prefill only (the decode engine is built for bf16 only)"
+    elif gen > 0:
+        try:
+            decoder, decode_plan = _tensorrt_decoder(trt_path, model, ids, gen, workdir)
+            decode_bytes_held = len(decode_plan) + 2 * decoder.k0.numel() * decoder.k0.element_size()
+        except Exception as e:  # noqa: BLE001 - the prefill result still stands
+            note = f"prefill only (decode engine failed: {type(e).__name__}: {str(e).splitlines()[0][:100]})"
     model.cpu()  # TensorRT holds its own copy of the weights
     torch.cuda.empty_cache()
     scratch = getattr(runner.engine, "device_memory_size_v2", None) or getattr(runner.engine, "device_memory_size", 0)
-    extra = len(plan) + int(scratch or 0)
+    extra = len(plan) + int(scratch or 0) + decode_bytes_held
     def prefill():
         return runner(ids)
 
-    return prefill, extra
+    return prefill, extra, decoder, note
+
+
+def _tensorrt_decoder(trt_path, model, ids, gen: int, workdir: Path):
+    B, S = ids.shape
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    k, v = trt_path.static_cache_from_past(out.past_key_values, S + gen)
+    first = out.logits[:, -1].argmax(-1)
+    onnx_path = trt_path.export_decode_onnx(model, workdir / "decode.onnx", batch=B, max_len=S + gen)
+    plan = trt_path.build_engine(onnx_path, min_shape=None, opt_shape=None, max_shape=None)  # static shapes
+    return trt_path.DecodeEngine(trt_path.TRTRunner(plan), k, v, first, S), plan
 
 
 # --------------------------------------------------------------------------- report

@@ -1,8 +1,11 @@
 """TensorRT comparison path: ONNX export, explicit Q/DQ, engine build and run.
 
-Scope: prefill only. We export the *unpatched* model as a no-cache, full-sequence
-graph (input_ids -> logits); a decode engine would need past-KV inputs and
-optimization profiles over every past length, which is TensorRT-LLM's job.
+Prefill: we export the *unpatched* model as a no-cache, full-sequence graph
+(input_ids -> logits). Decode: `StaticCacheStep` is one greedy step over a static
+KV cache with fixed shapes (input_ids [B, 1], position [B], the caches [L, B, H,
+Smax, D] read-only) returning the logits and the step's new K/V rows, which the
+caller writes into the cache (`DecodeEngine`). Fixed shapes need no optimization
+profile over past lengths: positions past the filled length are masked instead.
 
 Precision is explicit, the portable way across TensorRT 10 and 11 (11 removed
 the FP16/INT8/FP8 builder flags): the network is built STRONGLY_TYPED, 16-bit
@@ -56,6 +59,99 @@ def export_onnx(model, path, example_ids: torch.Tensor, *, dynamic: bool = True)
     torch.onnx.export(LogitsOnly(model).eval(), (example_ids,), str(path), dynamo=True, opset_version=OPSET,
                       dynamic_shapes=shapes, input_names=["input_ids"], output_names=["logits"],
                       external_data=True, verbose=False)
+    return path
+
+
+# --------------------------------------------------------------------------- static-cache decode step
+
+
+class StaticCacheStep(nn.Module):
+    """One decode step of an unpatched GPT2LMHeadModel over a static KV cache, in plain tensor
+    ops (what TensorRT gets as ONNX):
+
+        (input_ids [B, 1] int64, position [B] int64, k_cache, v_cache [L, B, H, Smax, D])
+            -> logits [B, V] (float32), k_new, v_new [L, B, H, 1, D]
+
+    Token b sits at position[b] and attends to cache rows 0..position[b]-1 plus its own key;
+    cache rows at or past position[b] are ignored, whatever they hold (a finite fill value is
+    assumed: masked scores are set, not added). Scores and softmax run in fp32. The caller
+    writes k_new/v_new into row position[b] (DecodeEngine.step does) before the next step.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        if getattr(model, "cute_patch", None):
+            raise ValueError("export the unpatched model: TensorRT builds its own kernels")
+        cfg = model.config
+        if cfg.add_cross_attention or getattr(cfg, "scale_attn_by_inverse_layer_idx", False) \
+                or getattr(cfg, "reorder_and_upcast_attn", False):
+            raise ValueError("StaticCacheStep covers GPT-2's default attention only")
+        self.model = model
+        self.n_head = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.scale = self.head_dim ** -0.5 if cfg.scale_attn_weights else 1.0
+
+    def forward(self, input_ids, position, k_cache, v_cache):
+        gpt = self.model.transformer
+        B = input_ids.shape[0]
+        H, D = self.n_head, self.head_dim
+        Smax = k_cache.shape[3]
+        h = gpt.wte(input_ids) + gpt.wpe(position[:, None])  # [B, 1, E]
+        valid = torch.arange(Smax, device=position.device)[None, :] < position[:, None]  # [B, Smax]
+        valid = valid[:, None, None, :]  # [B, 1, 1, Smax]
+        k_rows, v_rows = [], []
+        for layer, block in enumerate(gpt.h):
+            x = block.ln_1(h)
+            q, k, v = block.attn.c_attn(x).split(H * D, dim=2)
+            q, k, v = (t.reshape(B, 1, H, D).transpose(1, 2) for t in (q, k, v))  # [B, H, 1, D]
+            s_cache = (q.float() @ k_cache[layer].float().transpose(-1, -2)) * self.scale  # [B, H, 1, Smax]
+            s_cache = torch.where(valid, s_cache, torch.finfo(torch.float32).min)
+            s_self = (q.float() * k.float()).sum(-1, keepdim=True) * self.scale  # [B, H, 1, 1]
+            p = torch.softmax(torch.cat([s_cache, s_self], dim=-1), dim=-1)
+            o = p[..., :Smax] @ v_cache[layer].float() + p[..., Smax:] * v.float()  # [B, H, 1, D]
+            o = o.to(h.dtype).transpose(1, 2).reshape(B, 1, H * D)
+            h = h + block.attn.c_proj(o)
+            h = h + block.mlp(block.ln_2(h))
+            k_rows.append(k)
+            v_rows.append(v)
+        logits = self.model.lm_head(gpt.ln_f(h))[:, -1].float()
+        return logits, torch.stack(k_rows), torch.stack(v_rows)
+
+
+def static_cache_from_past(past_key_values, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face past key/values (a Cache or per-layer (k, v) pairs of [B, H, S, D]) -> zero-
+    padded static caches [L, B, H, max_len, D]."""
+    pairs = [(layer.keys, layer.values) for layer in past_key_values.layers] \
+        if hasattr(past_key_values, "layers") else [tuple(p[:2]) for p in past_key_values]
+    k0 = pairs[0][0]
+    L, (B, H, S, D) = len(pairs), k0.shape
+    if S > max_len:
+        raise ValueError(f"{S} cached positions do not fit max_len {max_len}")
+    kc = k0.new_zeros((L, B, H, max_len, D))
+    vc = k0.new_zeros((L, B, H, max_len, D))
+    for i, (k, v) in enumerate(pairs):
+        kc[i, :, :, :S] = k
+        vc[i, :, :, :S] = v
+    return kc, vc
+
+
+@torch.no_grad()
+def export_decode_onnx(model, path, *, batch: int, max_len: int) -> Path:
+    """Export StaticCacheStep(model) with fixed shapes (batch, max_len) to ONNX."""
+    step = StaticCacheStep(model).eval()
+    cfg = model.config
+    if not 1 <= max_len <= cfg.n_positions:
+        raise ValueError(f"max_len must be in [1, {cfg.n_positions}], got {max_len}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    p = next(model.parameters())
+    shape = (cfg.n_layer, batch, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
+    example = (torch.zeros(batch, 1, dtype=torch.long, device=p.device),
+               torch.ones(batch, dtype=torch.long, device=p.device),
+               torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device))
+    torch.onnx.export(step, example, str(path), dynamo=True, opset_version=OPSET,
+                      input_names=["input_ids", "position", "k_cache", "v_cache"],
+                      output_names=["logits", "k_new", "v_new"], external_data=True, verbose=False)
     return path
 
 
@@ -268,3 +364,98 @@ class TRTRunner:
         if not ctx.execute_async_v3(torch.cuda.current_stream().cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed")
         return outs[0]
+
+    def bind(self, inputs: dict) -> dict:
+        """Bind named input tensors (fixed addresses from now on) and allocate the outputs once;
+        returns the outputs by name. Then `execute()` runs the engine on whatever they hold."""
+        ctx = self.context
+        missing = set(self.inputs) - set(inputs)
+        if missing:
+            raise ValueError(f"engine inputs not given: {sorted(missing)}")
+        self._bound = {}
+        for name in self.inputs:
+            t = inputs[name]
+            want = self._dtypes[self.engine.get_tensor_dtype(name)]
+            if t.dtype != want or not t.is_contiguous():
+                raise TypeError(f"engine input {name} must be a contiguous {want} tensor, got {t.dtype}")
+            ctx.set_input_shape(name, tuple(t.shape))
+            ctx.set_tensor_address(name, t.data_ptr())
+            self._bound[name] = t  # keep them alive: the engine holds raw addresses
+        outs = {}
+        dev = next(iter(inputs.values())).device
+        for name in self.outputs:
+            out = torch.empty(tuple(ctx.get_tensor_shape(name)), dtype=self._dtypes[self.engine.get_tensor_dtype(name)],
+                              device=dev)
+            ctx.set_tensor_address(name, out.data_ptr())
+            outs[name] = out
+        self._bound.update(outs)
+        return outs
+
+    def execute(self) -> None:
+        if not self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed")
+
+
+class DecodeEngine:
+    """Greedy decoding on a TensorRT engine of StaticCacheStep (export_decode_onnx).
+
+    The engine reads the static caches and returns the logits and the step's K/V rows; torch
+    ops write those rows at each sequence's position, take the argmax and advance the
+    position, all on the GPU without a host sync. `decode` replays one CUDA graph per step
+    (as our StaticDecoder does) where the engine can be captured, else launches eagerly.
+    """
+
+    def __init__(self, runner: TRTRunner, k_cache: torch.Tensor, v_cache: torch.Tensor, first_token: torch.Tensor,
+                 position: int):
+        self.runner = runner
+        self.k0, self.v0 = k_cache, v_cache  # the prompt's caches, kept to restart from
+        self.k, self.v = k_cache.clone(), v_cache.clone()
+        B = k_cache.shape[1]
+        self.first, self.position0 = first_token.reshape(B, 1).long(), position
+        self.tok = self.first.clone()
+        self.pos = torch.full((B,), position, dtype=torch.long, device=k_cache.device)
+        self.bidx = torch.arange(B, device=k_cache.device)
+        self.out = runner.bind({"input_ids": self.tok, "position": self.pos, "k_cache": self.k, "v_cache": self.v})
+        self.graph = None
+        self.graph_note = ""
+
+    def prefill(self, input_ids=None) -> None:
+        """Restart from the prompt the caches were built for (the bench's decoder interface;
+        the prompt itself is fixed at construction)."""
+        self.reset()
+
+    def reset(self) -> None:
+        self.k.copy_(self.k0)
+        self.v.copy_(self.v0)
+        self.tok.copy_(self.first)
+        self.pos.fill_(self.position0)
+
+    def _step(self) -> None:
+        self.runner.execute()
+        k_new, v_new = self.out["k_new"], self.out["v_new"]  # [L, B, H, 1, D]
+        self.k[:, self.bidx, :, self.pos] = k_new[:, :, :, 0].transpose(0, 1)
+        self.v[:, self.bidx, :, self.pos] = v_new[:, :, :, 0].transpose(0, 1)
+        self.tok.copy_(self.out["logits"].argmax(-1, keepdim=True))
+        self.pos.add_(1)
+
+    def decode(self, n_steps: int) -> None:
+        if self.graph is None and not self.graph_note and not self.k.is_cuda:
+            self.graph_note = "eager steps (CPU)"
+        if self.graph is None and not self.graph_note:
+            try:
+                self._step()  # TensorRT allocates on its first enqueue: not inside the capture
+                self.reset()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self._step()
+                self.graph = graph
+                self.reset()
+            except RuntimeError as e:  # not capturable on this TensorRT: eager launches, said in the report
+                self.graph_note = f"eager steps (CUDA graph capture failed: {str(e).splitlines()[0][:80]})"
+                torch.cuda.synchronize()
+                self.reset()
+        for _ in range(n_steps):
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._step()

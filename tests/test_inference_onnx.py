@@ -96,3 +96,87 @@ def test_qdq_rejects_unknown_precision(exported):
     _, _, path = exported
     with pytest.raises(ValueError, match="precision"):
         trt_path.insert_qdq(onnx.load(str(path)), "int4", {})
+
+
+def test_static_cache_step_matches_hf_decode_and_exports(tmp_path):
+    """StaticCacheStep (the decode engine's graph) against Hugging Face's own decode with
+    past_key_values, garbage past the filled length ignored, ragged positions; then the ONNX
+    export of it through onnxruntime."""
+    model = tiny_gpt2()
+    B, S, Smax = 2, 7, 16
+    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(0))
+    nxt = torch.randint(0, model.config.vocab_size, (B, 1), generator=torch.Generator().manual_seed(1))
+    step = trt_path.StaticCacheStep(model).eval()
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        kc, vc = trt_path.static_cache_from_past(out.past_key_values, Smax)
+        kc[:, :, :, S:] = 5.0  # rows past the filled length hold anything
+        vc[:, :, :, S:] = -3.0
+        want = model(nxt, past_key_values=out.past_key_values, use_cache=True)
+        logits, k_new, v_new = step(nxt, torch.full((B,), S), kc, vc)
+        k_ref, v_ref = trt_path.static_cache_from_past(want.past_key_values, Smax)
+        # ragged: sequence 0 sees only its first 3 rows (its own reference: a 3-token prefix)
+        short = model(nxt[:1], past_key_values=model(ids[:1, :3], use_cache=True).past_key_values).logits[:, -1]
+        ragged, _, _ = step(nxt, torch.tensor([3, S]), kc, vc)
+    scale = want.logits.abs().max().item()
+    assert (logits - want.logits[:, -1]).abs().max().item() < 1e-5 * scale
+    assert (k_new[:, :, :, 0] - k_ref[:, :, :, S]).abs().max().item() < 1e-5
+    assert (v_new[:, :, :, 0] - v_ref[:, :, :, S]).abs().max().item() < 1e-5
+    assert (ragged[0] - short[0]).abs().max().item() < 1e-5 * scale
+    assert (ragged[1] - logits[1]).abs().max().item() < 1e-5 * scale
+
+    path = trt_path.export_decode_onnx(model, tmp_path / "step.onnx", batch=B, max_len=Smax)
+    onnx.checker.check_model(str(path))
+    sess = _ort_session(path)
+    assert [i.name for i in sess.get_inputs()] == ["input_ids", "position", "k_cache", "v_cache"]
+    for pos in (torch.full((B,), S), torch.tensor([3, S])):
+        got = sess.run(None, {"input_ids": nxt.numpy(), "position": pos.numpy(), "k_cache": kc.numpy(),
+                              "v_cache": vc.numpy()})
+        with torch.no_grad():
+            ref = step(nxt, pos, kc, vc)
+        for g, r in zip(got, ref):
+            assert np.abs(g - r.numpy()).max() < 1e-4 * max(1.0, np.abs(r.numpy()).max())
+
+
+class _TorchEngine:
+    """The decode engine's contract (bind named inputs once, execute into fixed outputs), run
+    by StaticCacheStep in torch: DecodeEngine's bookkeeping without TensorRT."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def bind(self, inputs):
+        self.inputs = inputs
+        L, B, H, _, D = inputs["k_cache"].shape
+        V = self.step.model.config.vocab_size
+        self.outs = {"logits": torch.empty(B, V), "k_new": torch.empty(L, B, H, 1, D),
+                     "v_new": torch.empty(L, B, H, 1, D)}
+        return self.outs
+
+    def execute(self):
+        with torch.no_grad():
+            for name, t in zip(("logits", "k_new", "v_new"), self.step(**self.inputs)):
+                self.outs[name].copy_(t)
+
+
+def test_decode_engine_bookkeeping_matches_greedy_generate():
+    """DecodeEngine (rows written at each position, argmax, position advanced, restart) gives
+    Hugging Face's greedy tokens when the engine is StaticCacheStep itself."""
+    model = tiny_gpt2()
+    B, S, Smax, n = 2, 5, 16, 6
+    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=n + 1, do_sample=False, pad_token_id=0)[:, S:]
+        out = model(ids, use_cache=True)
+    kc, vc = trt_path.static_cache_from_past(out.past_key_values, Smax)
+    first = out.logits[:, -1].argmax(-1)
+    eng = trt_path.DecodeEngine(_TorchEngine(trt_path.StaticCacheStep(model).eval()), kc, vc, first, S)
+    for _ in range(2):  # and again after a restart
+        eng.reset()
+        toks = [eng.tok.clone()]
+        for _ in range(n):
+            eng.decode(1)
+            toks.append(eng.tok.clone())
+        assert torch.equal(torch.cat(toks, 1), want)
+        assert int(eng.pos[0]) == S + n
+    assert eng.graph is None and "CPU" in eng.graph_note
