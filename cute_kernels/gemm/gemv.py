@@ -377,7 +377,7 @@ def prefer_max_shared(kernel) -> None:
     which need most of the 228 KB of shared memory. A kernel that needs little shared memory
     may otherwise be given a carveout with more L1, and an SM whose configuration must change
     first drains its resident CTAs. In GPT-2 XL's decode after a CUDA-graph-timed prefill
-    (what `python -m inference bench` runs first) this took 1.634 -> 1.607 ms/token (H100,
+    (what `python -m inference bench` runs first) this took 1.634 -> 1.609 ms/token (H100,
     same run; a fresh process measured 1.565 either way). Best effort: nothing happens where
     the driver library or the handle is not there."""
     global _LIBCUDA
