@@ -25,7 +25,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
+from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled, gemv_qkv_attention, gemv_qkv_attention_applies
 from quant.nn import weight_only_eligible
 
 from . import ops
@@ -36,6 +36,9 @@ from .patch import CuteConv1D, CuteLMHead, apply_linear
 
 # CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
+# Experimental, off by default: c_attn and the decode attention in one launch (batch 1, bf16,
+# head dim 64; cute_kernels/gemm/gemv_attn_kernel.py). Compiles; not yet run on a GPU.
+FUSED_ATTN_ENV = "CUTE_KERNELS_DECODE_FUSED_ATTN"
 
 
 class StaticDecoder:
@@ -74,6 +77,7 @@ class StaticDecoder:
         self._h = torch.zeros(batch_size, 1, cfg.n_embd, device=dev, dtype=dt)
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
         self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None
+        self._fused_attn = self._flash_backend == "cute" and not compile and os.environ.get(FUSED_ATTN_ENV, "0") == "1"
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
         self._step_fn = self._decode_step
         if compile:
@@ -137,6 +141,22 @@ class StaticDecoder:
         return ops.ln_linear_kv(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, bias, self.k[i], self.v[i],
                                 positions, backend, ws, xs).view(*x.shape[:-1], w.shape[0])
 
+    def _qkv_attend(self, blk, h: torch.Tensor, i: int, positions: torch.Tensor):
+        """Layer i's attention output [1, E] for one token (c_attn(ln_1(h)), the KV append and the
+        attention over the cache in one launch: gemv_qkv_attention), or None where that
+        experimental path does not apply."""
+        x2 = h.reshape(-1, h.shape[-1])
+        args = self._ln_linear_args(blk.attn.c_attn, x2)
+        if args is None or args[2] or args[3] != "cute" or args[4] is not None:
+            return None
+        w, bias = args[0], args[1]
+        k, v = self.k[i], self.v[i]
+        if not (gemv_qkv_attention_applies(x2, w, bias, k, positions) and (w.stride(0) * w.element_size()) % 16 == 0):
+            return None
+        ln = blk.ln_1
+        return gemv_qkv_attention(x2.contiguous(), (ln.weight, ln.bias, float(ln.eps)), w, bias, k, v, positions,
+                                  float(blk.attn.scaling))
+
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]
         (None for a glued decode step, whose glue launch stored it and moved the counters on)."""
@@ -151,6 +171,11 @@ class StaticDecoder:
             seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, blk in enumerate(gpt.h):
             attn, mlp = blk.attn, blk.mlp
+            o = self._qkv_attend(blk, h, i, positions) if decode and self._fused_attn else None
+            if o is not None:  # c_attn, the KV append and the attention were one launch
+                h = apply_linear(attn.c_proj, o.view(B, S, -1), h)
+                h = apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
+                continue
             qkv = self._qkv_append(blk.ln_1, attn.c_attn, h, i, positions) if decode else None
             if qkv is not None:
                 q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0]

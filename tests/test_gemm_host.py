@@ -551,6 +551,69 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
 
 
 @pytest.mark.compile
+def test_gemv_qkv_attention_compiles(tmp_path):
+    """The experimental c_attn + decode attention kernel (gemv_attn_kernel.py) for sm_90a on the
+    CPU: the GEMV's bulk copies and mma.sync, the q/k/v exchange and the partials through
+    st.shared::cluster behind three cluster barriers, PDL, no spills."""
+    import glob
+    from cute_kernels.gemm.gemv import _compile_gemv_attn
+
+    _compile_gemv_attn(torch.bfloat16, 1600, keep_dir=str(tmp_path))
+    path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(path).read()
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx and "mma.sync.aligned" in ptx
+    assert "st.shared::cluster.f32" in ptx and ptx.count("barrier.cluster.wait") == 3
+    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")
+    assert_ptxas_no_spills(path)
+
+
+def test_gemv_qkv_attention_reference_on_cpu():
+    """gemv_qkv_attention_ref against LayerNorm + linear + SDPA over the first pos + 1 cache rows."""
+    from cute_kernels.gemm.gemv import gemv_qkv_attention_ref
+
+    torch.manual_seed(0)
+    E, H, Smax, p = 128, 2, 16, 9
+    x = torch.randn(1, E)
+    lw, lb = torch.randn(E), torch.randn(E)
+    w, b = torch.randn(3 * E, E) * 0.1, torch.randn(3 * E)
+    kc, vc = torch.randn(1, H, Smax, 64), torch.randn(1, H, Smax, 64)
+    kc2, vc2 = kc.clone(), vc.clone()
+    qkv, o = gemv_qkv_attention_ref(x, (lw, lb, 1e-5), w, b, kc, vc, torch.tensor([p]), 0.125)
+    want = torch.nn.functional.layer_norm(x, (E,), lw, lb, 1e-5) @ w.t() + b
+    assert torch.allclose(qkv, want, atol=1e-4)
+    q, k, v = want.view(3, H, 64)
+    kc2[0, :, p], vc2[0, :, p] = k, v
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, None], kc2[0, :, :p + 1], vc2[0, :, :p + 1], scale=0.125)
+    assert torch.allclose(o, ref.reshape(1, E), atol=1e-4) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E", [768, 1600])
+def test_gemv_qkv_attention_matches_reference(E):
+    """The fused c_attn + attention kernel against its reference: positions 0 (the new key
+    only), inside the first rank's chunk, chunk boundaries and the cache's last row; q/k/v and
+    the appended cache rows equal to the plain fused-LayerNorm GEMV's."""
+    from cute_kernels.gemm.gemv import gemv_qkv_attention, gemv_qkv_attention_ref
+
+    torch.manual_seed(0)
+    H, Smax, dt = E // 64, 1024, torch.bfloat16
+    x = torch.randn(1, E, device="cuda", dtype=dt)
+    ln = (torch.randn(E, device="cuda", dtype=dt), torch.randn(E, device="cuda", dtype=dt), 1e-5)
+    w = (torch.randn(3 * E, E, device="cuda") * E ** -0.5).to(dt)
+    b = torch.randn(3 * E, device="cuda", dtype=dt)
+    for p in (0, 1, 5, 6, 255, 1023):
+        kc, vc = (torch.randn(1, H, Smax, 64, device="cuda", dtype=dt) for _ in range(2))
+        kr, vr = kc.clone(), vc.clone()
+        pos = torch.tensor([p], device="cuda")
+        qkv = torch.full((1, 3 * E), float("nan"), device="cuda", dtype=dt)
+        out = gemv_qkv_attention(x, ln, w, b, kc, vc, pos, 0.125, qkv=qkv)
+        qkv_ref, o_ref = gemv_qkv_attention_ref(x, ln, w, b, kr, vr, pos, 0.125)
+        assert (qkv.float() - qkv_ref.float()).abs().max().item() < 5e-2
+        assert (kc.float() - kr.float()).abs().max().item() < 5e-2 and (vc.float() - vr.float()).abs().max().item() < 5e-2
+        assert (out.float() - o_ref.float()).abs().max().item() < 3e-2, p
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
 def test_gemv_sm90_8bit_compiles(tmp_path, wdt):
     """The 8-bit weight-only one-row GEMV (c_attn with LayerNorm and KV append): bulk copies,

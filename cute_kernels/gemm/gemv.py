@@ -562,3 +562,99 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
         kc, vc, pos = kv
     fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, w_scale, float(alpha), float(beta), float(eps))
     return out
+
+
+# --------------------------------------------------------------------------- c_attn + decode attention (experimental)
+
+GEMV_ATTN_ROWS, GEMV_ATTN_CLUSTER, GEMV_ATTN_HEAD_DIM = 32, 6, 64
+_FAST_GEMV_ATTN: dict = {}
+
+
+def gemv_qkv_attention_ref(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_scale: float):
+    """PyTorch reference of gemv_qkv_attention: qkv = LN(x) @ w_nk.T + bias, k/v written into
+    the caches [1, H, Smax, D] at row pos, o = attention of q over rows 0..pos. Returns (qkv, o)."""
+    lw, lb, eps = ln
+    E = x.shape[1]
+    H, D = k_cache.shape[1], k_cache.shape[3]
+    xn = torch.nn.functional.layer_norm(x.float(), (E,), lw.float(), lb.float(), eps).to(x.dtype)
+    qkv = (xn.float() @ w_nk.float().t() + bias.float()).to(x.dtype)
+    q, k, v = qkv.view(3, H, D).unbind(0)
+    p = int(pos.reshape(-1)[0])
+    k_cache[0, :, p] = k
+    v_cache[0, :, p] = v
+    s = torch.einsum("hd,hjd->hj", q.float(), k_cache[0, :, :p + 1].float()) * softmax_scale
+    o = torch.einsum("hj,hjd->hd", torch.softmax(s, -1), v_cache[0, :, :p + 1].float())
+    return qkv, o.reshape(1, E).to(x.dtype)
+
+
+def gemv_qkv_attention_applies(x, w_nk, bias, k_cache, pos) -> bool:
+    """Shapes the fused kernel takes: one 16-bit row, fused q/k/v weights [3E, E] of x's dtype
+    with bias, head dim 64 (E a multiple of 64, K a multiple of 64 up to GEMV_K_MAX), batch 1."""
+    if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    E = x.shape[1]
+    return (w_nk.shape == (3 * E, E) and w_nk.dtype == x.dtype and w_nk.stride(1) == 1 and bias is not None
+            and k_cache.dim() == 4 and k_cache.shape[0] == 1 and k_cache.shape[3] == GEMV_ATTN_HEAD_DIM
+            and k_cache.shape[1] * GEMV_ATTN_HEAD_DIM == E and k_cache.dtype == x.dtype and E % 64 == 0
+            and E <= GEMV_K_MAX and pos.dtype == torch.int64 and pos.numel() == 1)
+
+
+def _compile_gemv_attn(x_dt, K: int, keep_dir: str | None = None):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from ..runtime import TARGET_ARCH
+    from ..runtime.dtypes import to_cutlass
+    from .gemv_attn_kernel import GemvAttnSm90
+    from .gemv_kernel import GemvConfig
+
+    t = to_cutlass(x_dt)
+    n, k = cute.sym_int32(), cute.sym_int32(divisibility=16)
+    fx = make_fake_tensor(t, (1, k), (cute.sym_int64(), 1), assumed_align=16)
+    fw = make_fake_tensor(t, (n, k), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    fo = make_fake_tensor(t, (1, n), (cute.sym_int64(), 1), assumed_align=2)
+    fbias = make_fake_tensor(t, (n,), (1,), assumed_align=2)
+    fln = [make_fake_tensor(t, (k,), (1,), assumed_align=16) for _ in range(2)]
+    b, h, smax, d = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+    fkc, fvc = (make_fake_tensor(t, (b, h, smax, d), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1),
+                                 assumed_align=2) for _ in range(2))
+    fpos = make_fake_tensor(cutlass.Int64, (cute.sym_int32(),), (1,), assumed_align=8)
+    fattn = make_fake_tensor(t, (1, cute.sym_int32()), (cute.sym_int64(), 1), assumed_align=2)
+    cfg = GemvConfig(rows=GEMV_ATTN_ROWS, k_max=-(-K // 64) * 64, warps=GEMV_WARPS, wbytes=2)
+    kernel = GemvAttnSm90(cfg, GEMV_ATTN_HEAD_DIM, GEMV_ATTN_CLUSTER)
+    f32 = cutlass.Float32
+    return cute.compile(kernel, fx, fw, fo, fbias, *fln, fkc, fvc, fpos, fattn, f32(1e-5), f32(1.0),
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
+
+
+def gemv_qkv_attention(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_scale: float, *, qkv=None, out=None):
+    """Decode c_attn and its attention in one launch (gemv_attn_kernel.py, experimental):
+    qkv [1, 3E] = LN(x) @ w_nk.T + bias; k and v written into the caches [1, H, Smax, 64] at row
+    pos (int64 [1]); out [1, E] = attention of q over cache rows 0..pos. Returns out.
+    See gemv_qkv_attention_applies for the shapes it takes; gemv_qkv_attention_ref is its reference."""
+    import math
+
+    if not gemv_qkv_attention_applies(x, w_nk, bias, k_cache, pos):
+        raise ValueError("gemv_qkv_attention: expected x [1, E] bf16/fp16 on CUDA, w_nk [3E, E] and bias of its "
+                         "dtype, caches [1, E / 64, Smax, 64], pos int64 [1]")
+    _check_kv(k_cache, v_cache, pos, 1, w_nk.shape[0])
+    lw, lb, eps = ln
+    E = x.shape[1]
+    if qkv is None:
+        qkv = torch.empty((1, 3 * E), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((1, E), dtype=x.dtype, device=x.device)
+    fkey = (x.dtype, E)
+    fn = _FAST_GEMV_ATTN.get(fkey)
+    if fn is None:
+        from ..runtime import KERNELS, CompileKey
+        from ..runtime.dtypes import dtype_name
+
+        key = CompileKey("gemv_attn_sm90", (dtype_name(x.dtype),), ("k",), (GEMV_ATTN_ROWS, -(-E // 64) * 64),
+                         (GEMV_ATTN_CLUSTER, 1), extra=(GEMV_ATTN_HEAD_DIM, GEMV_WARPS))
+        fn = _FAST_GEMV_ATTN[fkey] = KERNELS.get(key, lambda: _compile_gemv_attn(x.dtype, E))
+    fn(x, w_nk, qkv, bias, lw, lb, k_cache, v_cache, pos, out, float(eps), float(softmax_scale) * math.log2(math.e))
+    return out

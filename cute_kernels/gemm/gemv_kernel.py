@@ -121,18 +121,20 @@ class GemvSm90:
         mma_dt = cutlass.Float16 if cutlass.const_expr(self.w_fmt is not None) else mW.element_type
         tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mma_dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
         self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
-                    tiled_mma).launch(
+                    tiled_mma, None, cutlass.Float32(0.0)).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
-               tiled_mma: cute.TiledMma):
+               tiled_mma: cute.TiledMma, mAttn, attn_scale):
+        # mAttn / attn_scale: None / unused here; GemvAttnSm90 (gemv_attn_kernel.py) attends
+        # after the epilogue through the hooks row_base, setup and after_epilogue.
         cfg = self.cfg
         tid, _, _ = cute.arch.thread_idx()
         warp, lane = tid // 32, tid % 32
         N, K = mW.shape[0], mW.shape[1]
         R = cfg.rows
-        row0 = cute.arch.block_idx()[0] * R
+        row0 = self.row_base(R, N)
         nrows = cutlass.min(R, N - row0)
         w_bytes = mW.element_type.width // 8
         row_bytes = K * w_bytes
@@ -157,6 +159,7 @@ class GemvSm90:
         KS = cfg.row_stride
         ring = smem.allocate_tensor(mW.element_type, cute.make_layout((R, cfg.k_max), stride=(KS, 1)),
                                     byte_alignment=128)
+        extra = self.setup(smem, ring)
 
         # Issue every weight row of this CTA first (lane r % 32 owns row r's barrier and copy,
         # so its init and its copy are in program order on one thread); LayerNorm's gamma and
@@ -234,8 +237,26 @@ class GemvSm90:
             for w in cutlass.range_constexpr(cfg.warps):
                 total = total + partial[w, tid]
         # One thread per output column: the epilogue's loads were issued long ago.
+        y = cutlass.Float32(0.0)
         if own:
-            self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
+            y = self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
+        self.after_epilogue(y, own, tid, extra, N, mKc, mVc, mPos, mAttn, attn_scale)
+
+    @cute.jit
+    def row_base(self, R, N):
+        """The first of this CTA's R consecutive weight rows."""
+        return cute.arch.block_idx()[0] * R
+
+    def setup(self, smem, ring):
+        """A subclass's kernel-start work: shared memory beyond the GEMV's (from the same
+        allocator; the weight ring is free for reuse once the product is done) and anything
+        else that must come first; returns what after_epilogue gets."""
+        return None
+
+    @cute.jit
+    def after_epilogue(self, y, own, tid, extra, N, mKc, mVc, mPos, mAttn, attn_scale):
+        """Runs after thread t < rows finished output row t (value y); nothing here."""
+        pass
 
     @cute.jit
     def product_16bit(self, ring, xs, partial, K, warp, lane, thr_mma, tiled_mma, x_dt):
@@ -391,3 +412,4 @@ class GemvSm90:
                 mKc[0, h, pos, d] = x.to(mKc.element_type)
             if part == 2:
                 mVc[0, h, pos, d] = x.to(mVc.element_type)
+        return x
