@@ -16,7 +16,8 @@ output thread stores its value into every rank's sQKV with st.shared::cluster), 
 the partials (m, l, o of each rank into rank 0). Rank r attends over a contiguous 1/6 of
 the keys: the older ones from the cache in global memory, the new one from sQKV; warps
 take keys round robin, lanes own 2 of the 64 dimensions, scores are a warp butterfly sum,
-online softmax in log2 units. Rank 0 merges the 6 partials and writes o.
+online softmax in log2 units, 4 keys' loads in flight per warp. Rank 0 merges the 6
+partials and writes o.
 
 Status: compiles for sm_90a (tests/test_gemm_host.py); not yet run on a GPU. Off unless
 CUTE_KERNELS_DECODE_FUSED_ATTN=1 (inference/decode.py).
@@ -115,24 +116,30 @@ class GemvAttnSm90(GemvSm90):
         lsum = cutlass.Float32(0.0)
         o0 = cutlass.Float32(0.0)
         o1 = cutlass.Float32(0.0)
-        for j in cutlass.range(k0 + warp, k1, W):
-            ka = sQKV[D + d0]
-            kb = sQKV[D + d0 + 1]
-            va = sQKV[2 * D + d0]
-            vb = sQKV[2 * D + d0 + 1]
-            if j != pos:
-                ka = mKc[0, h, j, d0].to(cutlass.Float32)
-                kb = mKc[0, h, j, d0 + 1].to(cutlass.Float32)
-                va = mVc[0, h, j, d0].to(cutlass.Float32)
-                vb = mVc[0, h, j, d0 + 1].to(cutlass.Float32)
-            s = self.warp_sum(q0 * ka + q1 * kb)
-            m_new = cute.arch.fmax(m, s)
-            corr = cute.arch.exp2(m - m_new)
-            p = cute.arch.exp2(s - m_new)
-            lsum = lsum * corr + p
-            o0 = o0 * corr + p * va
-            o1 = o1 * corr + p * vb
-            m = m_new
+        # U keys per warp and batch: all their loads are issued before any math (a key per
+        # iteration would pay one memory round trip per key). Row pos is read from global
+        # memory too, whatever it holds there yet, and replaced by the fresh k/v from sQKV.
+        U = 4
+        kv = cute.make_rmem_tensor((U, 4), cutlass.Float32)
+        for jb in cutlass.range(k0 + warp, k1, W * U):
+            for u in cutlass.range_constexpr(U):
+                jc = cutlass.min(jb + u * W, k1 - 1)
+                fresh = jc == pos
+                kv[u, 0] = cutlass.select_(fresh, sQKV[D + d0], mKc[0, h, jc, d0].to(cutlass.Float32))
+                kv[u, 1] = cutlass.select_(fresh, sQKV[D + d0 + 1], mKc[0, h, jc, d0 + 1].to(cutlass.Float32))
+                kv[u, 2] = cutlass.select_(fresh, sQKV[2 * D + d0], mVc[0, h, jc, d0].to(cutlass.Float32))
+                kv[u, 3] = cutlass.select_(fresh, sQKV[2 * D + d0 + 1], mVc[0, h, jc, d0 + 1].to(cutlass.Float32))
+            for u in cutlass.range_constexpr(U):
+                # u = 0 is always a key of this rank (the loop's bound), so m is finite after it.
+                s = self.warp_sum(q0 * kv[u, 0] + q1 * kv[u, 1])
+                s = cutlass.select_(jb + u * W < k1, s, neg_inf)
+                m_new = cute.arch.fmax(m, s)
+                corr = cute.arch.exp2(m - m_new)
+                p = cute.arch.exp2(s - m_new)
+                lsum = lsum * corr + p
+                o0 = o0 * corr + p * kv[u, 2]
+                o1 = o1 * corr + p * kv[u, 3]
+                m = m_new
         if lane == 0:
             sML[0, warp] = m
             sML[1, warp] = lsum
