@@ -200,6 +200,36 @@ def test_tensorrt_prefill(tmp_path):
     assert float((out - ref).norm() / ref.norm()) < 0.02
 
 
+def test_tensorrt_decode_engine(tmp_path):
+    """The static-cache decode engine (tensorrt.StaticCacheStep built by TensorRT) through
+    DecodeEngine: greedy tokens agree with Hugging Face's generate, replays repeat."""
+    pytest.importorskip("tensorrt", reason="TensorRT is not installed")
+    from inference import tensorrt as trt_path
+    from inference.decode import hf_generate
+
+    base = random_gpt2(SMALL).to(torch.bfloat16)
+    x = _ids(1, 16)
+    S, gen = x.shape[1], 24
+    with torch.no_grad():
+        out = base(x, use_cache=True)
+    k, v = trt_path.static_cache_from_past(out.past_key_values, S + gen)
+    path = trt_path.export_decode_onnx(base, tmp_path / "decode.onnx", batch=1, max_len=S + gen)
+    eng = trt_path.DecodeEngine(trt_path.TRTRunner(trt_path.build_engine(path, min_shape=None, opt_shape=None,
+                                                                         max_shape=None)),
+                                k, v, out.logits[:, -1].argmax(-1), S)
+    toks = []
+    for _ in range(2):
+        eng.prefill()
+        steps = [eng.tok.clone()]
+        for _ in range(gen - 2):
+            eng.decode(1)
+            steps.append(eng.tok.clone())
+        toks.append(torch.cat(steps, 1))
+    assert torch.equal(toks[0], toks[1])
+    want = hf_generate(base, x, gen - 1)
+    assert float((toks[0] == want).float().mean()) >= 0.9
+
+
 @pytest.mark.parametrize("wdtype", [torch.float8_e4m3fn, torch.int8])
 @torch.no_grad()
 def test_ln_linear_weight_only_op(wdtype):
