@@ -613,6 +613,53 @@ def test_gemv_qkv_attention_matches_reference(E):
         assert (out.float() - o_ref.float()).abs().max().item() < 3e-2, p
 
 
+@pytest.mark.gpu
+def test_gemv_qkv_attention_position_written_late():
+    """In a CUDA graph behind a programmatic-dependent-launch primary that writes the position
+    late (as the decode loop's next-token kernel does), the fused kernel's early K/V loads
+    use the old position; the ranks whose rows moved must load them again."""
+    import triton
+    import triton.language as tl
+
+    from cute_kernels.gemm.gemv import gemv_qkv_attention, gemv_qkv_attention_ref
+
+    @triton.jit
+    def late_pos(pos_ptr, new_ptr, spin):
+        tl.extra.cuda.gdc_launch_dependents()
+        x = tl.load(new_ptr).to(tl.float32)
+        for _ in range(spin):
+            x = x * 0.999999 + 1e-6
+        tl.store(pos_ptr, tl.where(x > -1.0, tl.load(new_ptr), 0))
+
+    torch.manual_seed(0)
+    E, Smax, dt = 768, 512, torch.bfloat16
+    H = E // 64
+    x = torch.randn(1, E, device="cuda", dtype=dt)
+    ln = (torch.randn(E, device="cuda", dtype=dt), torch.randn(E, device="cuda", dtype=dt), 1e-5)
+    w = (torch.randn(3 * E, E, device="cuda") * E ** -0.5).to(dt)
+    b = torch.randn(3 * E, device="cuda", dtype=dt)
+    for old, new in ((35, 36), (41, 42), (0, 1), (200, 300)):  # 36 and 42: the 6 chunks change size
+        kc, vc = (torch.randn(1, H, Smax, 64, device="cuda", dtype=dt) for _ in range(2))
+        kr, vr = kc.clone(), vc.clone()
+        pos, new_t = torch.tensor([old], device="cuda"), torch.tensor([new], device="cuda")
+        late_pos[(1,)](pos, pos, 1, launch_pdl=True)  # compile outside the capture
+        out = gemv_qkv_attention(x, ln, w, b, kc, vc, pos, 0.125)
+        kc.copy_(kr)
+        vc.copy_(vr)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            late_pos[(1,)](pos, new_t, 200000, launch_pdl=True)
+            out = gemv_qkv_attention(x, ln, w, b, kc, vc, pos, 0.125)
+        pos.fill_(old)
+        kc.copy_(kr)
+        vc.copy_(vr)
+        graph.replay()
+        torch.cuda.synchronize()
+        _, o_ref = gemv_qkv_attention_ref(x, ln, w, b, kr, vr, new_t, 0.125)
+        assert int(pos[0]) == new
+        assert (out.float() - o_ref.float()).abs().max().item() < 3e-2, (old, new)
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
 def test_gemv_sm90_8bit_compiles(tmp_path, wdt):

@@ -16,8 +16,9 @@ output thread stores its value into every rank's sQKV with st.shared::cluster), 
 the partials (m, l, o of each rank into rank 0). Rank r attends over a contiguous 1/6 of
 the keys: the older ones from the cache in global memory, the new one from sQKV; warps
 take keys round robin, lanes own 2 of the 64 dimensions, scores are a warp butterfly sum,
-online softmax in log2 units, 4 keys' loads in flight per warp. Rank 0 merges the 6
-partials and writes o.
+online softmax in log2 units, 4 keys' loads in flight per warp (the first 4 issued before
+the PDL wait, from the position as read then, and loaded again where the fresh position moved
+them). Rank 0 merges the 6 partials and writes o.
 
 Status: compiles for sm_90a (tests/test_gemm_host.py); not yet run on a GPU. Off unless
 CUTE_KERNELS_DECODE_FUSED_ATTN=1 (inference/decode.py).
@@ -65,7 +66,7 @@ class GemvAttnSm90(GemvSm90):
         part = r // per
         return part * (N // 3) + h * D + (r - part * per) * R
 
-    def setup(self, smem, ring):
+    def setup(self, smem, ring, mKc, mVc, mPos):
         D, C, W = self.head_dim, self.cluster, self.cfg.warps
         # sQKV receives other ranks' stores while this CTA may still be in its product: its
         # own space. The rest is written only after the second cluster barrier, when every
@@ -79,15 +80,79 @@ class GemvAttnSm90(GemvSm90):
         # Matches the first cluster wait: every CTA of the cluster has started (and owns its
         # shared memory) before any stores into it.
         cute.arch.cluster_arrive_relaxed()
-        return sQKV, sML, sO, sPO, sPML
+        # Before the PDL wait: this warp's first batch of keys from the position as read now
+        # (the next-token kernel ahead may not have written the new one yet); after_epilogue
+        # reuses each of those rows that the fresh position still assigns to the same slot.
+        kv = cute.make_rmem_tensor((self.U, 4), cutlass.Float32)
+        k0, k1 = self.prefetch_first(kv, mKc, mVc, mPos)
+        return sQKV, sML, sO, sPO, sPML, (k0, k1, kv)
+
+    @cute.jit
+    def prefetch_first(self, kv, mKc, mVc, mPos):
+        tid = cute.arch.thread_idx()[0]
+        warp = tid // 32
+        h, rank = self.head_rank()
+        _, k0, k1 = self.key_range(mPos, rank)
+        kv.fill(0.0)
+        if k0 + warp < k1:
+            self.load_batch(kv, mKc, mVc, h, k0 + warp, k1, 2 * (tid % 32))
+        return k0, k1
+
+    U = 4  # keys per warp and batch whose loads are in flight together
+
+    @cute.jit
+    def head_rank(self):
+        bid = cute.arch.block_idx()[0]
+        h = bid // self.cluster
+        return h, bid - h * self.cluster
+
+    @cute.jit
+    def key_range(self, mPos, rank):
+        """(pos, first, end) of this rank's keys: a contiguous 1/C of 0..pos."""
+        pos = mPos[0].to(cutlass.Int32)
+        n_keys = pos + 1
+        chunk = (n_keys + self.cluster - 1) // self.cluster
+        k0 = rank * chunk
+        return pos, k0, cutlass.min(n_keys, k0 + chunk)
+
+    @cute.jit
+    def load_batch(self, kv, mKc, mVc, h, jb, k1, d0):
+        """kv[u] <- this lane's 2 dimensions of K and V at row min(jb + u * W, k1 - 1)."""
+        W = self.cfg.warps
+        for u in cutlass.range_constexpr(self.U):
+            jc = cutlass.min(jb + u * W, k1 - 1)
+            kv[u, 0] = mKc[0, h, jc, d0].to(cutlass.Float32)
+            kv[u, 1] = mKc[0, h, jc, d0 + 1].to(cutlass.Float32)
+            kv[u, 2] = mVc[0, h, jc, d0].to(cutlass.Float32)
+            kv[u, 3] = mVc[0, h, jc, d0 + 1].to(cutlass.Float32)
+
+    @cute.jit
+    def attend_batch(self, kv, sQKV, jb, k1, pos, q0, q1, m, lsum, o0, o1, d0):
+        """Online softmax over one batch (row pos taken from sQKV, slots past k1 masked)."""
+        D, W = self.head_dim, self.cfg.warps
+        for u in cutlass.range_constexpr(self.U):
+            fresh = cutlass.min(jb + u * W, k1 - 1) == pos
+            ka = cutlass.select_(fresh, sQKV[D + d0], kv[u, 0])
+            kb = cutlass.select_(fresh, sQKV[D + d0 + 1], kv[u, 1])
+            va = cutlass.select_(fresh, sQKV[2 * D + d0], kv[u, 2])
+            vb = cutlass.select_(fresh, sQKV[2 * D + d0 + 1], kv[u, 3])
+            # u = 0 is always a key of this rank (jb < k1), so m is finite after it.
+            s = self.warp_sum(q0 * ka + q1 * kb)
+            s = cutlass.select_(jb + u * W < k1, s, -cutlass.Float32.inf)
+            m_new = cute.arch.fmax(m, s)
+            corr = cute.arch.exp2(m - m_new)
+            p = cute.arch.exp2(s - m_new)
+            lsum = lsum * corr + p
+            o0 = o0 * corr + p * va
+            o1 = o1 * corr + p * vb
+            m = m_new
+        return m, lsum, o0, o1
 
     @cute.jit
     def after_epilogue(self, y, own, tid, extra, N, mKc, mVc, mPos, mAttn, attn_scale):
-        sQKV, sML, sO, sPO, sPML = extra
+        sQKV, sML, sO, sPO, sPML, (k0_early, k1_early, kv_early) = extra
         D, C, W, R = self.head_dim, self.cluster, self.cfg.warps, self.cfg.rows
-        bid = cute.arch.block_idx()[0]
-        h = bid // C
-        rank = bid - h * C
+        h, rank = self.head_rank()
         per = D // R
         part = rank // per
         warp, lane = tid // 32, tid % 32
@@ -104,11 +169,7 @@ class GemvAttnSm90(GemvSm90):
         cute.arch.cluster_wait()
 
         # ---- this rank's keys: a contiguous 1/C of 0..pos (pos: the new row, in sQKV)
-        pos = mPos[0].to(cutlass.Int32)
-        n_keys = pos + 1
-        chunk = (n_keys + C - 1) // C
-        k0 = rank * chunk
-        k1 = cutlass.min(n_keys, k0 + chunk)
+        pos, k0, k1 = self.key_range(mPos, rank)
         d0 = 2 * lane
         q0 = sQKV[d0] * attn_scale
         q1 = sQKV[d0 + 1] * attn_scale
@@ -116,30 +177,28 @@ class GemvAttnSm90(GemvSm90):
         lsum = cutlass.Float32(0.0)
         o0 = cutlass.Float32(0.0)
         o1 = cutlass.Float32(0.0)
-        # U keys per warp and batch: all their loads are issued before any math (a key per
-        # iteration would pay one memory round trip per key). Row pos is read from global
-        # memory too, whatever it holds there yet, and replaced by the fresh k/v from sQKV.
-        U = 4
-        kv = cute.make_rmem_tensor((U, 4), cutlass.Float32)
-        for jb in cutlass.range(k0 + warp, k1, W * U):
-            for u in cutlass.range_constexpr(U):
-                jc = cutlass.min(jb + u * W, k1 - 1)
-                fresh = jc == pos
-                kv[u, 0] = cutlass.select_(fresh, sQKV[D + d0], mKc[0, h, jc, d0].to(cutlass.Float32))
-                kv[u, 1] = cutlass.select_(fresh, sQKV[D + d0 + 1], mKc[0, h, jc, d0 + 1].to(cutlass.Float32))
-                kv[u, 2] = cutlass.select_(fresh, sQKV[2 * D + d0], mVc[0, h, jc, d0].to(cutlass.Float32))
-                kv[u, 3] = cutlass.select_(fresh, sQKV[2 * D + d0 + 1], mVc[0, h, jc, d0 + 1].to(cutlass.Float32))
-            for u in cutlass.range_constexpr(U):
-                # u = 0 is always a key of this rank (the loop's bound), so m is finite after it.
-                s = self.warp_sum(q0 * kv[u, 0] + q1 * kv[u, 1])
-                s = cutlass.select_(jb + u * W < k1, s, neg_inf)
-                m_new = cute.arch.fmax(m, s)
-                corr = cute.arch.exp2(m - m_new)
-                p = cute.arch.exp2(s - m_new)
-                lsum = lsum * corr + p
-                o0 = o0 * corr + p * kv[u, 2]
-                o1 = o1 * corr + p * kv[u, 3]
-                m = m_new
+        # Batches of U keys per warp: all their loads are issued before any math (a key per
+        # iteration would pay one memory round trip per key). The first batch was loaded
+        # before the PDL wait (setup): a slot is loaded again if the fresh position moved
+        # its row. Row pos itself always comes from sQKV (attend_batch).
+        jb = k0 + warp
+        if jb < k1:
+            kv = cute.make_rmem_tensor((self.U, 4), cutlass.Float32)
+            for u in cutlass.range_constexpr(self.U):
+                row = cutlass.min(jb + u * W, k1 - 1)
+                row_early = cutlass.min(k0_early + warp + u * W, k1_early - 1)
+                for e in cutlass.range_constexpr(4):
+                    kv[u, e] = kv_early[u, e]
+                if row != row_early or k0_early + warp >= k1_early:
+                    kv[u, 0] = mKc[0, h, row, d0].to(cutlass.Float32)
+                    kv[u, 1] = mKc[0, h, row, d0 + 1].to(cutlass.Float32)
+                    kv[u, 2] = mVc[0, h, row, d0].to(cutlass.Float32)
+                    kv[u, 3] = mVc[0, h, row, d0 + 1].to(cutlass.Float32)
+            m, lsum, o0, o1 = self.attend_batch(kv, sQKV, jb, k1, pos, q0, q1, m, lsum, o0, o1, d0)
+        kvb = cute.make_rmem_tensor((self.U, 4), cutlass.Float32)
+        for jn in cutlass.range(k0 + warp + W * self.U, k1, W * self.U):
+            self.load_batch(kvb, mKc, mVc, h, jn, k1, d0)
+            m, lsum, o0, o1 = self.attend_batch(kvb, sQKV, jn, k1, pos, q0, q1, m, lsum, o0, o1, d0)
         if lane == 0:
             sML[0, warp] = m
             sML[1, warp] = lsum

@@ -159,7 +159,7 @@ class GemvSm90:
         KS = cfg.row_stride
         ring = smem.allocate_tensor(mW.element_type, cute.make_layout((R, cfg.k_max), stride=(KS, 1)),
                                     byte_alignment=128)
-        extra = self.setup(smem, ring)
+        extra = self.setup(smem, ring, mKc, mVc, mPos)
 
         # Issue every weight row of this CTA first (lane r % 32 owns row r's barrier and copy,
         # so its init and its copy are in program order on one thread); LayerNorm's gamma and
@@ -247,10 +247,11 @@ class GemvSm90:
         """The first of this CTA's R consecutive weight rows."""
         return cute.arch.block_idx()[0] * R
 
-    def setup(self, smem, ring):
+    def setup(self, smem, ring, mKc, mVc, mPos):
         """A subclass's kernel-start work: shared memory beyond the GEMV's (from the same
         allocator; the weight ring is free for reuse once the product is done) and anything
-        else that must come first; returns what after_epilogue gets."""
+        else that must come first, before the PDL wait (so: constants only, or reads that
+        after_epilogue checks again); returns what after_epilogue gets."""
         return None
 
     @cute.jit
