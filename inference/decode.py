@@ -151,7 +151,7 @@ class StaticDecoder:
             return None
         w, bias = args[0], args[1]
         k, v = self.k[i], self.v[i]
-        if not (gemv_qkv_attention_applies(x2, w, bias, k, positions) and (w.stride(0) * w.element_size()) % 16 == 0):
+        if not gemv_qkv_attention_applies(x2, w, bias, k, positions):
             return None
         ln = blk.ln_1
         return gemv_qkv_attention(x2.contiguous(), (ln.weight, ln.bias, float(ln.eps)), w, bias, k, v, positions,

@@ -349,21 +349,11 @@ class TRTRunner:
                 self._dtypes[getattr(trt.DataType, attr)] = dt
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        ctx, name = self.context, self.inputs[0]
-        want = self._dtypes[self.engine.get_tensor_dtype(name)]
-        input_ids = input_ids.to(want).contiguous()
-        ctx.set_input_shape(name, tuple(input_ids.shape))
-        ctx.set_tensor_address(name, input_ids.data_ptr())
-        outs = []
-        for out_name in self.outputs:
-            shape = tuple(ctx.get_tensor_shape(out_name))
-            out = torch.empty(shape, dtype=self._dtypes[self.engine.get_tensor_dtype(out_name)], device=input_ids.device)
-            ctx.set_tensor_address(out_name, out.data_ptr())
-            outs.append(out)
-        # Read the stream on every call (a cached handle breaks CUDA-graph capture and stream switches).
-        if not ctx.execute_async_v3(torch.cuda.current_stream().cuda_stream):
-            raise RuntimeError("TensorRT execute_async_v3 failed")
-        return outs[0]
+        """One-input engines (the prefill graph): bind, run, return the first output."""
+        want = self._dtypes[self.engine.get_tensor_dtype(self.inputs[0])]
+        outs = self.bind({self.inputs[0]: input_ids.to(want).contiguous()})
+        self.execute()
+        return outs[self.outputs[0]]
 
     def bind(self, inputs: dict) -> dict:
         """Bind named input tensors (fixed addresses from now on) and allocate the outputs once;
@@ -392,6 +382,7 @@ class TRTRunner:
         return outs
 
     def execute(self) -> None:
+        # Read the stream on every call (a cached handle breaks CUDA-graph capture and stream switches).
         if not self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed")
 

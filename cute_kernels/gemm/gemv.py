@@ -54,6 +54,7 @@ comparison). In the GPT-2 XL decode step (48 layers x 4 GEMVs in one CUDA graph)
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 
 import torch
@@ -589,11 +590,13 @@ def gemv_qkv_attention_ref(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_sca
 
 def gemv_qkv_attention_applies(x, w_nk, bias, k_cache, pos) -> bool:
     """Shapes the fused kernel takes: one 16-bit row, fused q/k/v weights [3E, E] of x's dtype
-    with bias, head dim 64 (E a multiple of 64, K a multiple of 64 up to GEMV_K_MAX), batch 1."""
+    with bias, head dim 64 (E a multiple of 64, K a multiple of 64 up to GEMV_K_MAX), batch 1;
+    x and the weight rows 16-byte aligned (the rows are bulk copied)."""
     if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)):
         return False
     E = x.shape[1]
     return (w_nk.shape == (3 * E, E) and w_nk.dtype == x.dtype and w_nk.stride(1) == 1 and bias is not None
+            and (w_nk.stride(0) * w_nk.element_size()) % 16 == 0 and _aligned16(x) and _aligned16(w_nk)
             and k_cache.dim() == 4 and k_cache.shape[0] == 1 and k_cache.shape[3] == GEMV_ATTN_HEAD_DIM
             and k_cache.shape[1] * GEMV_ATTN_HEAD_DIM == E and k_cache.dtype == x.dtype and E % 64 == 0
             and E <= GEMV_K_MAX and pos.dtype == torch.int64 and pos.numel() == 1)
@@ -635,13 +638,14 @@ def gemv_qkv_attention(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_scale: 
     qkv [1, 3E] = LN(x) @ w_nk.T + bias; k and v written into the caches [1, H, Smax, 64] at row
     pos (int64 [1]); out [1, E] = attention of q over cache rows 0..pos. Returns out.
     See gemv_qkv_attention_applies for the shapes it takes; gemv_qkv_attention_ref is its reference."""
-    import math
-
     if not gemv_qkv_attention_applies(x, w_nk, bias, k_cache, pos):
         raise ValueError("gemv_qkv_attention: expected x [1, E] bf16/fp16 on CUDA, w_nk [3E, E] and bias of its "
-                         "dtype, caches [1, E / 64, Smax, 64], pos int64 [1]")
+                         "dtype (16-byte aligned rows), caches [1, E / 64, Smax, 64], pos int64 [1]")
     _check_kv(k_cache, v_cache, pos, 1, w_nk.shape[0])
     lw, lb, eps = ln
+    if lw.dtype != x.dtype or lb.dtype != x.dtype or not (lw.is_contiguous() and lb.is_contiguous()
+                                                          and _aligned16(lw) and _aligned16(lb)):
+        raise ValueError("gemv_qkv_attention: LayerNorm weight and bias must be contiguous, 16-byte aligned, of x's dtype")
     E = x.shape[1]
     if qkv is None:
         qkv = torch.empty((1, 3 * E), dtype=x.dtype, device=x.device)
