@@ -25,7 +25,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled, gemv_qkv_attention, gemv_qkv_attention_applies
+from cute_kernels.gemm.gemv import (GEMV_MAX_M, LN_MAX_K, gemv_enabled, gemv_mlp, gemv_mlp_applies, gemv_mlp_workspace,
+                                    gemv_qkv_attention, gemv_qkv_attention_applies)
 from quant.nn import weight_only_eligible
 
 from . import ops
@@ -37,8 +38,11 @@ from .patch import CuteConv1D, CuteLMHead, apply_linear
 # CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
 # Experimental, off by default: c_attn and the decode attention in one launch (batch 1, bf16,
-# head dim 64; cute_kernels/gemm/gemv_attn_kernel.py). Compiles; not yet run on a GPU.
+# head dim 64; cute_kernels/gemm/gemv_attn_kernel.py). Correct; same speed as the separate kernels.
 FUSED_ATTN_ENV = "CUTE_KERNELS_DECODE_FUSED_ATTN"
+# Experimental, off by default: c_fc and the mlp c_proj in one launch (batch 1, 16-bit, our
+# kernels; gemv_mlp_kernel.py). Correct, but 1.66 vs 1.56 ms/token for GPT-2 XL (NOTES.md).
+FUSED_MLP_ENV = "CUTE_KERNELS_DECODE_FUSED_MLP"
 
 
 class StaticDecoder:
@@ -78,6 +82,11 @@ class StaticDecoder:
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
         self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None
         self._fused_attn = self._flash_backend == "cute" and not compile and os.environ.get(FUSED_ATTN_ENV, "0") == "1"
+        self._fused_mlp = (self._flash_backend is not None and not compile and batch_size == 1 and dev.type == "cuda"
+                           and os.environ.get(FUSED_MLP_ENV, "0") == "1")
+        # The fused MLP's fp32 accumulator and arrival counter: one for all layers (each launch
+        # leaves them zero, and the layers' MLPs run one after another on this stream).
+        self._mlp_ws = gemv_mlp_workspace(cfg.n_embd, dev) if self._fused_mlp else None
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
         self._step_fn = self._decode_step
         if compile:
@@ -157,6 +166,23 @@ class StaticDecoder:
         return gemv_qkv_attention(x2.contiguous(), (ln.weight, ln.bias, float(ln.eps)), w, bias, k, v, positions,
                                   float(blk.attn.scaling))
 
+    def _mlp(self, blk, h: torch.Tensor) -> torch.Tensor:
+        """h + mlp(ln_2(h)) for one token: gemv_mlp (c_fc and the mlp c_proj in one launch) where
+        it applies, the separate c_fc and c_proj launches otherwise."""
+        mlp = blk.mlp
+        if self._fused_mlp and h.shape[1] == 1:
+            x2 = h.reshape(-1, h.shape[-1])
+            fc, proj = mlp.c_fc, mlp.c_proj
+            if isinstance(fc, CuteConv1D) and isinstance(proj, CuteConv1D) and fc.backend == "cute" \
+                    and proj.backend == "cute" and fc.activation and isinstance(mlp.act, torch.nn.Identity):
+                w1, w2 = fc.weight.t(), proj.weight.t()
+                if gemv_mlp_applies(x2, w1, fc.bias, w2, proj.bias, fc.activation):
+                    ln = blk.ln_2
+                    out = gemv_mlp(x2.contiguous(), (ln.weight, ln.bias, float(ln.eps)), w1, fc.bias, w2, proj.bias,
+                                   fc.activation, workspace=self._mlp_ws)
+                    return out.view(h.shape)
+        return apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
+
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]
         (None for a glued decode step, whose glue launch stored it and moved the counters on)."""
@@ -173,8 +199,7 @@ class StaticDecoder:
             attn, mlp = blk.attn, blk.mlp
             o = self._qkv_attend(blk, h, i, positions) if decode and self._fused_attn else None
             if o is not None:  # c_attn, the KV append and the attention were one launch
-                h = apply_linear(attn.c_proj, o.view(B, S, -1), h)
-                h = apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
+                h = self._mlp(blk, apply_linear(attn.c_proj, o.view(B, S, -1), h))
                 continue
             qkv = self._qkv_append(blk.ln_1, attn.c_attn, h, i, positions) if decode else None
             if qkv is not None:
@@ -192,7 +217,7 @@ class StaticDecoder:
             else:
                 o = self._attend_prefill(q, k, v, attn.scaling)
             h = apply_linear(attn.c_proj, o.reshape(B, S, -1), h)
-            h = apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
+            h = self._mlp(blk, h)
         logits = self._ln_linear(gpt.ln_f, self.model.lm_head, h[:, -1:])
         if glued:
             self._next_token(logits[:, 0])

@@ -116,22 +116,29 @@ def test_decode_loop_cuda_graph(compile):
 
 
 @torch.no_grad()
-def test_decode_fused_qkv_attention(monkeypatch):
-    """The experimental one-launch c_attn + attention (CUTE_KERNELS_DECODE_FUSED_ATTN=1, batch 1,
-    head dim 64) generates what the separate kernels do: same greedy tokens over 60 steps at
-    least 0.9 of the time (the attention's summation order differs), and its replays repeat."""
+@pytest.mark.parametrize("env,flag", [("FUSED_ATTN_ENV", "_fused_attn"), ("FUSED_MLP_ENV", "_fused_mlp")],
+                         ids=["qkv_attention", "mlp"])
+def test_decode_fused(monkeypatch, env, flag):
+    """The experimental one-launch fusions of the decode chain (batch 1): c_attn + attention
+    (CUTE_KERNELS_DECODE_FUSED_ATTN=1, head dim 64) and c_fc + mlp c_proj (..._FUSED_MLP=1,
+    split-K) generate what the separate kernels do: the same greedy tokens over 60 steps at
+    least 0.9 of the time (their summation orders differ). The attention fusion is
+    deterministic (replays repeat); the MLP's workspace is left zero."""
     import inference.decode as dec_mod
     from inference.decode import StaticDecoder
 
     ours = _patch(random_gpt2(dict(SMALL, n_embd=768, n_head=12)).to(torch.bfloat16), attention="cute")
     x = _ids(1, 20)
     plain = StaticDecoder(ours, batch_size=1, max_len=96).generate(x, 60)
-    monkeypatch.setenv(dec_mod.FUSED_ATTN_ENV, "1")
+    monkeypatch.setenv(getattr(dec_mod, env), "1")
     fused = StaticDecoder(ours, batch_size=1, max_len=96)
-    assert fused._fused_attn
+    assert getattr(fused, flag)
     out = fused.generate(x, 60)
-    assert torch.equal(out, fused.generate(x, 60))
     assert float((out == plain).float().mean()) >= 0.9
+    if flag == "_fused_attn":
+        assert torch.equal(out, fused.generate(x, 60))
+    else:
+        assert torch.count_nonzero(fused._mlp_ws[0]).item() == 0 and int(fused._mlp_ws[1][0]) == 0
 
 
 @torch.no_grad()

@@ -602,6 +602,20 @@ def gemv_qkv_attention_applies(x, w_nk, bias, k_cache, pos) -> bool:
             and E <= GEMV_K_MAX and pos.dtype == torch.int64 and pos.numel() == 1)
 
 
+def _fake_ln_gemv_args(t, n, k):
+    """Fake tensors (x [1, k], w [n, k], out [1, n], bias [n], LayerNorm weight and bias [k]) of
+    dtype t for compiling a one-row GEMV with a LayerNorm prologue; n and k symbolic."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    fx = make_fake_tensor(t, (1, k), (cute.sym_int64(), 1), assumed_align=16)
+    fw = make_fake_tensor(t, (n, k), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    fo = make_fake_tensor(t, (1, n), (cute.sym_int64(), 1), assumed_align=2)
+    fbias = make_fake_tensor(t, (n,), (1,), assumed_align=2)
+    fln = [make_fake_tensor(t, (k,), (1,), assumed_align=16) for _ in range(2)]
+    return fx, fw, fo, fbias, fln
+
+
 def _compile_gemv_attn(x_dt, K: int, keep_dir: str | None = None):
     import cutlass
     import cutlass.cute as cute
@@ -613,12 +627,7 @@ def _compile_gemv_attn(x_dt, K: int, keep_dir: str | None = None):
     from .gemv_kernel import GemvConfig
 
     t = to_cutlass(x_dt)
-    n, k = cute.sym_int32(), cute.sym_int32(divisibility=16)
-    fx = make_fake_tensor(t, (1, k), (cute.sym_int64(), 1), assumed_align=16)
-    fw = make_fake_tensor(t, (n, k), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
-    fo = make_fake_tensor(t, (1, n), (cute.sym_int64(), 1), assumed_align=2)
-    fbias = make_fake_tensor(t, (n,), (1,), assumed_align=2)
-    fln = [make_fake_tensor(t, (k,), (1,), assumed_align=16) for _ in range(2)]
+    fx, fw, fo, fbias, fln = _fake_ln_gemv_args(t, cute.sym_int32(), cute.sym_int32(divisibility=16))
     b, h, smax, d = cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
     fkc, fvc = (make_fake_tensor(t, (b, h, smax, d), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1),
                                  assumed_align=2) for _ in range(2))
@@ -661,4 +670,113 @@ def gemv_qkv_attention(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_scale: 
                          (GEMV_ATTN_CLUSTER, 1), extra=(GEMV_ATTN_HEAD_DIM, GEMV_WARPS))
         fn = _FAST_GEMV_ATTN[fkey] = KERNELS.get(key, lambda: _compile_gemv_attn(x.dtype, E))
     fn(x, w_nk, qkv, bias, lw, lb, k_cache, v_cache, pos, out, float(eps), float(softmax_scale) * math.log2(math.e))
+    return out
+
+
+# --------------------------------------------------------------------------- c_fc + mlp c_proj (split-K)
+
+GEMV_MLP_ROWS = 32  # hidden units per CTA (gemv_mlp_kernel.py's outer product assumes 32)
+_FAST_GEMV_MLP: dict = {}
+
+
+def gemv_mlp_ref(x, ln, w1, b1, w2, b2, activation: str = "gelu_tanh"):
+    """PyTorch reference of gemv_mlp: f = act(LN(x) @ w1.T + b1) in x's dtype, out = f @ w2.T +
+    b2 + x (fp32 sums, one rounding). Returns (f, out)."""
+    from .reference import apply_activation
+
+    lw, lb, eps = ln
+    E = x.shape[1]
+    xn = torch.nn.functional.layer_norm(x.float(), (E,), lw.float(), lb.float(), eps).to(x.dtype)
+    f = apply_activation(xn.float() @ w1.float().t() + b1.float(), activation).to(x.dtype)
+    out = (f.float() @ w2.float().t() + b2.float() + x.float()).to(x.dtype)
+    return f, out
+
+
+def gemv_mlp_workspace(E: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 accumulator [E] and the arrival counter [1] gemv_mlp reduces through (both
+    zero, and left zero by every launch). One per stream of launches: two gemv_mlp calls in
+    flight at once must not share one."""
+    return torch.zeros(E, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def gemv_mlp_applies(x, w1, b1, w2, b2, activation: str = "gelu_tanh") -> bool:
+    """Shapes the fused MLP takes: one 16-bit row x [1, E] with E a multiple of 64 (W2 comes in
+    64-row boxes) and at most GEMV_K_MAX; w1 [F, E], w2 [E, F] and both biases of x's dtype,
+    F a multiple of 32; 16-byte aligned rows (bulk copies and TMA)."""
+    if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    E = x.shape[1]
+    F = w1.shape[0] if w1.dim() == 2 else 0
+    if activation not in ("none", "relu", "gelu", "gelu_tanh") or F == 0 or F % GEMV_MLP_ROWS:
+        return False
+    if E % 64 or E > GEMV_K_MAX or x.stride(1) != 1 or not _aligned16(x):
+        return False
+    for w, shape in ((w1, (F, E)), (w2, (E, F))):
+        if tuple(w.shape) != shape or w.dtype != x.dtype or w.stride(1) != 1 or not _aligned16(w) \
+                or (w.stride(0) * w.element_size()) % 16:
+            return False
+    return all(b is not None and b.dtype == x.dtype and b.is_contiguous() and b.numel() == n
+               for b, n in ((b1, F), (b2, E)))
+
+
+def _compile_gemv_mlp(x_dt, K: int, activation: str, keep_dir: str | None = None):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from ..runtime import TARGET_ARCH
+    from ..runtime.dtypes import to_cutlass
+    from .gemv_kernel import GemvConfig
+    from .gemv_mlp_kernel import GemvMlpSm90
+
+    t = to_cutlass(x_dt)
+    f, e = cute.sym_int32(), cute.sym_int32(divisibility=64)
+    fx, fw1, ff, fb1, fln = _fake_ln_gemv_args(t, f, e)
+    fw2 = make_fake_tensor(t, (e, f), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    fb2 = make_fake_tensor(t, (e,), (1,), assumed_align=2)
+    fout = make_fake_tensor(t, (1, e), (cute.sym_int64(), 1), assumed_align=2)
+    facc = make_fake_tensor(cutlass.Float32, (e,), (1,), assumed_align=16)
+    fcnt = make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)
+    cfg = GemvConfig(rows=GEMV_MLP_ROWS, k_max=-(-K // 64) * 64, warps=GEMV_WARPS, wbytes=2)
+    kernel = GemvMlpSm90(cfg, activation)
+    return cute.compile(kernel, fx, fw1, ff, fb1, *fln, fw2, fb2, fout, facc, fcnt, cutlass.Float32(1e-5),
+                        make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
+
+
+def gemv_mlp(x, ln, w1, b1, w2, b2, activation: str = "gelu_tanh", *, out=None, f=None, workspace=None):
+    """A transformer MLP for one token in one launch (gemv_mlp_kernel.py, experimental): f =
+    act(LN(x) @ w1.T + b1) [1, F], out = f @ w2.T + b2 + x [1, E]. ln = (weight, bias, eps).
+    workspace: from gemv_mlp_workspace (allocated per call when None). Returns out. See
+    gemv_mlp_applies for the shapes it takes; gemv_mlp_ref is its reference."""
+    if not gemv_mlp_applies(x, w1, b1, w2, b2, activation):
+        raise ValueError("gemv_mlp: expected x [1, E] bf16/fp16 on CUDA (E a multiple of 64, <= "
+                         f"{GEMV_K_MAX}), w1 [F, E] and w2 [E, F] of its dtype with 16-byte aligned rows, "
+                         f"F a multiple of {GEMV_MLP_ROWS}, biases [F] and [E]; "
+                         f"activation none/relu/gelu/gelu_tanh (got {activation!r})")
+    lw, lb, eps = ln
+    E, F = x.shape[1], w1.shape[0]
+    if lw.dtype != x.dtype or lb.dtype != x.dtype or lw.numel() != E or lb.numel() != E \
+            or not (lw.is_contiguous() and lb.is_contiguous() and _aligned16(lw) and _aligned16(lb)):
+        raise ValueError("gemv_mlp: LayerNorm weight and bias must be [E], contiguous, 16-byte aligned, of x's dtype")
+    acc, count = workspace if workspace is not None else gemv_mlp_workspace(E, x.device)
+    if acc.dtype != torch.float32 or acc.numel() < E or not acc.is_contiguous() or not _aligned16(acc) \
+            or count.dtype != torch.int32 or count.numel() < 1:
+        raise ValueError("gemv_mlp: workspace must be (fp32 [E] contiguous 16-byte aligned, int32 [1]), "
+                         "as gemv_mlp_workspace makes it")
+    if f is None:
+        f = torch.empty((1, F), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((1, E), dtype=x.dtype, device=x.device)
+    fkey = (x.dtype, E, activation)
+    fn = _FAST_GEMV_MLP.get(fkey)
+    if fn is None:
+        from ..runtime import KERNELS, CompileKey
+        from ..runtime.dtypes import dtype_name
+
+        key = CompileKey("gemv_mlp_sm90", (dtype_name(x.dtype),), ("k",), (GEMV_MLP_ROWS, -(-E // 64) * 64),
+                         (1, 1), extra=(activation, GEMV_WARPS))
+        fn = _FAST_GEMV_MLP[fkey] = KERNELS.get(key, lambda: _compile_gemv_mlp(x.dtype, E, activation))
+    fn(x, w1, f, b1, lw, lb, w2, b2, out, acc[:E], count, float(eps))
     return out

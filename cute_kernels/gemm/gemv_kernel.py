@@ -121,14 +121,14 @@ class GemvSm90:
         mma_dt = cutlass.Float16 if cutlass.const_expr(self.w_fmt is not None) else mW.element_type
         tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mma_dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
         self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
-                    tiled_mma, None, cutlass.Float32(0.0)).launch(
+                    tiled_mma, None).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
-               tiled_mma: cute.TiledMma, mAttn, attn_scale):
-        # mAttn / attn_scale: None / unused here; GemvAttnSm90 (gemv_attn_kernel.py) attends
-        # after the epilogue through the hooks row_base, setup and after_epilogue.
+               tiled_mma: cute.TiledMma, tail):
+        # tail: None here; a subclass's own arguments (a tuple), handed to its hooks row_base,
+        # setup, after_product and after_epilogue (gemv_attn_kernel.py, gemv_mlp_kernel.py).
         cfg = self.cfg
         tid, _, _ = cute.arch.thread_idx()
         warp, lane = tid // 32, tid % 32
@@ -143,6 +143,9 @@ class GemvSm90:
         bars = smem.allocate_array(cutlass.Int64, R + 1)  # one per row, one for LN's gamma/beta
         partial = smem.allocate_tensor(cutlass.Float32, cute.make_layout((cfg.warps, R), stride=(R, 1)),
                                        byte_alignment=16)
+        red = smem.allocate_tensor(cutlass.Float32, cute.make_layout(2 * cfg.warps), byte_alignment=16)
+        # xs (and xh, gs, bs) are contiguous and dead once the product is done: after_product
+        # gets them as scratch.
         xs = smem.allocate_tensor(mX.element_type, cute.make_layout((cfg.k_max // 8, 8), stride=(8, 1)),
                                   byte_alignment=16)
         # 8-bit weights multiply in f16: x (LayerNorm applied) is staged in x's dtype first,
@@ -151,7 +154,6 @@ class GemvSm90:
         if cutlass.const_expr(self.w_fmt is not None):
             xh = smem.allocate_tensor(cutlass.Float16, cute.make_layout((cfg.k_max // 8, 8), stride=(8, 1)),
                                       byte_alignment=16)
-        red = smem.allocate_tensor(cutlass.Float32, cute.make_layout(2 * cfg.warps), byte_alignment=16)
         gs = bs = None
         if cutlass.const_expr(self.ln):
             gs = smem.allocate_tensor(mX.element_type, cute.make_layout(cfg.k_max), byte_alignment=16)
@@ -159,7 +161,7 @@ class GemvSm90:
         KS = cfg.row_stride
         ring = smem.allocate_tensor(mW.element_type, cute.make_layout((R, cfg.k_max), stride=(KS, 1)),
                                     byte_alignment=128)
-        extra = self.setup(smem, ring, mKc, mVc, mPos)
+        extra = self.setup(smem, ring, xs, mKc, mVc, mPos, tail)
 
         # Issue every weight row of this CTA first (lane r % 32 owns row r's barrier and copy,
         # so its init and its copy are in program order on one thread); LayerNorm's gamma and
@@ -232,6 +234,7 @@ class GemvSm90:
         else:
             self.product_16bit(ring, xs, partial, K, warp, lane, thr_mma, tiled_mma, mX.element_type)
         cute.arch.sync_threads()
+        self.after_product(ring, extra, tail)
         total = cutlass.Float32(0.0)
         if own:
             for w in cutlass.range_constexpr(cfg.warps):
@@ -240,22 +243,28 @@ class GemvSm90:
         y = cutlass.Float32(0.0)
         if own:
             y = self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
-        self.after_epilogue(y, own, tid, extra, N, mKc, mVc, mPos, mAttn, attn_scale)
+        self.after_epilogue(y, own, tid, extra, N, mX, mKc, mVc, mPos, tail)
 
     @cute.jit
     def row_base(self, R, N):
         """The first of this CTA's R consecutive weight rows."""
         return cute.arch.block_idx()[0] * R
 
-    def setup(self, smem, ring, mKc, mVc, mPos):
+    def setup(self, smem, ring, scratch, mKc, mVc, mPos, tail):
         """A subclass's kernel-start work: shared memory beyond the GEMV's (from the same
-        allocator; the weight ring is free for reuse once the product is done) and anything
+        allocator; the weight ring, and the activation buffers from `scratch` on (2 * k_max
+        bytes, 6 * k_max with LayerNorm), are free for reuse once the product is done) and anything
         else that must come first, before the PDL wait (so: constants only, or reads that
-        after_epilogue checks again); returns what after_epilogue gets."""
+        after_epilogue checks again); returns what the later hooks get as `extra`."""
         return None
 
+    def after_product(self, ring, extra, tail):
+        """Runs on every thread after the product's CTA barrier (the ring and the activation
+        buffers are free from here on)."""
+        pass
+
     @cute.jit
-    def after_epilogue(self, y, own, tid, extra, N, mKc, mVc, mPos, mAttn, attn_scale):
+    def after_epilogue(self, y, own, tid, extra, N, mX, mKc, mVc, mPos, tail):
         """Runs after thread t < rows finished output row t (value y); nothing here."""
         pass
 
