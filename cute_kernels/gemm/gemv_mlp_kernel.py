@@ -23,8 +23,9 @@ The W2 strip, loaded after the product, costs ~9 us per layer on the critical pa
 with its load skipped, timing only). Tried and dropped: the last CTA's tail as a loop of
 dependent loads (6 us per launch: 1.83), W2 as whole rows of its transpose (1.658, and a
 second copy of the weight), W2 prefetched into L2 before the PDL wait (1.74: it competes
-with the critical path's loads) or right after it (1.81), clusters of 4 or 8 CTAs summing their partials through
-distributed shared memory first (1.80 / 2.01; the reductions themselves cost ~0.4 us).
+with the critical path's loads) or right after it (1.81), clusters of 4 or 8 CTAs summing
+their partials through distributed shared memory first (1.80 / 2.01; the reductions
+themselves cost ~0.4 us).
 
 Warp roles: GemvSm90's until its epilogue (warp 0 also issues the bulk copies); warp 0
 issues W2's TMA boxes; then every warp multiplies (4 lanes per output row, 16 bytes each)
