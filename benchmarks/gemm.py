@@ -126,8 +126,13 @@ def host_overhead_us(n: int = 2000) -> dict:
 
     a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16).t()
+    out = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
+    w, bias = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16), torch.randn(64, device="cuda", dtype=torch.bfloat16)
     res = {}
-    for name, fn in (("cute.gemm", lambda: ck.gemm(a, b)), ("torch.mm", lambda: torch.mm(a, b))):
+    for name, fn in (("cute.gemm", lambda: ck.gemm(a, b)), ("torch.mm", lambda: torch.mm(a, b)),
+                     ("cute.gemm(out=)", lambda: ck.gemm(a, b, out=out)), ("torch.mm(out=)", lambda: torch.mm(a, b, out=out)),
+                     ("cute.linear+bias", lambda: ck.linear(a, w, bias)),
+                     ("F.linear+bias", lambda: torch.nn.functional.linear(a, w, bias))):
         for _ in range(50):
             fn()
         torch.cuda.synchronize()

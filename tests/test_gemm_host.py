@@ -150,6 +150,24 @@ def test_gemm_hot_path(fake_kernels):
     assert o2.shape == (33, 50) and o2.stride(0) == 56  # N padded to a multiple of 8
 
 
+def test_gemm_hot_path_with_out(fake_kernels):
+    """gemm(out=) records its own plan (keyed on out's layout too) and then writes into out
+    without allocating; a misaligned out on the same signature goes back through validation."""
+    a = torch.randn(33, 64, dtype=torch.bfloat16)
+    b = torch.randn(64, 48, dtype=torch.bfloat16)
+    out = torch.full((33, 48), float("nan"), dtype=torch.bfloat16)
+    r1 = api.gemm(a, b, out=out)
+    r2 = api.gemm(a, b, out=out)
+    assert r1 is out and r2 is out and len(api._GEMM_PLANS) == 1 and len(fake_kernels) == 2
+    assert fake_kernels[1]["out"].data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out.float(), a.float() @ b.float(), atol=0.1, rtol=0.02)
+    api.gemm(a, b)  # no out: a plan of its own
+    assert len(api._GEMM_PLANS) == 2
+    buf = torch.empty(33 * 48 + 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        api.gemm(a, b, out=buf[1:1 + 33 * 48].view(33, 48))
+
+
 # --------------------------------------------------------------------------- split-K
 
 # The heuristic's decisions on the shapes split-K is for (and some it must leave alone).
