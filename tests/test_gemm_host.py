@@ -105,6 +105,19 @@ def test_linear_hot_path_matches_first_call(fake_kernels, N, with_residual):
         torch.testing.assert_close(o.float(), ref.float(), atol=0.1, rtol=0.02)
 
 
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_linear_hot_path_2d(fake_kernels, with_residual):
+    """2-D x: the hot path hands x, the residual and the output over without views, and the
+    result is the same tensor shape as the first (validated) call's."""
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
+    w, b = torch.randn(40, 64, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)
+    res = torch.randn(6, 40, dtype=torch.bfloat16) if with_residual else None
+    o1, o2 = (api.linear(x, w, b, residual=res) for _ in range(2))
+    assert len(api._LINEAR_PLANS) == 1 and o1.shape == o2.shape == (6, 40)
+    assert fake_kernels[1]["a"] is x and (fake_kernels[1]["residual"] is res or not with_residual)
+    torch.testing.assert_close(o2.float(), linear_ref(x, w, b, residual=res).float(), atol=0.1, rtol=0.02)
+
+
 def test_linear_no_plan_when_a_copy_was_needed(fake_kernels):
     x = torch.randn(4, 130, dtype=torch.bfloat16)[:, 1:129]  # misaligned base -> padded copy
     w = torch.randn(32, 128, dtype=torch.bfloat16)

@@ -389,8 +389,11 @@ _LINEAR_PLANS: dict = {}
 
 
 def _linear_key(x, weight, bias, residual, activation, alpha, beta):
-    sig = lambda t: None if t is None else (t.dtype, t.shape, t.stride(), t.device)  # noqa: E731
-    return (sig(x), sig(weight), sig(bias), sig(residual), activation, alpha != 1.0, beta != 1.0)
+    # Flat, no helper calls: this runs on every linear call (~2.6 vs ~3.4 us with a per-tensor helper).
+    return (x.dtype, x.shape, x.stride(), x.device, weight.dtype, weight.shape, weight.stride(), weight.device,
+            None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.device),
+            None if residual is None else (residual.dtype, residual.shape, residual.stride(), residual.device),
+            activation, alpha != 1.0, beta != 1.0)
 
 
 def linear(
@@ -421,10 +424,12 @@ def linear(
         fn, M, N, K, n_p, lead = plan
         buf = torch.empty((M, n_p), dtype=x.dtype, device=x.device)
         out = buf if n_p == N else buf[:, :N]
-        res2 = None if residual is None else residual.reshape(M, N)
-        fn(x.reshape(M, K), weight, out, bias, res2, None, None, float(alpha), float(beta))
+        # 2-D x (and so residual [M, N]) goes as it is: a reshape / view costs ~2.6 us of CPU.
+        flat = len(lead) == 1
+        res2 = None if residual is None else (residual if flat else residual.reshape(M, N))
+        fn(x if flat else x.reshape(M, K), weight, out, bias, res2, None, None, float(alpha), float(beta))
         if n_p == N:
-            return out.view(*lead, N)
+            return out if flat else out.view(*lead, N)
         return out[0] if not lead else _reshape_padded(out, lead, N)
     return _linear_slow(x, weight, bias, activation, residual, alpha, beta, key)
 
