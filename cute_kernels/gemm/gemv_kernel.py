@@ -102,7 +102,12 @@ class GemvSm90:
 
     Warp roles: warp 0 also issues the bulk copies (one lane per row); every warp stages
     the activation row and then reduces whole weight rows. Pipelines: one single-use
-    mbarrier per weight row (see the module docstring)."""
+    mbarrier per weight row (see the module docstring).
+
+    Subclasses extend the kernel through hooks, in launch order: row_base (which weight rows
+    a CTA takes), setup (extra shared memory, pre-PDL-wait work), after_product (the ring is
+    free), after_epilogue (every output row done); `tail` carries their own arguments.
+    GemvAttnSm90 (gemv_attn_kernel.py) and GemvMlpSm90 (gemv_mlp_kernel.py) are the two."""
 
     def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None):
         # w_fmt "e4m3" / "s8": 8-bit weights with a per-output-channel scale (col_scale
