@@ -196,7 +196,7 @@ class StaticDecoder:
             mask = (self._arange <= positions[-1]).view(1, 1, 1, -1)
             seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, blk in enumerate(gpt.h):
-            attn, mlp = blk.attn, blk.mlp
+            attn = blk.attn
             o = self._qkv_attend(blk, h, i, positions) if decode and self._fused_attn else None
             if o is not None:  # c_attn, the KV append and the attention were one launch
                 h = self._mlp(blk, apply_linear(attn.c_proj, o.view(B, S, -1), h))

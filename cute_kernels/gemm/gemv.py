@@ -463,12 +463,15 @@ def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) ->
         return False
     if bias is not None and (bias.dtype != out.dtype or bias.stride(0) != 1):
         return False
-    if ln is not None:
-        lw, lb, _ = ln
-        if lw.dtype != x.dtype or lb.dtype != x.dtype or not (_aligned16(lw) and _aligned16(lb)) \
-                or not (lw.is_contiguous() and lb.is_contiguous()):
-            return False
-    return True
+    return ln is None or _ln_params_ok(x, ln[0], ln[1])
+
+
+def _ln_params_ok(x, lw, lb) -> bool:
+    """LayerNorm weight and bias as the one-row kernels bulk-copy them: [K] of x's dtype,
+    contiguous, 16-byte aligned."""
+    K = x.shape[-1]
+    return (lw.dtype == x.dtype and lb.dtype == x.dtype and lw.numel() == K and lb.numel() == K
+            and lw.is_contiguous() and lb.is_contiguous() and _aligned16(lw) and _aligned16(lb))
 
 
 def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None, wbytes: int = 2):
@@ -652,9 +655,9 @@ def gemv_qkv_attention(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_scale: 
                          "dtype (16-byte aligned rows), caches [1, E / 64, Smax, 64], pos int64 [1]")
     _check_kv(k_cache, v_cache, pos, 1, w_nk.shape[0])
     lw, lb, eps = ln
-    if lw.dtype != x.dtype or lb.dtype != x.dtype or not (lw.is_contiguous() and lb.is_contiguous()
-                                                          and _aligned16(lw) and _aligned16(lb)):
-        raise ValueError("gemv_qkv_attention: LayerNorm weight and bias must be contiguous, 16-byte aligned, of x's dtype")
+    if not _ln_params_ok(x, lw, lb):
+        raise ValueError("gemv_qkv_attention: LayerNorm weight and bias must be [E], contiguous, 16-byte aligned, "
+                         "of x's dtype")
     E = x.shape[1]
     if qkv is None:
         qkv = torch.empty((1, 3 * E), dtype=x.dtype, device=x.device)
@@ -757,8 +760,7 @@ def gemv_mlp(x, ln, w1, b1, w2, b2, activation: str = "gelu_tanh", *, out=None, 
                          f"activation none/relu/gelu/gelu_tanh (got {activation!r})")
     lw, lb, eps = ln
     E, F = x.shape[1], w1.shape[0]
-    if lw.dtype != x.dtype or lb.dtype != x.dtype or lw.numel() != E or lb.numel() != E \
-            or not (lw.is_contiguous() and lb.is_contiguous() and _aligned16(lw) and _aligned16(lb)):
+    if not _ln_params_ok(x, lw, lb):
         raise ValueError("gemv_mlp: LayerNorm weight and bias must be [E], contiguous, 16-byte aligned, of x's dtype")
     acc, count = workspace if workspace is not None else gemv_mlp_workspace(E, x.device)
     if acc.dtype != torch.float32 or acc.numel() < E or not acc.is_contiguous() or not _aligned16(acc) \
