@@ -51,6 +51,24 @@ def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("b_major", ["n", "k"])
+def test_b_kn_entry_is_the_same_kernel(tmp_path, b_major):
+    """gemm() hands the kernel torch.mm's b [K, N] itself (b_kn): the permutation happens at
+    trace time, so the PTX is the one compiled for the [N, K] view."""
+    from cute_kernels.gemm.api import _compile
+    from cute_kernels.gemm.kernel import Epilogue
+
+    ptx = []
+    for b_kn in (False, True):
+        d = tmp_path / str(b_kn)
+        d.mkdir()
+        _compile(torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", b_major, GemmConfig(128, 128, 2, 1), Epilogue(),
+                 "Float32", keep_dir=str(d), b_kn=b_kn)
+        ptx.append(open(glob.glob(str(d / "*.ptx"))[0]).read())
+    assert "wgmma.mma_async" in ptx[0] and ptx[0] == ptx[1]
+
+
+@pytest.mark.compile
 def test_fp32_output_fused_epilogue_compiles(tmp_path):
     """The 32-bit epilogue (per-warp boxes) with every operand: bias, scales, gelu, residual."""
     from cute_kernels.gemm.api import _compile

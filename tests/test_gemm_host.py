@@ -44,10 +44,13 @@ def _check_split_launch(a, out, cfg, ws, sem, split, acc_name):
 def fake_kernels(monkeypatch):
     calls = []
 
-    def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32"):
+    def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32", b_kn=False):
         def fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta, *split_args):
+            if b_kn:  # compiled for torch.mm's b [K, N]: the [N, K] view is the kernel's B
+                assert b_nk.shape[0] == a.shape[1]
+                b_nk = b_nk.t()
             calls.append({"a": a, "b": b_nk, "out": out, "bias": bias, "residual": residual, "alpha": alpha,
-                          "beta": beta, "epi": epi, "cfg": cfg, "c_dt": c_dt,
+                          "beta": beta, "epi": epi, "cfg": cfg, "c_dt": c_dt, "b_kn": b_kn,
                           "split": split_args[2] if split_args else 1})
             assert out.dtype == c_dt and bool(split_args) == (cfg.split_k > 1)
             if split_args:
@@ -159,6 +162,8 @@ def test_gemm_hot_path(fake_kernels):
     b = torch.randn(50, 64, dtype=torch.bfloat16).t()
     o1, o2 = api.gemm(a, b), api.gemm(a, b)
     assert len(api._GEMM_PLANS) == 1 and len(fake_kernels) == 2
+    # The launch is compiled for b [K, N] as given: no transposed view per call.
+    assert all(c["b_kn"] for c in fake_kernels)
     torch.testing.assert_close(o1, o2)
     assert o2.shape == (33, 50) and o2.stride(0) == 56  # N padded to a multiple of 8
 

@@ -276,12 +276,14 @@ def _blocks(N: int, K: int) -> tuple[int, int]:
 class GemvLaunch:
     """The skinny path with the compiled GEMM's call signature (see api.kernel_for)."""
 
-    __slots__ = ("epi",)
+    __slots__ = ("epi", "b_kn")
 
-    def __init__(self, epi):
-        self.epi = epi
+    def __init__(self, epi, b_kn=False):
+        self.epi, self.b_kn = epi, b_kn  # b_kn: b arrives as b_nk.t()
 
     def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
+        if self.b_kn:
+            b_nk = b_nk.t()
         e = self.epi
         assert a.shape[0] <= GEMV_MAX_M and out.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
         return skinny_gemm(a, b_nk, bias if e.bias else None, e.activation, residual if e.residual else None,

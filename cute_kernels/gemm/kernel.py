@@ -131,7 +131,7 @@ class GemmSm90:
     normal fused epilogue; the others skip it (`split_fixup`). One launch, no waits.
     """
 
-    def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue):
+    def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue, b_kn: bool = False):
         cfg.validate()
         if (epilogue.row_scale == "block") != (epilogue.col_scale == "block"):
             raise ValueError("block scales come in pairs: row_scale and col_scale must both be 'block'")
@@ -141,6 +141,10 @@ class GemmSm90:
             # every thread needs exactly three scales per k-tile (two rows, one column block).
             raise ValueError(f"block scales need a promoted cooperative 64/128 x 64/128 tile, got {cfg}")
         self.cfg = cfg
+        # b_kn: B arrives as torch.mm's b [K, N] rather than as its [N, K] transpose. The
+        # transpose is then a layout permutation at trace time instead of a torch view
+        # built on the host every call (~2 us of CPU, as much as a quarter of the call).
+        self.b_kn = b_kn
         # Only whether to split is compiled in; the split count is D's runtime last extent.
         self.split = cfg.split_k > 1
         self.acc_dtype = acc_dtype
@@ -209,7 +213,7 @@ class GemmSm90:
     def __call__(
         self,
         mA: cute.Tensor,  # (M, K)
-        mB: cute.Tensor,  # (N, K)
+        mB: cute.Tensor,  # (N, K), or (K, N) when b_kn
         mD: cute.Tensor,  # (M, N), row-major
         mBias: cute.Tensor | None,  # (N,)
         mResidual: cute.Tensor | None,  # (M, N)
@@ -250,6 +254,8 @@ class GemmSm90:
     @cute.jit
     def _launch(self, mA, mB, mD, mBias, mResidual, mRowScale, mColScale, alpha, beta, mWs, mSem, splits,
                 max_active_clusters: cutlass.Constexpr, stream):
+        if cutlass.const_expr(self.b_kn):
+            mB = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 0]))
         # Append the batch mode CuTe's TMA/tiling helpers expect: (M, K) -> (M, K, 1).
         mA = self._add_batch_mode(mA)
         mB = self._add_batch_mode(mB)
