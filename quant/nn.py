@@ -85,6 +85,7 @@ def linear_weight_nk(module: nn.Module) -> torch.Tensor:
 # GEMM dispatch
 
 
+@functools.lru_cache(maxsize=1)  # asked on every forward; the answer does not change in a process
 def _hopper() -> bool:
     from cute_kernels.runtime import is_hopper_available
 
@@ -211,14 +212,14 @@ class _QuantLinearBase(nn.Module):
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # a reshape costs ~1-2 us of CPU
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
         return x2, bias, self._residual_2d(residual, x2)
 
     def _epilogue(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return self._run(x, residual, None)

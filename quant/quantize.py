@@ -104,13 +104,27 @@ def quantize(
     backend: "auto" (Triton on CUDA, reference elsewhere), "triton" (force it; on
     CPU only under TRITON_INTERPRET=1), "torch" (the reference).
     """
-    _check(x, dtype, granularity, multiplier, backend)
-    use_triton = backend == "triton" or (backend == "auto" and _triton_supports(x, dtype))
+    # A call signature validated once (dtypes, shape, strides, device, options) skips the
+    # checks afterwards: they cost as much CPU as the launch itself.
+    try:
+        key = (x.dtype, x.shape, x.stride(), x.device, dtype, granularity, backend,
+               None if multiplier is None else (multiplier.dtype, multiplier.shape, multiplier.device))
+        use_triton = _CHECKED.get(key)
+    except AttributeError:  # not tensors: _check raises the right error
+        key, use_triton = None, None
+    if use_triton is None:
+        _check(x, dtype, granularity, multiplier, backend)
+        use_triton = backend == "triton" or (backend == "auto" and _triton_supports(x, dtype))
+        if key is not None:
+            _CHECKED[key] = use_triton
     if use_triton:
         from ._triton import quantize_triton
 
         return quantize_triton(x, dtype, granularity, multiplier)
     return quantize_ref(x, dtype, granularity, multiplier)
+
+
+_CHECKED: dict = {}  # validated quantize() signature -> whether it runs the Triton kernel
 
 
 def layernorm_quantize(

@@ -51,6 +51,7 @@ def fake_kernels(monkeypatch):
                 b_nk = b_nk.t()
             calls.append({"a": a, "b": b_nk, "out": out, "bias": bias, "residual": residual, "alpha": alpha,
                           "beta": beta, "epi": epi, "cfg": cfg, "c_dt": c_dt, "b_kn": b_kn,
+                          "row_scale": row_scale, "col_scale": col_scale,
                           "split": split_args[2] if split_args else 1})
             assert out.dtype == c_dt and bool(split_args) == (cfg.split_k > 1)
             if split_args:
@@ -184,6 +185,41 @@ def test_gemm_hot_path_with_out(fake_kernels):
     buf = torch.empty(33 * 48 + 8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="16-byte aligned"):
         api.gemm(a, b, out=buf[1:1 + 33 * 48].view(33, 48))
+
+
+def test_quantized_hot_path(fake_kernels, monkeypatch):
+    """int8_mm / scaled_mm record a plan per signature when the first call copied nothing,
+    then launch with b [K, N] as given and the [M, 1] / [1, N] scales as vectors; a copied
+    (non-contiguous) scale records nothing; a misaligned operand on a planned signature goes
+    back through validation and gets its error."""
+    from cute_kernels.quantized import api as qapi
+
+    monkeypatch.setattr(qapi, "check_device", lambda t, what="tensor": 132)
+    qapi._PLANS.clear()
+    a = torch.randint(-128, 128, (33, 64), dtype=torch.int8)
+    w = torch.randint(-128, 128, (48, 64), dtype=torch.int8)
+    r1, r2 = qapi.int8_mm(a, w.t()), qapi.int8_mm(a, w.t())
+    assert len(qapi._PLANS) == 1 and len(fake_kernels) == 2 and all(c["b_kn"] for c in fake_kernels)
+    assert torch.equal(r1, r2) and torch.equal(r2, (a.long() @ w.long().t()).int())
+    sa, sb = torch.rand(33, 1) + 0.5, torch.rand(1, 48) + 0.5
+    bias = torch.randn(48, dtype=torch.bfloat16)
+    for _ in range(2):
+        qapi.int8_mm(a, w.t(), sa, sb, bias=bias)
+    assert len(qapi._PLANS) == 2
+    last = fake_kernels[-1]
+    assert last["row_scale"].shape == (33,) and last["row_scale"].data_ptr() == sa.data_ptr()
+    assert last["col_scale"].shape == (48,) and last["bias"] is bias
+    strided = (torch.rand(33, 2) + 0.5)[:, :1]  # copied to a vector: no plan
+    qapi.int8_mm(a, w.t(), strided, sb, bias=bias)
+    assert len(qapi._PLANS) == 2
+    buf = torch.randint(-128, 128, (33 * 64 + 16,), dtype=torch.int8)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        qapi.int8_mm(buf[1:1 + 33 * 64].view(33, 64), w.t())
+    fa, fw = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    for _ in range(2):
+        qapi.scaled_mm(fa, fw.t(), torch.tensor(0.5), torch.tensor(2.0), use_fast_accum=True)
+    assert len(qapi._PLANS) == 3 and fake_kernels[-1]["row_scale"].shape == (1,)
+    qapi._PLANS.clear()
 
 
 # --------------------------------------------------------------------------- split-K

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from ..gemm.api import _alloc_out, _tma_ok, run_gemm
+from ..gemm.api import _alloc_out, _tma_ok, kernel_for, residual_for_kernel, run_gemm
 from ..gemm.reference import ACTIVATIONS
 from ..runtime import check_device
 from ..runtime.dtypes import FP8
@@ -79,6 +79,57 @@ def _check_residual(residual, M: int, N: int, dtype, device):
     return residual if residual.stride(1) == 1 else residual.contiguous()
 
 
+# --------------------------------------------------------------------------- hot path
+#
+# scaled_mm / int8_mm remember, per call signature (op, options, and every tensor's dtype,
+# shape, strides and device), the launch that the validated first call made when it needed
+# no copies; later calls with that signature re-check only the 16-byte alignment of the
+# TMA operands and launch (full validation cost ~20 us of CPU per call on the lent
+# machines, as much as the rest of the call).
+
+_PLANS: dict = {}
+
+
+def _sig(t):
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
+
+
+def _plan_lookup(op, a, b, sa, sb, bias, residual, *opts):
+    """(key, plan or None); key None when an argument is not a tensor (the full path
+    raises the right error)."""
+    try:
+        key = (op, a.dtype, a.shape, a.stride(), a.device, b.dtype, b.shape, b.stride(), b.device,
+               _sig(sa), _sig(sb), _sig(bias), _sig(residual), *opts)
+    except AttributeError:
+        return None, None
+    return key, _PLANS.get(key)
+
+
+def _run_plan(plan, a, b, sa, sb, bias, residual):
+    """Launch a recorded plan, or None when this call's pointers are not 16-byte aligned."""
+    if (a.data_ptr() | b.data_ptr()) & 15 or (residual is not None and residual.data_ptr() & 15):
+        return None
+    fn, M, N, n_p, out_dtype = plan
+    buf = a.new_empty((M, n_p), dtype=out_dtype)
+    out = buf if n_p == N else buf[:, :N]
+    fn(a, b, out, bias, residual, None if sa is None else sa.view(-1), None if sb is None else sb.view(-1), 1.0, 1.0)
+    return out
+
+
+def _launch_and_record(key, a, b, out, epi, bias_in, bias, residual_in, residual, scales_in, sa, sb, *,
+                       config, kernel_name, acc_name="Float32"):
+    """The full path's launch (b [K, N] handed over as it is, `GemmSm90.b_kn`); records
+    the plan when nothing was copied on the way (bias, residual, vector scales)."""
+    residual_k = residual_for_kernel(residual)
+    fn = kernel_for(a, b.t(), out.dtype, epi, config=config, kernel_name=kernel_name, acc_name=acc_name, b_kn=True)
+    fn(a, b, out, bias, residual_k, sa, sb, 1.0, 1.0)
+    copied = bias is not bias_in or residual_k is not residual_in or any(
+        t is not None and t.numel() > 1 and not t.is_contiguous() for t in scales_in)
+    if key is not None and not copied:
+        _PLANS[key] = (fn, out.shape[0], out.shape[1], out.stride(0), out.dtype)
+    return out
+
+
 def scaled_mm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -100,6 +151,16 @@ def scaled_mm(
     sums into an fp32 accumulator every 128 of K ("2xAcc"); True keeps one wgmma
     accumulator, which is faster and loses precision as K grows.
     """
+    key, plan = _plan_lookup("scaled_mm", a, b, scale_a, scale_b, bias, residual, out_dtype, activation,
+                             use_fast_accum)
+    if plan is not None:
+        out = _run_plan(plan, a, b, scale_a, scale_b, bias, residual)
+        if out is not None:
+            return out
+    return _scaled_mm_slow(key, a, b, scale_a, scale_b, bias, out_dtype, activation, residual, use_fast_accum)
+
+
+def _scaled_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation, residual_in, use_fast_accum):
     from ..gemm.kernel import Epilogue
 
     _check_8bit_operands(a, b, FP8, "scaled_mm")
@@ -113,16 +174,16 @@ def scaled_mm(
     N = b.shape[1]
     row_mode, sa = _scale_mode(scale_a, M, "scale_a", (M, 1), a.device)
     col_mode, sb = _scale_mode(scale_b, N, "scale_b", (1, N), a.device)
-    bias = _check_bias(bias, N, out_dtype, a.device)
-    residual = _check_residual(residual, M, N, out_dtype, a.device)
+    bias = _check_bias(bias_in, N, out_dtype, a.device)
+    residual = _check_residual(residual_in, M, N, out_dtype, a.device)
     out = _alloc_out(M, N, out_dtype, a.device)
     if M == 0 or N == 0:
         return out
     epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode, bias=bias is not None,
                    residual=residual is not None)
     cfg = None if use_fast_accum else _promoted_config(M, N, K)
-    return run_gemm(a, b.t(), out, epi=epi, bias=bias, residual=residual, row_scale=sa, col_scale=sb, config=cfg,
-                    kernel_name="scaled_mm_sm90")
+    return _launch_and_record(key, a, b, out, epi, bias_in, bias, residual_in, residual, (scale_a, scale_b), sa, sb,
+                              config=cfg, kernel_name="scaled_mm_sm90")
 
 
 @functools.lru_cache(maxsize=4096)  # per-call hot path: no dataclass built per launch
@@ -251,6 +312,15 @@ def int8_mm(
     act(a @ b * scale_a * scale_b + bias) + residual in out_dtype (default bfloat16).
     a [M, K] row-major, b [K, N] column-major (w.t() of an int8 [N, K] weight).
     """
+    key, plan = _plan_lookup("int8_mm", a, b, scale_a, scale_b, bias, residual, out_dtype, activation)
+    if plan is not None:
+        out = _run_plan(plan, a, b, scale_a, scale_b, bias, residual)
+        if out is not None:
+            return out
+    return _int8_mm_slow(key, a, b, scale_a, scale_b, bias, out_dtype, activation, residual)
+
+
+def _int8_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation, residual_in):
     from ..gemm.kernel import Epilogue
 
     _check_8bit_operands(a, b, (torch.int8,), "int8_mm")
@@ -258,25 +328,26 @@ def int8_mm(
     N = b.shape[1]
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    scaled = scale_a is not None or scale_b is not None or bias is not None or activation or residual is not None
+    scaled = scale_a is not None or scale_b is not None or bias_in is not None or activation or residual_in is not None
     if not scaled:
         if out_dtype not in (None, torch.int32):
             raise TypeError("int8_mm without scales returns int32; pass scales to get a dequantized output")
         out = _alloc_out(M, N, torch.int32, a.device)
         if M and N:
-            run_gemm(a, b.t(), out, epi=Epilogue(), kernel_name="int8_mm_sm90", acc_name="Int32")
+            _launch_and_record(key, a, b, out, Epilogue(), None, None, None, None, (), None, None, config=None,
+                               kernel_name="int8_mm_sm90", acc_name="Int32")
         return out
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"int8_mm: dequantized out_dtype must be bfloat16 or float16, got {out_dtype}")
     row_mode, sa = _scale_mode(scale_a, M, "scale_a", (M, 1), a.device)
     col_mode, sb = _scale_mode(scale_b, N, "scale_b", (1, N), a.device)
-    bias = _check_bias(bias, N, out_dtype, a.device)
-    residual = _check_residual(residual, M, N, out_dtype, a.device)
+    bias = _check_bias(bias_in, N, out_dtype, a.device)
+    residual = _check_residual(residual_in, M, N, out_dtype, a.device)
     out = _alloc_out(M, N, out_dtype, a.device)
     if M and N:
         epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode,
                        bias=bias is not None, residual=residual is not None)
-        run_gemm(a, b.t(), out, epi=epi, bias=bias, residual=residual, row_scale=sa, col_scale=sb,
-                 kernel_name="int8_mm_sm90", acc_name="Int32")
+        _launch_and_record(key, a, b, out, epi, bias_in, bias, residual_in, residual, (scale_a, scale_b), sa, sb,
+                           config=None, kernel_name="int8_mm_sm90", acc_name="Int32")
     return out
