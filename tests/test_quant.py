@@ -643,6 +643,69 @@ def test_triton_bit_exact_gpu(hopper, dtype, granularity):
     assert torch.equal(qf.nan_to_num(-1e9), rf.nan_to_num(-1e9))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_quantize_direct_launch_gpu(hopper, dtype):
+    """Repeated signatures launch the captured kernel directly (TritonLaunch): still bit-exact
+    on fresh data every call, and a misaligned view on a seen signature goes through the JIT."""
+    from quant import _triton as qt
+
+    torch.manual_seed(1)
+    for shape, gran, with_mul in (((64, 768), "row", False), ((9, 1600), "block", True), ((300, 6400), "row", True)):
+        mul = torch.rand(shape[-1], device=hopper) + 0.5 if with_mul else None
+        for call in range(3):
+            x = torch.randn(shape, device=hopper, dtype=torch.bfloat16) * 3
+            q, s = quant.quantize(x, dtype, gran, multiplier=mul)
+            rq, rs = R.quantize_ref(x.cpu(), dtype, gran, None if mul is None else mul.cpu())
+            assert torch.equal(s.cpu(), rs) and torch.equal(_bits(q.cpu()), _bits(rq)), (shape, gran, call)
+        assert any(k[0] == torch.Size(shape) for k in qt._GROUPS_LAUNCH._compiled)
+    buf = torch.randn(64 * 768 + 8, device=hopper, dtype=torch.bfloat16)
+    x = buf[1:1 + 64 * 768].view(64, 768)  # same signature as above, 2-byte aligned base
+    q, s = quant.quantize(x, dtype, "row")
+    rq, rs = R.quantize_ref(x.cpu(), dtype, "row")
+    assert torch.equal(s.cpu(), rs) and torch.equal(_bits(q.cpu()), _bits(rq))
+
+
+def test_triton_launch_capture_logic():
+    """TritonLaunch (CPU, a stand-in JIT function): the first call goes through the JIT and
+    captures its kernel; later calls with the key and 16-byte aligned pointers go to the
+    launcher with every parameter in order (constexprs last); misaligned ones to the JIT."""
+    pytest.importorskip("triton")
+    from cute_kernels.runtime import triton_launch as tl
+
+    runs, jits = [], []
+
+    class Kernel:
+        function, packed_metadata = 7, "meta"
+
+        def run(self, *a):
+            runs.append(a)
+
+        def launch_metadata(self, grid, stream, *args):
+            return None
+
+    class Jit:
+        arg_names = ["x", "n", "A", "B"]
+
+        def __getitem__(self, grid):
+            def call(*args, **kw):
+                jits.append((grid, args, kw))
+                return Kernel()
+            return call
+
+    launch = tl.TritonLaunch(Jit())
+    x = torch.zeros(16)
+    import unittest.mock as mock
+    with mock.patch.object(tl, "_current_raw_stream", lambda i: 123):
+        launch("k", (2, 1, 1), (x,), (5,), {"B": 2, "A": 1}, num_warps=4)
+        assert len(jits) == 1 and not runs and jits[0][2] == {"B": 2, "A": 1, "num_warps": 4}
+        launch("k", (2, 1, 1), (x,), (5,), {"B": 2, "A": 1}, num_warps=4)
+        assert len(jits) == 1 and len(runs) == 1
+        assert runs[0][:4] == (2, 1, 1, 123) and runs[0][9:] == (x, 5, 1, 2)
+        launch("k", (2, 1, 1), (torch.zeros(17)[1:],), (5,), {"B": 2, "A": 1}, num_warps=4)
+        assert len(jits) == 2 and len(runs) == 1
+
+
 def _mlp_case(device, seed=0):
     """GPT-2-small MLP shapes: 768 -> 3072 (gelu_tanh) -> 768, 512 tokens, bf16."""
     torch.manual_seed(seed)
