@@ -43,6 +43,7 @@ TILE_ELEMS = 4096
 ROW_TILE_ELEMS = 2048  # per-token quantization: rows per program (see quantize_triton)
 TENSOR_BLOCK = 4096
 TENSOR_MAX_PROGRAMS = 1024
+TENSOR_CAST_REVERSE = True  # see _tensor_cast_kernel
 
 
 @triton.jit
@@ -168,13 +169,18 @@ def _tensor_amax_kernel(x_ptr, mul_ptr, amax_ptr, n, K, HAS_MUL: tl.constexpr, B
 def _tensor_cast_kernel(
     x_ptr, q_ptr, s_ptr, mul_ptr, amax_ptr, n, K,
     QMAX: tl.constexpr, FLOOR: tl.constexpr, IS_INT8: tl.constexpr,
-    HAS_MUL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_MUL: tl.constexpr, BLOCK: tl.constexpr, REVERSE: tl.constexpr,
 ):
+    # REVERSE: blocks in descending order, so the first CTAs (launched first) read the end
+    # of x, which the amax pass read last and L2 may still hold.
     pid = tl.program_id(0)
-    amax = tl.load(amax_ptr + tl.arange(0, 1))
-    scale, inv, ok = _group_scale(amax, QMAX, FLOOR)
     if pid == 0:
-        tl.store(s_ptr + tl.arange(0, 1), scale)
+        amax0 = tl.load(amax_ptr + tl.arange(0, 1))
+        tl.store(s_ptr + tl.arange(0, 1), _group_scale(amax0, QMAX, FLOOR)[0])
+    if REVERSE:
+        pid = tl.num_programs(0) - 1 - pid
+    amax = tl.load(amax_ptr + tl.arange(0, 1))
+    _, inv, ok = _group_scale(amax, QMAX, FLOOR)
     idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = idx < n
     xf = tl.load(x_ptr + idx, mask=m, other=0.0).to(tl.float32)
@@ -250,7 +256,7 @@ def quantize_triton(
     _tensor_cast_kernel[grid_c](
         x2, q, scale, mul, amax, n, K,
         QMAX=qmax_of(dtype), FLOOR=AMAX_FLOOR, IS_INT8=dtype == torch.int8, HAS_MUL=has_mul,
-        BLOCK=TENSOR_BLOCK, num_warps=8,
+        BLOCK=TENSOR_BLOCK, REVERSE=TENSOR_CAST_REVERSE, num_warps=8,
     )
     return q.reshape(x.shape), scale
 
