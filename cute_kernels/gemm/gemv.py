@@ -61,6 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime.triton_launch import TritonLaunch
+
 _ACT_CODE = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
 GEMV_ENV = "CUTE_KERNELS_GEMV"
@@ -273,6 +275,9 @@ def _blocks(N: int, K: int) -> tuple[int, int]:
     return (16 if N <= 2048 else 64), (512 if K >= 4096 else 256)
 
 
+_GEMV_LAUNCH = TritonLaunch(_gemv_kernel)
+
+
 class GemvLaunch:
     """The skinny path with the compiled GEMM's call signature (see api.kernel_for)."""
 
@@ -319,29 +324,27 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
-    kw = {}
+    kv_args = (False, None, None, None, 0, 1, 0, 0, 0, 64)
     if kv is not None:
         k_cache, v_cache, pos = kv
         _check_kv(k_cache, v_cache, pos, M, N)
-        kw = dict(KV=True, k_cache_ptr=k_cache, v_cache_ptr=v_cache, pos_ptr=pos,
-                  pos_stride=1 if pos.numel() > 1 else 0, kv_c=N // 3, kv_sb=k_cache.stride(0),
-                  kv_sh=k_cache.stride(1), kv_ss=k_cache.stride(2), KV_D=k_cache.shape[3])
-    if pdl:
-        kw["launch_pdl"] = True
-    kernel = _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out,
-        float(alpha), float(beta), M, N, K, x.stride(0), w_nk.stride(0), out.stride(0),
-        residual.stride(0) if residual is not None else 0,
-        ACT=_ACT_CODE[activation or "none"], HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        USE_ALPHA=alpha != 1.0, USE_BETA=residual is not None and beta != 1.0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        ln_w_ptr=ln_w, ln_b_ptr=ln_b, eps=float(eps), LN=ln is not None,
-        K_PAD=triton.next_power_of_2(K) if ln is not None else 16,
-        col_scale_ptr=w_scale, xs_ptr=x_scale, COL_SCALE=2 if w_scale is not None else 0, XSCALE=x_scale is not None,
-        PDL=pdl, FIRST_STEPS=FIRST_STEPS if K > block_k else 1,
-        num_warps=warps, num_stages=stages, **kw,
+        kv_args = (True, k_cache, v_cache, pos, 1 if pos.numel() > 1 else 0, N // 3, k_cache.stride(0),
+                   k_cache.stride(1), k_cache.stride(2), k_cache.shape[3])
+    # Every parameter in order (TritonLaunch.all_args: after the first call of a signature the
+    # compiled kernel is launched directly, without the JIT's ~40 arguments of dispatch work).
+    kernel = _GEMV_LAUNCH.all_args(
+        (triton.cdiv(N, block_n), 1, 1),
+        (x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out,
+         float(alpha), float(beta), M, N, K, x.stride(0), w_nk.stride(0), out.stride(0),
+         residual.stride(0) if residual is not None else 0,
+         _ACT_CODE[activation or "none"], bias is not None, residual is not None,
+         alpha != 1.0, residual is not None and beta != 1.0, block_m, block_n, block_k,
+         ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None else 16,
+         w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,
+         pdl, FIRST_STEPS if K > block_k else 1, *kv_args),
+        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
-    if pdl:
+    if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
         prefer_max_shared(kernel)
     return out
 

@@ -51,11 +51,42 @@ class TritonLaunch:
                        kernel.launch_metadata(grid, stream, *full), rt.launch_enter_hook, rt.launch_exit_hook, *full)
             return
         kernel = self.jit_fn[grid](*ptrs, *scalars, **constexprs, **options)
-        if hit is None and aligned and _launchable(kernel) and len(grid) == 3:
+        if hit is None and aligned and _launchable(kernel) and len(grid) == 3 and _enabled():
             # The launcher takes every parameter in definition order, constexprs included.
             names = self._names[len(ptrs) + len(scalars):]
             if set(names) == set(constexprs):
                 self._compiled[key] = (kernel, tuple(constexprs[n] for n in names))
+        return kernel
+
+    def all_args(self, grid, args: tuple, **options):
+        """Launch with every parameter given, in definition order (None for absent pointers,
+        constexprs included). The key is built here: each tensor's dtype, every other value,
+        the device; tensors must be 16-byte aligned for the direct path. Returns the
+        CompiledKernel when the launch went through the JIT (None otherwise)."""
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        key = (tensors[0].device.index, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args))
+        hit = self._compiled.get(key)
+        aligned = all(not (t.data_ptr() & 15) for t in tensors)
+        if hit is not None and aligned:
+            stream = _current_raw_stream(key[0])
+            rt = self._runtime
+            hit.run(grid[0], grid[1], grid[2], stream, hit.function, hit.packed_metadata,
+                    hit.launch_metadata(grid, stream, *args), rt.launch_enter_hook, rt.launch_exit_hook, *args)
+            return None
+        kernel = self.jit_fn[grid](*args, **options)
+        if hit is None and aligned and _launchable(kernel) and len(grid) == 3 and len(args) == len(self._names) \
+                and _enabled():
+            self._compiled[key] = kernel
+        return kernel
+
+
+ENV = "CUTE_KERNELS_TRITON_DIRECT"  # "0": every launch through the JIT (for A/Bs and as a way out)
+
+
+def _enabled() -> bool:
+    import os
+
+    return os.environ.get(ENV, "1") != "0"
 
 
 def _launchable(kernel) -> bool:
