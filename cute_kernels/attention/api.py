@@ -14,7 +14,7 @@ from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, num_sms
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
 from .reference import flash_attn_ref  # noqa: F401
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)  # 96: correct, not tuned (Phi-3-mini's head dim)
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
 PINGPONG = True
 
@@ -31,7 +31,7 @@ def pingpong_for(head_dim: int, num_mma_wg: int) -> bool:
 # uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
 # causal); S = 1024: -1% (-9% causal: 1024 rows make 5.3 tiles of 192, and causal tiles
 # balance worse). Part of the compile key.
-MMA_WARPGROUPS = {64: 3, 128: 2}
+MMA_WARPGROUPS = {64: 3, 96: 2, 128: 2}
 THREE_WG_MIN_SQ = 2048
 
 
@@ -46,6 +46,10 @@ MAX_SPLITS = 16
 # CTA at most (more would push the per-thread softmax state past the register budget), and
 # how many 16-byte chunks of a row each thread loads (vec). Part of the compile key.
 DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
+                 # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp);
+                 # q and the accumulator (heads x 24 fp32 each per thread): 2 heads fit.
+                 # Correct, not tuned: 0.33-0.65x cuDNN (best of a six-config sweep, H100).
+                 96: {"max_heads": 2, "vec": 3, "unroll": 1, "stages": 4, "threads": 256},
                  128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256}}
 # GQA decode with at least `min_gqa` query heads per KV head runs the tensor-core kernel
 # (FlashDecodeMmaSm90): up to 16 packed heads per CTA (the mma tile's M rows), `warps` warps
@@ -168,7 +172,7 @@ def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head
     still give every SM a CTA: at batch 1 with 8 KV heads and 1k keys it makes 64 one-step
     CTAs and lost to the SIMT kernel's 128 (8.9 vs 7.4 us, H100, same run)."""
     G = q_heads // kv_heads
-    if G < DECODE_MMA_CONFIG["min_gqa"]:
+    if G < DECODE_MMA_CONFIG["min_gqa"] or head_dim % 64:  # its swizzled ring holds 64-wide rows
         return False
     ctas = batch * (q_heads // decode_heads_per_cta(G, head_dim, mma=True))
     return ctas * -(-seqlen_k // _decode_block_n(head_dim, True)) >= num_sms
