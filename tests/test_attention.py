@@ -14,7 +14,7 @@ from cute_kernels.attention.reference import flash_attn_ref
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,wg", [(64, 2), (64, 3), (96, 2), (128, 2)])
+@pytest.mark.parametrize("head_dim,wg", [(64, 2), (64, 3), (96, 2), (128, 2), (256, 2)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
     from cute_kernels.attention.api import _compile
@@ -62,7 +62,7 @@ def test_validation_on_cpu():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(12, 12), (32, 8), (12, 1)])
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (128, 128), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
     import cute_kernels as ck
 
@@ -133,7 +133,7 @@ def test_kvcache_validation_on_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("s_new", [1, 7])
-@pytest.mark.parametrize("heads,D", [((12, 12), 64), ((32, 8), 128), ((32, 8), 96)])
+@pytest.mark.parametrize("heads,D", [((12, 12), 64), ((32, 8), 128), ((32, 8), 96), ((8, 2), 256)])
 def test_flash_attn_with_kvcache_ragged(s_new, heads, D):
     import cute_kernels as ck
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
@@ -290,6 +290,7 @@ def test_decode_mma_choice():
     assert not decode_uses_mma(1, 32, 8, 1024, 128)  # 64 one-step CTAs: the SIMT kernel is faster
     assert not decode_uses_mma(1, 12, 12, 8192, 64) and not decode_uses_mma(64, 32, 16, 8192, 128)  # G < 4
     assert not decode_uses_mma(8, 32, 8, 8192, 96)  # its ring is 64 columns wide: D = 96 stays SIMT
+    assert not decode_uses_mma(8, 32, 8, 8192, 256)  # and would not fit shared memory at D = 256
     assert [decode_heads_per_cta(g, 128, mma=True) for g in (4, 8, 12, 16, 32, 24)] == [4, 8, 12, 16, 16, 12]
     assert decode_splits_heuristic(1, 32, 16, 8192, 128, mma=True) == 16  # 128 KB of partials
     assert decode_splits_heuristic(1, 32, 4, 8192, 128, mma=True) == 16  # one wave of 8 x 16 CTAs
@@ -338,7 +339,7 @@ def test_decode_cluster_merge_choice(monkeypatch):
 @pytest.mark.parametrize("head_dim,heads,split,masked,mma,cluster", [
     (64, 1, False, False, False, 1), (64, 1, True, False, False, 1), (128, 4, True, False, False, 1),
     (64, 3, True, False, False, 1), (64, 1, True, True, False, 1), (64, 1, True, False, False, 8),
-    (128, 4, True, True, False, 3), (96, 2, True, False, False, 1), (96, 1, False, True, False, 1),
+    (128, 4, True, True, False, 3), (96, 2, True, False, False, 1), (96, 1, False, True, False, 1), (256, 2, True, False, False, 1),
     (128, 4, True, False, True, 1), (128, 16, False, True, True, 1), (64, 8, True, False, True, 1)])
 def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma, cluster):
     from cute_kernels.attention.api import _compile_decode
@@ -373,7 +374,7 @@ def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_split_kv_compiles_for_sm90a(tmp_path, head_dim):
     from cute_kernels.attention.api import _compile
     from tests.test_gemm import _ptxas_report
@@ -515,7 +516,7 @@ def _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 96, 128])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("hq,hkv", [(12, 12), (32, 8), (8, 1), (12, 4), (48, 4)])
 @pytest.mark.parametrize("num_splits", [1, 3, None, 64])
 def test_decode_kernel(D, hq, hkv, num_splits):
@@ -579,7 +580,7 @@ def test_append_kv_compiles_for_sm90a(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 96, 128])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("s_new", [1, 5])
 def test_append_kv_fused_matches_torch(D, s_new):
     """The one-launch append writes exactly what torch indexing writes (strided k_new too),

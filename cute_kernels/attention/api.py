@@ -14,7 +14,7 @@ from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, num_sms
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
 from .reference import flash_attn_ref  # noqa: F401
 
-HEAD_DIMS = (64, 96, 128)  # 96: correct, not tuned (Phi-3-mini's head dim)
+HEAD_DIMS = (64, 96, 128, 256)  # 96 and 256: correct, not tuned
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
 PINGPONG = True
 
@@ -31,7 +31,11 @@ def pingpong_for(head_dim: int, num_mma_wg: int) -> bool:
 # uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
 # causal); S = 1024: -1% (-9% causal: 1024 rows make 5.3 tiles of 192, and causal tiles
 # balance worse). Part of the compile key.
-MMA_WARPGROUPS = {64: 3, 96: 2, 128: 2}
+MMA_WARPGROUPS = {64: 3, 96: 2, 128: 2, 256: 2}
+# Keys per block (the S tile's width) where 128 does not fit: at D = 256 a warpgroup's O
+# accumulator is 64 x 256 fp32 (128 registers a thread), and S at 64 x 128 would push ptxas
+# past the 168 registers it compiles the whole kernel to (spills); 64-wide S fits.
+N_BLOCK = {256: 64}
 THREE_WG_MIN_SQ = 2048
 
 
@@ -50,7 +54,8 @@ DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threa
                  # q and the accumulator (heads x 24 fp32 each per thread): 2 heads fit.
                  # Correct, not tuned: 0.33-0.65x cuDNN (best of a six-config sweep, H100).
                  96: {"max_heads": 2, "vec": 3, "unroll": 1, "stages": 4, "threads": 256},
-                 128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256}}
+                 128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
+                 256: {"max_heads": 2, "vec": 2, "unroll": 1, "stages": 4, "threads": 256}}
 # GQA decode with at least `min_gqa` query heads per KV head runs the tensor-core kernel
 # (FlashDecodeMmaSm90): up to 16 packed heads per CTA (the mma tile's M rows), `warps` warps
 # of `bn` keys per step, a `stages`-deep cp.async ring per warp.
@@ -113,8 +118,8 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
                                 assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
-    kernel = FlashAttnFwdSm90(head_dim, causal, pingpong=pingpong_for(head_dim, num_mma_wg), split_kv=split_kv,
-                              num_mma_wg=num_mma_wg)
+    kernel = FlashAttnFwdSm90(head_dim, causal, n_block=N_BLOCK.get(head_dim, 128),
+                              pingpong=pingpong_for(head_dim, num_mma_wg), split_kv=split_kv, num_mma_wg=num_mma_wg)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -172,7 +177,8 @@ def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head
     still give every SM a CTA: at batch 1 with 8 KV heads and 1k keys it makes 64 one-step
     CTAs and lost to the SIMT kernel's 128 (8.9 vs 7.4 us, H100, same run)."""
     G = q_heads // kv_heads
-    if G < DECODE_MMA_CONFIG["min_gqa"] or head_dim % 64:  # its swizzled ring holds 64-wide rows
+    # Its swizzled ring holds 64-wide rows, and at D = 256 the ring would not fit shared memory.
+    if G < DECODE_MMA_CONFIG["min_gqa"] or head_dim % 64 or head_dim > 128:
         return False
     ctas = batch * (q_heads // decode_heads_per_cta(G, head_dim, mma=True))
     return ctas * -(-seqlen_k // _decode_block_n(head_dim, True)) >= num_sms
