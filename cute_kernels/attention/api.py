@@ -52,7 +52,6 @@ MAX_SPLITS = 16
 DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
                  # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp);
                  # q and the accumulator (heads x 24 fp32 each per thread): 2 heads fit.
-                 # Correct, not tuned: 0.33-0.65x cuDNN (best of a six-config sweep, H100).
                  96: {"max_heads": 2, "vec": 3, "unroll": 1, "stages": 4, "threads": 256},
                  128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
                  256: {"max_heads": 2, "vec": 2, "unroll": 1, "stages": 4, "threads": 256}}

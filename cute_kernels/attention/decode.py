@@ -138,7 +138,10 @@ class FlashDecodeSm90:
         tid, _, _ = cute.arch.thread_idx()
         split, hg, b = cute.arch.block_idx()
         H, D, R, TPR, C = self.heads, self.head_dim, self.rows, self.tpr, self.cols
-        col = (tid % TPR) * C
+        # This thread's place in its key row's TPR-thread group: its j-th 16-byte chunk of a
+        # row is chunk j * TPR + col of it (see `chunk`), so the group's copies of one j are
+        # contiguous (whole 32-byte sectors when vec > 1).
+        col = tid % TPR
         grp = tid // TPR
         hq0 = hg * H
         h_kv = hq0 // qheads_per_kvhead
@@ -197,9 +200,9 @@ class FlashDecodeSm90:
                         row0 = cutlass.min(start0 + off, end0 - 1)
                         if row == new_row or row != row0 or p >= n_steps0:
                             for j in cutlass.range_constexpr(self.vec):
-                                cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (col // 8 + j,)),
+                                cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (self.chunk(col, j),)),
                                           ring[None, tid, j, u, p, 0])
-                                cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (col // 8 + j,)),
+                                cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (self.chunk(col, j),)),
                                           ring[None, tid, j, u, p, 1])
             cute.arch.cp_async_commit_group()
 
@@ -208,7 +211,7 @@ class FlashDecodeSm90:
         qv = cute.make_rmem_tensor((8,), mQ.element_type)
         for h in cutlass.range_constexpr(H):
             for j in cutlass.range_constexpr(self.vec):
-                cute.autovec_copy(cute.local_tile(mQ[b, 0, hq0 + h, None], (8,), (col // 8 + j,)), qv)
+                cute.autovec_copy(cute.local_tile(mQ[b, 0, hq0 + h, None], (8,), (self.chunk(col, j),)), qv)
                 for i in cutlass.range_constexpr(8):
                     q[h, j * 8 + i] = qv[i].to(cutlass.Float32) * scale_log2
 
@@ -251,8 +254,9 @@ class FlashDecodeSm90:
                 sM[grp, h] = m[h]
                 sL[grp, h] = lsum[h]
         for h in cutlass.range_constexpr(H):
-            for i in cutlass.range_constexpr(C):
-                sO[grp, h, col + i] = acc[h, i]
+            for j in cutlass.range_constexpr(self.vec):
+                for i in cutlass.range_constexpr(8):
+                    sO[grp, h, self.chunk(col, j) * 8 + i] = acc[h, j * 8 + i]
         cute.arch.sync_threads()
         self.finish(sM, sL, sO, sPart, sLp, sW, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
                     split, tid)
@@ -345,6 +349,11 @@ class FlashDecodeSm90:
                 self.issue_rows(g2s, gK, gV, ring, p, start + p * self.block_n, end, grp, col, tid)
             cute.arch.cp_async_commit_group()  # empty groups keep the wait count uniform
 
+    def chunk(self, col, j):
+        """The 16-byte chunk of a D-wide row that thread `col` of its row group copies j-th
+        (and whose 8 columns are its registers [8j, 8j + 8) of q, K, V and the output)."""
+        return j * self.tpr + col
+
     @cute.jit
     def issue_rows(self, g2s, gK, gV, ring, slot, n0, end, grp, col, tid):
         """This thread's K/V chunks of one block_n step, as cp.async copies into its ring slots.
@@ -353,8 +362,8 @@ class FlashDecodeSm90:
         for u in cutlass.range_constexpr(self.unroll):
             row = cutlass.min(n0 + u * self.rows + grp, end - 1)
             for j in cutlass.range_constexpr(self.vec):
-                cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (col // 8 + j,)), ring[None, tid, j, u, slot, 0])
-                cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (col // 8 + j,)), ring[None, tid, j, u, slot, 1])
+                cute.copy(g2s, cute.local_tile(gK[row, None], (8,), (self.chunk(col, j),)), ring[None, tid, j, u, slot, 0])
+                cute.copy(g2s, cute.local_tile(gV[row, None], (8,), (self.chunk(col, j),)), ring[None, tid, j, u, slot, 1])
 
     @cute.jit
     def softmax_step(self, kf, vf, s, q, m, lsum, acc, n0, end, grp, mMask, b):
