@@ -704,6 +704,15 @@ def test_triton_launch_capture_logic():
         assert runs[0][:4] == (2, 1, 1, 123) and runs[0][9:] == (x, 5, 1, 2)
         launch("k", (2, 1, 1), (torch.zeros(17)[1:],), (5,), {"B": 2, "A": 1}, num_warps=4)
         assert len(jits) == 2 and len(runs) == 1
+        # all_args: every parameter in order; the key comes from the values, the tensors'
+        # dtypes and the options, so another value or option is another capture.
+        launch.all_args((1, 1, 1), (x, 5, 1, 2), num_warps=4)
+        ones = torch.ones(16)
+        launch.all_args((1, 1, 1), (ones, 5, 1, 2), num_warps=4)
+        assert len(jits) == 3 and len(runs) == 2 and runs[1][9] is ones and runs[1][10:] == (5, 1, 2)
+        launch.all_args((1, 1, 1), (x, 6, 1, 2), num_warps=4)
+        launch.all_args((1, 1, 1), (x, 5, 1, 2), num_warps=8)
+        assert len(jits) == 5 and len(runs) == 2
 
 
 def _mlp_case(device, seed=0):

@@ -6,11 +6,13 @@ key up and builds launch metadata: ~28 us of CPU per call on a lent H100 machine
 3.6) against ~9 us for the launcher itself, more than the quantize kernels it launches
 take on the GPU at decode and small-prefill sizes.
 
-`TritonLaunch` keeps, per caller-chosen key, the `CompiledKernel` that the first call
-through the JIT produced, and later calls go straight to its launcher. The caller's key
-must pin every non-pointer argument (they are specialized on their values), and the
-launch only takes the direct path when every pointer argument is 16-byte aligned, which
-the captured specialization then assumed too (anything else goes through the JIT).
+`TritonLaunch` keeps, per key, the `CompiledKernel` that the first call through the JIT
+produced, and later calls go straight to its launcher. The key must pin every non-pointer
+argument (they are specialized on their values) and the launch options: `__call__` takes a
+caller-built key, `all_args` builds it from the arguments. The direct path is taken only
+when every tensor argument is 16-byte aligned, which the captured specialization then
+assumed too (anything else goes through the JIT). CUTE_KERNELS_TRITON_DIRECT=0, read when a
+kernel would be captured, keeps every launch on the JIT.
 Uses the CompiledKernel launcher interface the JIT itself calls (`run`, `function`,
 `packed_metadata`, `launch_metadata`, the runtime knobs' launch hooks), as in Triton 3.6
 and 3.9; a kernel object without it is never captured (every call goes through the JIT).
@@ -24,11 +26,13 @@ __all__ = ["TritonLaunch"]
 
 
 class TritonLaunch:
-    """launch = TritonLaunch(jit_fn); launch(key, grid, ptrs, scalars, constexprs, num_warps=...).
+    """launch = TritonLaunch(jit_fn), then either
 
-    ptrs (tensors) and scalars are the kernel's leading non-constexpr parameters in
-    order; constexprs the rest by name; grid has 3 dims; the JIT's launch options
-    (num_warps, ...) go as keywords.
+    launch(key, grid, ptrs, scalars, constexprs, num_warps=...): ptrs (tensors) and scalars
+    are the kernel's leading non-constexpr parameters in order, constexprs the rest by name,
+    and `key` pins the scalars, the constexprs, the options and the tensors' dtypes; or
+    launch.all_args(grid, args, num_warps=...): every parameter in order.
+    grid has 3 dims; the JIT's launch options (num_warps, ...) go as keywords.
     """
 
     def __init__(self, jit_fn):
@@ -64,7 +68,8 @@ class TritonLaunch:
         the device; tensors must be 16-byte aligned for the direct path. Returns the
         CompiledKernel when the launch went through the JIT (None otherwise)."""
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        key = (tensors[0].device.index, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args))
+        key = (tensors[0].device.index, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args),
+               *options.items())
         hit = self._compiled.get(key)
         aligned = all(not (t.data_ptr() & 15) for t in tensors)
         if hit is not None and aligned:
