@@ -537,6 +537,40 @@ def test_gemv_triton_interpreted():
     _run_interpreted(_GEMV_SCRIPT)
 
 
+def test_gemv_launch_arguments_by_name(monkeypatch):
+    """The skinny kernel is launched with every parameter in order (TritonLaunch.all_args):
+    matched against the kernel's own parameter names, each value lands where it belongs,
+    with and without the LayerNorm / 8-bit scale / KV-append parameters."""
+    from cute_kernels.gemm import gemv
+
+    seen = []
+    monkeypatch.setattr(gemv._GEMV_LAUNCH, "all_args", lambda grid, args, **opt: seen.append((grid, args, opt)))
+    names = gemv._gemv_kernel.arg_names
+    M, N, K = 3, 96, 64
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    w = torch.randn(N, K, dtype=torch.bfloat16)
+    bias, res = torch.randn(N, dtype=torch.bfloat16), torch.randn(M, N, dtype=torch.bfloat16)
+    out = gemv.skinny_gemm(x, w, bias, "gelu_tanh", res, alpha=0.5, beta=2.0)
+    p = dict(zip(names, seen[-1][1]))
+    assert len(seen[-1][1]) == len(names)
+    assert p["x_ptr"] is x and p["w_ptr"] is w and p["out_ptr"] is out and p["bias_ptr"] is bias and p["res_ptr"] is res
+    assert (p["alpha"], p["beta"], p["M"], p["N"], p["K"]) == (0.5, 2.0, M, N, K)
+    assert (p["stride_xm"], p["stride_wn"], p["stride_om"], p["stride_rm"]) == (K, K, N, N)
+    assert (p["ACT"], p["HAS_BIAS"], p["HAS_RES"], p["USE_ALPHA"], p["USE_BETA"]) == (3, True, True, True, True)
+    assert p["ln_w_ptr"] is None and p["LN"] is False and p["col_scale_ptr"] is None and p["KV"] is False
+    assert (p["kv_c"], p["KV_D"], p["K_PAD"]) == (1, 64, 16)
+    lw, lb = torch.randn(K, dtype=torch.bfloat16), torch.randn(K, dtype=torch.bfloat16)
+    wq, ws = w.to(torch.int8), torch.rand(N)
+    kc = torch.zeros(M, 2, 8, 16, dtype=torch.bfloat16)
+    vc, pos = torch.zeros_like(kc), torch.tensor([1, 2, 3], dtype=torch.int32)
+    gemv.skinny_gemm(x, wq, ln=(lw, lb, 1e-6), w_scale=ws, kv=(kc, vc, pos))
+    p = dict(zip(names, seen[-1][1]))
+    assert p["ln_w_ptr"] is lw and p["ln_b_ptr"] is lb and p["eps"] == 1e-6 and p["LN"] is True and p["K_PAD"] == 64
+    assert p["col_scale_ptr"] is ws and p["COL_SCALE"] == 2 and p["xs_ptr"] is None
+    assert p["KV"] is True and p["k_cache_ptr"] is kc and p["v_cache_ptr"] is vc and p["pos_ptr"] is pos
+    assert (p["pos_stride"], p["kv_c"], p["kv_sb"], p["kv_sh"], p["kv_ss"], p["KV_D"]) == (1, 32, 256, 128, 16, 16)
+
+
 def test_gemv_routing(monkeypatch):
     """On by default (CUTE_KERNELS_GEMV=0 turns it off): 16-bit, <= 8 rows, K-major operands,
     no 8-bit scales; a forced config wins."""
