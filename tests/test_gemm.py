@@ -69,6 +69,38 @@ def test_b_kn_entry_is_the_same_kernel(tmp_path, b_major):
 
 
 @pytest.mark.compile
+def test_kernel_cache_memory_disk_and_stale_entries(tmp_path, monkeypatch):
+    """KernelCache: one compile, then memory hits; a fresh cache (a new process) loads the
+    exported object from disk instead of compiling; a truncated object is rebuilt. What it
+    hands out is the bare tvm_ffi.Function either way (direct_callable)."""
+    import tvm_ffi
+
+    from cute_kernels.gemm.api import _compile
+    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.runtime.cache import CompileKey, KernelCache, cache_dir
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTE_KERNELS_DISK_CACHE", raising=False)
+    key = CompileKey("test_cache", ("bf16",), ("k", "k"), (64, 64), (1, 1))
+    build = lambda: _compile(torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k",  # noqa: E731
+                             GemmConfig(64, 64, 1, 1, pingpong=True), Epilogue(), "Float32")
+
+    def never():
+        raise AssertionError("compiled although the cache holds the kernel")
+
+    first = KernelCache()
+    fn = first.get(key, build)
+    assert isinstance(fn, tvm_ffi.Function) and first.get(key, never) is fn
+    assert (first.stats["compiles"], first.stats["hits"]) == (1, 1)
+    second = KernelCache()
+    assert isinstance(second.get(key, never), tvm_ffi.Function) and second.stats["disk_loads"] == 1
+    (obj,) = cache_dir().glob("test_cache-*.o")
+    obj.write_bytes(obj.read_bytes()[:100])
+    third = KernelCache()
+    assert isinstance(third.get(key, build), tvm_ffi.Function) and third.stats["compiles"] == 1
+
+
+@pytest.mark.compile
 def test_fp32_output_fused_epilogue_compiles(tmp_path):
     """The 32-bit epilogue (per-warp boxes) with every operand: bias, scales, gelu, residual."""
     from cute_kernels.gemm.api import _compile
