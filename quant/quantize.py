@@ -120,7 +120,7 @@ def quantize(
     if use_triton:
         from ._triton import quantize_triton
 
-        return quantize_triton(x, dtype, granularity, multiplier)
+        return quantize_triton(x, dtype, granularity, multiplier, _key=key)
     return quantize_ref(x, dtype, granularity, multiplier)
 
 

@@ -48,14 +48,10 @@ class TritonLaunch:
         aligned = all(not (p.data_ptr() & 15) for p in ptrs)
         if hit is not None and aligned:
             kernel, tail = hit
-            full = ptrs + scalars + tail
-            stream = _current_raw_stream(ptrs[0].device.index)
-            rt = self._runtime
-            kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata,
-                       kernel.launch_metadata(grid, stream, *full), rt.launch_enter_hook, rt.launch_exit_hook, *full)
-            return
+            self._run(kernel, grid, ptrs + scalars + tail, ptrs[0].device.index)
+            return None
         kernel = self.jit_fn[grid](*ptrs, *scalars, **constexprs, **options)
-        if hit is None and aligned and _launchable(kernel) and len(grid) == 3 and _enabled():
+        if hit is None and aligned and self._capturable(kernel, grid):
             # The launcher takes every parameter in definition order, constexprs included.
             names = self._names[len(ptrs) + len(scalars):]
             if set(names) == set(constexprs):
@@ -65,24 +61,32 @@ class TritonLaunch:
     def all_args(self, grid, args: tuple, **options):
         """Launch with every parameter given, in definition order (None for absent pointers,
         constexprs included). The key is built here: each tensor's dtype, every other value,
-        the device; tensors must be 16-byte aligned for the direct path. Returns the
-        CompiledKernel when the launch went through the JIT (None otherwise)."""
+        the options, the device; tensors must be 16-byte aligned for the direct path. Both
+        entry points return the CompiledKernel when the launch went through the JIT (None
+        otherwise)."""
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         key = (tensors[0].device.index, *(a.dtype if isinstance(a, torch.Tensor) else a for a in args),
                *options.items())
         hit = self._compiled.get(key)
         aligned = all(not (t.data_ptr() & 15) for t in tensors)
         if hit is not None and aligned:
-            stream = _current_raw_stream(key[0])
-            rt = self._runtime
-            hit.run(grid[0], grid[1], grid[2], stream, hit.function, hit.packed_metadata,
-                    hit.launch_metadata(grid, stream, *args), rt.launch_enter_hook, rt.launch_exit_hook, *args)
+            self._run(hit, grid, args, key[0])
             return None
         kernel = self.jit_fn[grid](*args, **options)
-        if hit is None and aligned and _launchable(kernel) and len(grid) == 3 and len(args) == len(self._names) \
-                and _enabled():
+        if hit is None and aligned and len(args) == len(self._names) and self._capturable(kernel, grid):
             self._compiled[key] = kernel
         return kernel
+
+    def _run(self, kernel, grid, args: tuple, device_index: int) -> None:
+        """What JITFunction.run does once it has the kernel: the launcher call itself."""
+        stream = _current_raw_stream(device_index)
+        rt = self._runtime
+        kernel.run(grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(grid, stream, *args), rt.launch_enter_hook, rt.launch_exit_hook, *args)
+
+    @staticmethod
+    def _capturable(kernel, grid) -> bool:
+        return len(grid) == 3 and _launchable(kernel) and _enabled()
 
 
 ENV = "CUTE_KERNELS_TRITON_DIRECT"  # "0": every launch through the JIT (for A/Bs and as a way out)
