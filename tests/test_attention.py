@@ -30,6 +30,9 @@ def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
 
     report = _ptxas_report(ptx_path)
     assert not report or "0 bytes spill stores" in report
+    # C7514-C7518: ptxas serialized the wgmmas (e.g. a path leaves one in flight into code that
+    # writes its accumulator), which silently costs the softmax / GEMM overlap.
+    assert not re.search(r"\(C751\d\)", report or ""), report
 
 
 def test_reference_matches_sdpa_and_handles_empty_rows():

@@ -22,6 +22,8 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     (GemmConfig(128, 160, 2, 1), dict(bias=True, residual=True), "k", "k", torch.bfloat16),  # GPT-2 XL c_proj
     # TMA-loaded residual slabs, two slots per ping-pong warpgroup
     (GemmConfig(64, 64, 1, 1, pingpong=True), dict(residual=True, beta=True), "k", "k", torch.bfloat16),
+    # the 2 x 2 cluster that long-K 64 x 64 tiles get (default_config)
+    (GemmConfig(64, 64, 2, 2, pingpong=True), dict(bias=True, residual=True), "k", "k", torch.bfloat16),
 ]
 
 
@@ -173,6 +175,11 @@ def test_config_validation_and_heuristic():
     assert default_config(8192, 8192, 8192).tile_mn == (128, 256)
     small = default_config(1, 768, 768)
     assert small.cluster_m == 1
+    # 64 x 64 tiles get a 2 x 2 cluster only for 16-bit inputs, long K and enough tiles.
+    assert default_config(512, 768, 3072) == GemmConfig(64, 64, 2, 2, pingpong=True)
+    assert default_config(512, 768, 768).cluster_mn == (1, 1)
+    assert default_config(256, 768, 3072).cluster_mn == (1, 1)
+    assert default_config(512, 768, 3072, in_bytes=1).cluster_mn == (1, 1)
 
 
 def test_public_api_rejects_cpu_and_bad_input():

@@ -195,6 +195,15 @@ def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int
     return (1, 2) if tiles_n >= 2 else (1, 1)
 
 
+# The 64 x 64 tile runs where the output has too few tiles to fill the GPU. With long K and
+# 16-bit inputs a 2 x 2 cluster pays there: the A/B panels' L2 -> SM traffic bounds these
+# shapes and multicast halves it. Same-run sweeps on the H100 (nineteenth session, bf16 vs
+# cuBLAS, two runs): 512x768x3072 0.813 / 0.833 (1 x 1) -> 0.865 / 0.923 (2 x 2); where it
+# lost: K = 768 (512x768x768 0.898 -> 0.854), 48 tiles (256x768x3072 0.821 -> 0.802), and
+# every 8-bit shape swept (fp8 / int8 at 128-512 x 768 x 768-3072: 1-6% slower).
+_CLUSTER_64_MIN_K = 2048
+_CLUSTER_64_MIN_TILES = 64
+
 # 8-bit inputs keep the 128 x 256 cooperative tile only from this K on (see default_config).
 _LONG_K_8BIT = 8192
 
@@ -216,6 +225,10 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
             cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
             best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp), cost
     assert best is not None
+    if best.tile_mn == (64, 64) and in_bytes == 2 and k >= _CLUSTER_64_MIN_K:
+        tiles_m, tiles_n = math.ceil(m / 64), math.ceil(n / 64)
+        if tiles_m >= 2 and tiles_n >= 2 and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES:
+            best = GemmConfig(64, 64, 2, 2, pingpong=True)
     if in_bytes == 1 and best.tile_mn == (128, 256) and k < _LONG_K_8BIT:
         # 8-bit inputs run the main loop twice as fast, so the epilogue weighs twice as
         # much per tile: the ping-pong 128 x 128 tile, whose epilogue hides under the
