@@ -24,6 +24,8 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     (GemmConfig(64, 64, 1, 1, pingpong=True), dict(residual=True, beta=True), "k", "k", torch.bfloat16),
     # the 2 x 2 cluster that long-K 64 x 64 tiles get (default_config)
     (GemmConfig(64, 64, 2, 2, pingpong=True), dict(bias=True, residual=True), "k", "k", torch.bfloat16),
+    # 8-CTA clusters (4 x 2) of 64 x 128 ping-pong tiles (default_config, M = 512 with long K)
+    (GemmConfig(64, 128, 4, 2, pingpong=True), dict(activation="gelu_tanh", bias=True), "k", "k", torch.bfloat16),
 ]
 
 
@@ -180,6 +182,14 @@ def test_config_validation_and_heuristic():
     assert default_config(512, 768, 768).cluster_mn == (1, 1)
     assert default_config(256, 768, 3072).cluster_mn == (1, 1)
     assert default_config(512, 768, 3072, in_bytes=1).cluster_mn == (1, 1)
+    # ... and only where the cluster grid fits one wave of resident clusters (30 of 4 CTAs).
+    assert default_config(128, 4096, 4096).cluster_mn == (1, 1)
+    # M = 512 with long K: 64 x 128 ping-pong tiles in clusters of 4 x 2 (16-bit only).
+    assert default_config(512, 1600, 6400) == GemmConfig(64, 128, 4, 2, pingpong=True)
+    assert default_config(512, 1600, 6400, in_bytes=1).tile_mn != (64, 128)
+    assert default_config(256, 4096, 4096).tile_mn != (64, 128)  # 16 clusters of 8: two waves
+    with pytest.raises(ValueError, match="at most 8"):
+        GemmConfig(64, 128, 4, 4, pingpong=True).validate()
 
 
 def test_public_api_rejects_cpu_and_bad_input():

@@ -15,7 +15,7 @@ import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
-from .config import H100_SMS, GemmConfig, default_config, split_config
+from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for"]
@@ -92,7 +92,7 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     frow = {"none": None, "vector": vec(m), "scalar": vec(1), "block": fsa}[epi.row_scale]
     fcol = {"none": None, "vector": vec(n), "scalar": vec(1), "block": fsb}[epi.col_scale]
     kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi, b_kn=b_kn)
-    max_clusters = H100_SMS // (cfg.cluster_m * cfg.cluster_n)
+    max_clusters = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
     args = (fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0))
     entry = kernel
     if cfg.split_k > 1:

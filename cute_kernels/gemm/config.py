@@ -9,6 +9,12 @@ from dataclasses import dataclass
 # Hopper: 227 KiB of shared memory per block (the opt-in maximum on sm_90).
 SM90_SMEM_BYTES = 232448
 H100_SMS = 132
+# Clusters of each size that can be resident at once (cudaOccupancyMaxActiveClusters on the
+# H100 SXM, one CTA per SM): the GPCs' SM counts are not multiples of 4 or 8, so clusters of
+# 4 cover 120 SMs and clusters of 8 cover 120, not 132. A persistent grid larger than this
+# runs its last clusters as a second wave (64x64 c2x2 at 128x4096x4096: 0.61x cuBLAS with 33
+# clusters vs 0.89x unclustered, same run).
+MAX_ACTIVE_CLUSTERS = {1: 132, 2: 66, 4: 30, 8: 15}
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,10 @@ class GemmConfig:
         if self.tile_m == 256 and self.tile_n > 128:
             raise ValueError("a 256-row tile needs tile_n <= 128 (register budget)")
         for c in (self.cluster_m, self.cluster_n):
-            if c not in (1, 2):
-                raise ValueError(f"cluster dims must be 1 or 2, got {self.cluster_mn}")
+            if c not in (1, 2, 4):
+                raise ValueError(f"cluster dims must be 1, 2 or 4, got {self.cluster_mn}")
+        if self.cluster_m * self.cluster_n > 8:
+            raise ValueError(f"a cluster has at most 8 CTAs (portable size), got {self.cluster_mn}")
         if self.pingpong and self.tile_m * self.tile_n > 128 * 128:
             raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 128")
         if self.promote and (self.pingpong or self.tile_m * self.tile_n > 128 * 128):
@@ -181,6 +189,10 @@ _TILE_EFFICIENCY = {
     (128, 128, True): 0.93,
     (128, 96, False): 0.85,
     (64, 64, True): 0.5,
+    # 16-bit only (see default_config), with a 4 x 2 cluster: cuBLAS's pick (nvjet 64x128, cluster
+    # 4x2) for M = 512 with long K, where 128-row tiles leave most SMs idle. Same-run sweep on the
+    # H100 (nineteenth session, vs cuBLAS): 512x1600x6400 0.94x (128x128 split 2: 0.82x).
+    (64, 128, True): 0.75,
 }
 # A cooperative kernel's epilogue stalls the tensor cores; ping-pong hides it
 # under the other warpgroup's main loop. Expressed as extra K per tile.
@@ -190,6 +202,10 @@ _EPILOGUE_K = {False: 128, True: 16}
 def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int, int]:
     if tile == (64, 64):
         return (1, 1)
+    if tile == (64, 128) and tiles_m >= 4 and tiles_n >= 2:
+        # B multicast to 4 M tiles, A to 2 N tiles: these shapes are bound by L2 -> SM traffic
+        # (512x1600x6400, same run: 4 x 2 0.94x cuBLAS, 4 x 1 0.93x, 2 x 2 0.71x).
+        return (4, 2)
     if tiles_m >= 2:
         return (2, 1)
     return (1, 2) if tiles_n >= 2 else (1, 1)
@@ -202,6 +218,15 @@ def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int
 # lost: K = 768 (512x768x768 0.898 -> 0.854), 48 tiles (256x768x3072 0.821 -> 0.802), and
 # every 8-bit shape swept (fp8 / int8 at 128-512 x 768 x 768-3072: 1-6% slower).
 _CLUSTER_64_MIN_K = 2048
+
+
+def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
+    """The tile grid in cm x cn clusters, at least 2 along each multicast dimension used, fits
+    in one wave of resident clusters."""
+    if tiles_m < cm or tiles_n < cn:
+        return False
+    return math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= MAX_ACTIVE_CLUSTERS[cm * cn]
+
 _CLUSTER_64_MIN_TILES = 64
 
 # 8-bit inputs keep the 128 x 256 cooperative tile only from this K on (see default_config).
@@ -219,6 +244,8 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
     best, best_cost = None, math.inf
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
         tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        if (tm, tn) == (64, 128) and not (in_bytes == 2 and _fits_one_wave(tiles_m, tiles_n, 4, 2)):
+            continue  # only as one wave of 4 x 2 clusters; not swept for 8-bit inputs
         waves = math.ceil(tiles_m * tiles_n / num_sms)
         cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
         if cost < best_cost - 1e-9:
@@ -227,7 +254,7 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
     assert best is not None
     if best.tile_mn == (64, 64) and in_bytes == 2 and k >= _CLUSTER_64_MIN_K:
         tiles_m, tiles_n = math.ceil(m / 64), math.ceil(n / 64)
-        if tiles_m >= 2 and tiles_n >= 2 and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES:
+        if tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and _fits_one_wave(tiles_m, tiles_n, 2, 2):
             best = GemmConfig(64, 64, 2, 2, pingpong=True)
     if in_bytes == 1 and best.tile_mn == (128, 256) and k < _LONG_K_8BIT:
         # 8-bit inputs run the main loop twice as fast, so the epilogue weighs twice as
