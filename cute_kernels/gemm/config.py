@@ -189,9 +189,10 @@ _TILE_EFFICIENCY = {
     (128, 128, True): 0.93,
     (128, 96, False): 0.85,
     (64, 64, True): 0.5,
-    # 16-bit only (see default_config), with a 4 x 2 cluster: cuBLAS's pick (nvjet 64x128, cluster
-    # 4x2) for M = 512 with long K, where 128-row tiles leave most SMs idle. Same-run sweep on the
-    # H100 (nineteenth session, vs cuBLAS): 512x1600x6400 0.94x (128x128 split 2: 0.82x).
+    # With a 4 x 2 cluster, in one wave (see default_config): cuBLAS's pick (nvjet 64x128,
+    # cluster 4x2) for M = 512 with long K, where 128-row tiles leave most SMs idle. Same-run
+    # sweeps on the H100 (nineteenth session): bf16 512x1600x6400 0.94x cuBLAS (128x128 split 2:
+    # 0.82x); fp8 per-tensor 0.96x `_scaled_mm` (128x96: 0.79x), per-row 1.40x (1.17x).
     (64, 128, True): 0.75,
 }
 # A cooperative kernel's epilogue stalls the tensor cores; ping-pong hides it
@@ -244,8 +245,8 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
     best, best_cost = None, math.inf
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
         tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-        if (tm, tn) == (64, 128) and not (in_bytes == 2 and _fits_one_wave(tiles_m, tiles_n, 4, 2)):
-            continue  # only as one wave of 4 x 2 clusters; not swept for 8-bit inputs
+        if (tm, tn) == (64, 128) and not _fits_one_wave(tiles_m, tiles_n, 4, 2):
+            continue  # only as one wave of 4 x 2 clusters
         waves = math.ceil(tiles_m * tiles_n / num_sms)
         cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
         if cost < best_cost - 1e-9:
