@@ -219,6 +219,11 @@ def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int
 # lost: K = 768 (512x768x768 0.898 -> 0.854), 48 tiles (256x768x3072 0.821 -> 0.802), and
 # every 8-bit shape swept (fp8 / int8 at 128-512 x 768 x 768-3072: 1-6% slower).
 _CLUSTER_64_MIN_K = 2048
+# Held-out check of the new picks against the old ones (78 shapes M 128-2048, N 768-6400, K
+# 768-6400, bf16 and fp8, same run): 1.18x geomean; what lost was 2 x 2 at 128 rows (0.97-0.99x;
+# 256 rows +-3%, 384+ rows +1-11%) and 8-bit 64x128 at K = 768 (0.94-1.02x; K >= 1600 1.06-1.87x).
+_CLUSTER_64_MIN_TILES_M = 6
+_TILE_64x128_MIN_K_8BIT = 1536
 
 
 def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
@@ -245,8 +250,9 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
     best, best_cost = None, math.inf
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
         tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-        if (tm, tn) == (64, 128) and not _fits_one_wave(tiles_m, tiles_n, 4, 2):
-            continue  # only as one wave of 4 x 2 clusters
+        if (tm, tn) == (64, 128) and not (_fits_one_wave(tiles_m, tiles_n, 4, 2)
+                                           and (in_bytes == 2 or k >= _TILE_64x128_MIN_K_8BIT)):
+            continue  # only as one wave of 4 x 2 clusters; 8-bit inputs only past short K
         waves = math.ceil(tiles_m * tiles_n / num_sms)
         cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
         if cost < best_cost - 1e-9:
@@ -255,7 +261,8 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
     assert best is not None
     if best.tile_mn == (64, 64) and in_bytes == 2 and k >= _CLUSTER_64_MIN_K:
         tiles_m, tiles_n = math.ceil(m / 64), math.ceil(n / 64)
-        if tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and _fits_one_wave(tiles_m, tiles_n, 2, 2):
+        if tiles_m >= _CLUSTER_64_MIN_TILES_M and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and \
+                _fits_one_wave(tiles_m, tiles_n, 2, 2):
             best = GemmConfig(64, 64, 2, 2, pingpong=True)
     if in_bytes == 1 and best.tile_mn == (128, 256) and k < _LONG_K_8BIT:
         # 8-bit inputs run the main loop twice as fast, so the epilogue weighs twice as
