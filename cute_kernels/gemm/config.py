@@ -200,29 +200,16 @@ _TILE_EFFICIENCY = {
 _EPILOGUE_K = {False: 128, True: 16}
 
 
-def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int]) -> tuple[int, int]:
-    if tile == (64, 64):
-        return (1, 1)
-    if tile == (64, 128) and tiles_m >= 4 and tiles_n >= 2:
-        # B multicast to 4 M tiles, A to 2 N tiles: these shapes are bound by L2 -> SM traffic
-        # (512x1600x6400, same run: 4 x 2 0.94x cuBLAS, 4 x 1 0.93x, 2 x 2 0.71x).
-        return (4, 2)
-    if tiles_m >= 2:
-        return (2, 1)
-    return (1, 2) if tiles_n >= 2 else (1, 1)
-
-
-# The 64 x 64 tile runs where the output has too few tiles to fill the GPU. With long K and
-# 16-bit inputs a 2 x 2 cluster pays there: the A/B panels' L2 -> SM traffic bounds these
-# shapes and multicast halves it. Same-run sweeps on the H100 (nineteenth session, bf16 vs
-# cuBLAS, two runs): 512x768x3072 0.813 / 0.833 (1 x 1) -> 0.865 / 0.923 (2 x 2); where it
-# lost: K = 768 (512x768x768 0.898 -> 0.854), 48 tiles (256x768x3072 0.821 -> 0.802), and
-# every 8-bit shape swept (fp8 / int8 at 128-512 x 768 x 768-3072: 1-6% slower).
+# Few-tile shapes (too few output tiles to fill the GPU) are bound by the A/B panels' L2 -> SM
+# traffic, which multicast within a cluster cuts. Same-run sweeps on the H100 (nineteenth
+# session, `benchmarks/results/gemm_tuning.md`): 64 x 64 in 2 x 2 at 512x768x3072 (bf16) 0.81-0.83x
+# -> 0.87-0.92x cuBLAS, lost at K = 768 (0.90 -> 0.85x), at 48 tiles (0.82 -> 0.80x) and on every
+# 8-bit shape swept (1-6%); a held-out check of the new picks (78 shapes, M 128-2048) put them
+# 1.18x over the old ones, after excluding what still lost there: 2 x 2 at 128 rows (0.97-0.99x;
+# 384+ rows +1-11%) and 8-bit 64 x 128 at K = 768 (0.94-1.02x; K >= 1600 1.06-1.87x).
 _CLUSTER_64_MIN_K = 2048
-# Held-out check of the new picks against the old ones (78 shapes M 128-2048, N 768-6400, K
-# 768-6400, bf16 and fp8, same run): 1.18x geomean; what lost was 2 x 2 at 128 rows (0.97-0.99x;
-# 256 rows +-3%, 384+ rows +1-11%) and 8-bit 64x128 at K = 768 (0.94-1.02x; K >= 1600 1.06-1.87x).
 _CLUSTER_64_MIN_TILES_M = 6
+_CLUSTER_64_MIN_TILES = 64
 _TILE_64x128_MIN_K_8BIT = 1536
 
 
@@ -233,7 +220,23 @@ def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
         return False
     return math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= MAX_ACTIVE_CLUSTERS[cm * cn]
 
-_CLUSTER_64_MIN_TILES = 64
+
+def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int], k: int = 0, in_bytes: int = 2) -> tuple[int, int]:
+    """The cluster of a tile shape. k = 0 (split-K candidates) leaves 64 x 64 unclustered."""
+    if tile == (64, 64):
+        if (in_bytes == 2 and k >= _CLUSTER_64_MIN_K and tiles_m >= _CLUSTER_64_MIN_TILES_M
+                and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and _fits_one_wave(tiles_m, tiles_n, 2, 2)):
+            return (2, 2)
+        return (1, 1)
+    if tile == (64, 128):
+        # B multicast to 4 M tiles, A to 2 N tiles (512x1600x6400, same run: 4 x 2 0.94x
+        # cuBLAS, 4 x 1 0.93x, 2 x 2 0.71x); default_config admits this tile only as one wave
+        # of such clusters.
+        return (4, 2)
+    if tiles_m >= 2:
+        return (2, 1)
+    return (1, 2) if tiles_n >= 2 else (1, 1)
+
 
 # 8-bit inputs keep the 128 x 256 cooperative tile only from this K on (see default_config).
 _LONG_K_8BIT = 8192
@@ -256,14 +259,9 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
         waves = math.ceil(tiles_m * tiles_n / num_sms)
         cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
         if cost < best_cost - 1e-9:
-            cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
+            cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn), k, in_bytes)
             best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp), cost
     assert best is not None
-    if best.tile_mn == (64, 64) and in_bytes == 2 and k >= _CLUSTER_64_MIN_K:
-        tiles_m, tiles_n = math.ceil(m / 64), math.ceil(n / 64)
-        if tiles_m >= _CLUSTER_64_MIN_TILES_M and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and \
-                _fits_one_wave(tiles_m, tiles_n, 2, 2):
-            best = GemmConfig(64, 64, 2, 2, pingpong=True)
     if in_bytes == 1 and best.tile_mn == (128, 256) and k < _LONG_K_8BIT:
         # 8-bit inputs run the main loop twice as fast, so the epilogue weighs twice as
         # much per tile: the ping-pong 128 x 128 tile, whose epilogue hides under the
