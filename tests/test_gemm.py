@@ -26,6 +26,10 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     (GemmConfig(64, 64, 2, 2, pingpong=True), dict(bias=True, residual=True), "k", "k", torch.bfloat16),
     # 8-CTA clusters (4 x 2) of 64 x 128 ping-pong tiles (default_config, M = 512 with long K)
     (GemmConfig(64, 128, 4, 2, pingpong=True), dict(activation="gelu_tanh", bias=True), "k", "k", torch.bfloat16),
+    # 192 accumulators per ping-pong thread: the residual goes through TMA slabs (no spill)
+    (GemmConfig(128, 192, 2, 1, pingpong=True), dict(activation="gelu_tanh", bias=True, residual=True, alpha=True,
+                                                     beta=True), "k", "k", torch.bfloat16),
+    (GemmConfig(128, 160, 2, 1, pingpong=True), dict(bias=True, residual=True), "m", "n", torch.float16),
 ]
 
 
@@ -188,6 +192,14 @@ def test_config_validation_and_heuristic():
     assert default_config(512, 1600, 6400) == GemmConfig(64, 128, 4, 2, pingpong=True)
     assert default_config(512, 1600, 6400, in_bytes=1) == GemmConfig(64, 128, 4, 2, pingpong=True)
     assert default_config(256, 4096, 4096).tile_mn != (64, 128)  # 16 clusters of 8: two waves
+    # Large ping-pong tiles where a hidden epilogue pays (short K, 8-bit inputs)...
+    assert default_config(8192, 768, 3072) == GemmConfig(128, 192, 2, 1, pingpong=True)
+    assert default_config(8192, 6400, 1600) == GemmConfig(128, 160, 2, 1, pingpong=True)
+    assert default_config(8192, 14336, 4096, in_bytes=1) == GemmConfig(128, 160, 2, 1, pingpong=True)
+    # ... but 128 x 256 cooperative for big square 16-bit problems, and 128 x 96 for
+    # few-tile 8-bit ones at short K.
+    assert default_config(4096, 4096, 4096) == GemmConfig(128, 256, 2, 1)
+    assert default_config(512, 3072, 768, in_bytes=1).tile_mn == (128, 96)
     with pytest.raises(ValueError, match="at most 8"):
         GemmConfig(64, 128, 4, 4, pingpong=True).validate()
 
@@ -392,6 +404,31 @@ def _torch_linear(x, w, bias, activation, res, alpha, beta):
     if res is not None:
         t = t + beta * res
     return t
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}"
+                         f"{'P' if c.pingpong else ''}")
+def test_every_candidate_full_epilogue(cfg):
+    """Every candidate config (not only the heuristic's picks at the test shapes) with the
+    full epilogue: several tiles per CTA (ping-pong warpgroups alternate), ragged edges,
+    a partial last k-tile."""
+    import cute_kernels as ck
+    from cute_kernels.gemm.api import _alloc_out, _prepare_operand, run_gemm
+    from cute_kernels.gemm.kernel import Epilogue
+
+    M, N, K = 4100, 2000, 700  # 187+ tiles: CTAs of the persistent grid run two or more
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    epi = Epilogue(activation="gelu_tanh", bias=True, residual=True, alpha=True, beta=True)
+    out = _alloc_out(M, N, torch.bfloat16, "cuda").fill_(float("nan"))
+    run_gemm(_prepare_operand(x, "m"), _prepare_operand(w, "n"), out, epi=epi, bias=bias, residual=res,
+             alpha=0.5, beta=2.0, config=cfg)
+    ref = ck.linear_ref(x.float(), w.float(), bias.float(), activation="gelu_tanh", residual=res.float(),
+                        alpha=0.5, beta=2.0)
+    _err_rule(out, _torch_linear(x, w, bias, "gelu_tanh", res, 0.5, 2.0), ref)
 
 
 @pytest.mark.gpu

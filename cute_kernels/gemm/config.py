@@ -74,15 +74,15 @@ class GemmConfig:
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
         if self.tile_n not in (64, 96, 128, 160, 192, 256):
             raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
-        if self.tile_m == 256 and self.tile_n > 128:
-            raise ValueError("a 256-row tile needs tile_n <= 128 (register budget)")
+        if self.tile_m == 256 and self.tile_n > 192:
+            raise ValueError("a 256-row tile needs tile_n <= 192 (register budget)")
         for c in (self.cluster_m, self.cluster_n):
             if c not in (1, 2, 4):
                 raise ValueError(f"cluster dims must be 1, 2 or 4, got {self.cluster_mn}")
         if self.cluster_m * self.cluster_n > 8:
             raise ValueError(f"a cluster has at most 8 CTAs (portable size), got {self.cluster_mn}")
-        if self.pingpong and self.tile_m * self.tile_n > 128 * 128:
-            raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 128")
+        if self.pingpong and self.tile_m * self.tile_n > 128 * 192:
+            raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 192")
         if self.promote and (self.pingpong or self.tile_m * self.tile_n > 128 * 128):
             raise ValueError("promote keeps two accumulators: needs a cooperative tile of at most 128 x 128")
         if self.group < 1:
@@ -168,12 +168,15 @@ def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int =
 
 CANDIDATES: tuple[GemmConfig, ...] = (
     GemmConfig(128, 256, 2, 1),
+    GemmConfig(128, 192, 2, 1, pingpong=True),
+    GemmConfig(128, 160, 2, 1, pingpong=True),
     GemmConfig(128, 160, 2, 1),
     GemmConfig(128, 128, 2, 1, pingpong=True),
     GemmConfig(128, 96, 2, 1),
     GemmConfig(64, 64, 1, 1, pingpong=True),
     # Not picked by the heuristic; available to the autotuner and to callers.
     GemmConfig(256, 128, 1, 2),
+    GemmConfig(256, 192, 1, 2),
     GemmConfig(128, 192, 2, 1),
     GemmConfig(64, 128, 1, 1, pingpong=True),
 )
@@ -186,6 +189,13 @@ _TILE_EFFICIENCY = {
     # half-empty column of tiles: +15% at 8192x1600x6400, +6% at 8192x1600x1600 (bf16,
     # same-run sweep, tune_gemm); 0.975 keeps it off every shape where it lost.
     (128, 160, False): 0.975,
+    # Ping-pong tiles of 128 x 192 and 128 x 160 (192 / 160 accumulator registers per
+    # thread under setmaxnreg 232, no spills): big tiles *and* a hidden epilogue. Twentieth
+    # session, same-run sweeps on the H100 (`gemm_tuning.md`): 8192x768x3072 0.96x -> 1.01x
+    # cuBLAS (bf16), 8192x6400x1600 1.03x -> 1.07x; fp8 8192^3 0.99x -> 1.07x `_scaled_mm`,
+    # 8192x14336x4096 0.93x -> 1.01x; int8 8192x14336x4096 1.53x -> 1.65x `_int_mm`.
+    (128, 192, True): 0.96,
+    (128, 160, True): 0.96,
     (128, 128, True): 0.93,
     (128, 96, False): 0.85,
     (64, 64, True): 0.5,
@@ -211,6 +221,12 @@ _CLUSTER_64_MIN_K = 2048
 _CLUSTER_64_MIN_TILES_M = 6
 _CLUSTER_64_MIN_TILES = 64
 _TILE_64x128_MIN_K_8BIT = 1536
+# 8-bit inputs run the main loop twice as fast, so the 128 x 256 cooperative tile's epilogue
+# (the tensor cores idle while it runs) weighs twice as much: below this K a ping-pong tile
+# won or tied (within 1.5%) every 8-bit shape swept (twentieth session: fp8 8192x14336x4096
+# 0.93x -> 1.01x with 128 x 160 ping-pong; doubling the epilogue's weight in the model mispicked
+# 128 x 128 ping-pong over 128 x 96 at short K, 1.07x -> 0.93x at fp8 512x3072x768).
+_TILE_128x256_MIN_K_8BIT = 4096
 
 
 def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
@@ -238,17 +254,14 @@ def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int], k: int = 0, 
     return (1, 2) if tiles_n >= 2 else (1, 1)
 
 
-# 8-bit inputs keep the 128 x 256 cooperative tile only from this K on (see default_config).
-_LONG_K_8BIT = 8192
-
-
 def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
     """Pick tile, cluster and consumer mode for an M x N x K problem.
 
     Cost model: waves x tile area x (K + unhidden epilogue) / tile efficiency. A
     persistent kernel runs ceil(tiles / SMs) waves, so a big tile that leaves SMs
     idle in its last wave loses to a smaller one that fills them; at short K the
-    ping-pong tile wins because its epilogue overlaps the other warpgroup's math.
+    ping-pong tile wins because its epilogue overlaps the other warpgroup's math
+    (the more so for 8-bit inputs, whose main loop is twice as fast).
     """
     best, best_cost = None, math.inf
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
@@ -256,20 +269,14 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
         if (tm, tn) == (64, 128) and not (_fits_one_wave(tiles_m, tiles_n, 4, 2)
                                            and (in_bytes == 2 or k >= _TILE_64x128_MIN_K_8BIT)):
             continue  # only as one wave of 4 x 2 clusters; 8-bit inputs only past short K
+        if (tm, tn) == (128, 256) and in_bytes == 1 and k < _TILE_128x256_MIN_K_8BIT:
+            continue
         waves = math.ceil(tiles_m * tiles_n / num_sms)
         cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
         if cost < best_cost - 1e-9:
             cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn), k, in_bytes)
             best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp), cost
     assert best is not None
-    if in_bytes == 1 and best.tile_mn == (128, 256) and k < _LONG_K_8BIT:
-        # 8-bit inputs run the main loop twice as fast, so the epilogue weighs twice as
-        # much per tile: the ping-pong 128 x 128 tile, whose epilogue hides under the
-        # other warpgroup's main loop, won every 8-bit sweep shape below K = 8192 that
-        # the model gives 128 x 256 (2048^3 to 8192 x 14336 x 4096: +0-8% for int8,
-        # +4-7% for fp8); 128 x 256 kept the lead at K >= 8192 (8192^3, K = 14336).
-        tiles_m, tiles_n = math.ceil(m / 128), math.ceil(n / 128)
-        best = GemmConfig(128, 128, *_cluster_for(tiles_m, tiles_n, (128, 128)), pingpong=True)
     return best
 
 

@@ -181,20 +181,25 @@ class GemmSm90:
         )
         out_bytes = c_dtype.width // 8
         self.epi_tile = epi_tile(self.cfg, out_bytes)
-        self.ab_stages = self.cfg.ab_stages(
-            in_bytes, out_bytes, block_scale_smem_bytes(self.cfg) if self.epi.block_scaled else 0)
-        self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
-        self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
-        self.c_smem_staged = sm90_utils.make_smem_layout_epi(
-            c_dtype, c_layout, self.epi_tile, epi_buffers(self.cfg, out_bytes))
+        scale_bytes = block_scale_smem_bytes(self.cfg) if self.epi.block_scaled else 0
+        self.ab_stages = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes)
         # A 16-bit residual is TMA-loaded slab by slab into RES_SLOTS smem buffers per
         # epilogue warpgroup and read there at the accumulator coordinates, where the tile
         # has the shared memory to spare (128 x 160, 64 x 64: no A/B stage lost) and does
         # not split K. Otherwise each thread loads its values from global memory as column
-        # pairs (`_load_residual`).
+        # pairs (`_load_residual`), the first slab's held in registers across the main loop,
+        # which a 128 x 192 ping-pong warpgroup (192 accumulators per thread) cannot afford
+        # (ptxas spilled): it gives up an A/B stage for the slabs instead (5 -> 4).
         res_bytes = residual_smem_bytes(self.cfg, out_bytes)
+        big_pingpong = self.cfg.pingpong and self.tile_mn[0] * self.tile_mn[1] > 128 * 160
         self.res_tma = (self.epi.residual and out_bytes == 2 and not self.split
-                        and self.cfg.ab_stages(in_bytes, out_bytes, res_bytes) == self.ab_stages)
+                        and (big_pingpong or self.cfg.ab_stages(in_bytes, out_bytes, res_bytes) == self.ab_stages))
+        if self.res_tma:
+            self.ab_stages = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes + res_bytes)
+        self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
+        self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
+        self.c_smem_staged = sm90_utils.make_smem_layout_epi(
+            c_dtype, c_layout, self.epi_tile, epi_buffers(self.cfg, out_bytes))
         self.res_slots = RES_SLOTS * (2 if self.cfg.pingpong else 1)
         self.n_slabs = (self.tile_mn[0] // self.epi_tile[0]) * (self.tile_mn[1] // self.epi_tile[1])
         self.r_smem_staged = sm90_utils.make_smem_layout_epi(
