@@ -59,7 +59,7 @@ class GemmConfig:
     @property
     def num_mma_warpgroups(self) -> int:
         # Cooperative: two warpgroups split the M of a 128+ tile (64 or 128 rows each),
-        # which keeps the fp32 accumulator at <= 128 registers per thread.
+        # which keeps the fp32 accumulator at <= 192 registers per thread (256 x 192).
         return 2 if self.tile_m >= 128 or self.pingpong else 1
 
     def tile_k(self, in_bytes: int) -> int:

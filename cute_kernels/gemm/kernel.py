@@ -86,8 +86,9 @@ class GemmSm90:
         epilogue (`load_vectors`). The other warps only donate their registers.
       * warpgroups 1..n (consumers, 232 registers/thread). Cooperative: each owns a
         64- or 128-row slice of every CTA tile. Ping-pong: each owns alternate whole
-        tiles, and named barriers 2/3 hand the tensor cores over so one warpgroup's
-        epilogue runs under the other's main loop. Per tile: `mma()` (wgmma main loop;
+        tiles (up to 128 x 192: 192 fp32 accumulators per thread), and named barriers
+        2/3 hand the tensor cores over so one warpgroup's epilogue runs under the
+        other's main loop. Per tile: `mma()` (wgmma main loop;
         FP8 "promote" adds each k-tile's partial sums into an fp32 accumulator), then
         `epilogue()`: accumulators -> epilogue math in fp32 -> output dtype -> stmatrix
         into a staged smem slab -> one warp issues the TMA store (the same store warp
