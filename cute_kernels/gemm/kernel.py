@@ -191,12 +191,13 @@ class GemmSm90:
         # pairs (`_load_residual`), the first slab's held in registers across the main loop,
         # which a 128 x 192 ping-pong warpgroup (192 accumulators per thread) cannot afford
         # (ptxas spilled): it gives up an A/B stage for the slabs instead (5 -> 4).
-        res_bytes = residual_smem_bytes(self.cfg, out_bytes)
+        slab_bytes = residual_smem_bytes(self.cfg, out_bytes)
+        stages_with_slabs = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes + slab_bytes)
         big_pingpong = self.cfg.pingpong and self.tile_mn[0] * self.tile_mn[1] > 128 * 160
         self.res_tma = (self.epi.residual and out_bytes == 2 and not self.split
-                        and (big_pingpong or self.cfg.ab_stages(in_bytes, out_bytes, res_bytes) == self.ab_stages))
+                        and (big_pingpong or stages_with_slabs == self.ab_stages))
         if self.res_tma:
-            self.ab_stages = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes + res_bytes)
+            self.ab_stages = stages_with_slabs
         self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
         self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
         self.c_smem_staged = sm90_utils.make_smem_layout_epi(
