@@ -57,8 +57,13 @@ class FlashAttnFwdSm90:
     """
 
     def __init__(self, head_dim: int, causal: bool, m_block: int | None = None, n_block: int = 128,
-                 stages: int | None = None, pingpong: bool = True, split_kv: bool = False, num_mma_wg: int = 2):
+                 stages: int | None = None, pingpong: bool = True, split_kv: bool = False, num_mma_wg: int = 2,
+                 exps_before_pv_wait: int | None = None):
         self.head_dim = head_dim
+        # How many of a thread's exp2s run before it waits for the previous P V (None: all).
+        # The rest follow the wait, where ptxas interleaves them with O's rescale and P's
+        # conversion (the MUFU-bound exp2s leave issue slots free for the FMULs).
+        self.exps_before_pv_wait = exps_before_pv_wait
         self.causal = causal
         # K and V rings: at D = 128 two stages of each already fill ~160 KB of smem with Q.
         stages = stages or (2 if head_dim > 64 else 4)
@@ -387,10 +392,13 @@ class FlashAttnFwdSm90:
                     k_pipe.consumer_release(k_state)
                     k_state.advance()
                     self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
-                    m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
+                    m0, m1, ref0, ref1, corr0, corr1 = self._row_max(acc_s, m0, m1, scale_log2)
+                    n_early = cute.size(acc_s) if self.exps_before_pv_wait is None else self.exps_before_pv_wait
+                    l0, l1 = self._exps(acc_s, 0, n_early, ref0, ref1, l0 * corr0, l1 * corr1, scale_log2)
                     # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
                     if s_k > 0:  # always true: a basic-block boundary that keeps ptxas from hoisting the wait
                         warpgroup.wait_group(0)
+                        l0, l1 = self._exps(acc_s, n_early, cute.size(acc_s), ref0, ref1, l0, l1, scale_log2)
                         for v in cutlass.range_constexpr(cute.size(acc_o)):
                             acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
                         rP.store(acc_s.load().to(self.dtype))
@@ -502,6 +510,14 @@ class FlashAttnFwdSm90:
     def _online_softmax(self, acc_s, m0, m1, l0, l1, scale_log2):
         """acc_s (scores) -> unnormalised probabilities in place; returns the new running
         max and sum of the thread's two rows and the factors that rescale the old O."""
+        mx0, mx1, ref0, ref1, c0, c1 = self._row_max(acc_s, m0, m1, scale_log2)
+        s0, s1 = self._exps(acc_s, 0, cute.size(acc_s), ref0, ref1, l0 * c0, l1 * c1, scale_log2)
+        return mx0, mx1, s0, s1, c0, c1
+
+    @cute.jit
+    def _row_max(self, acc_s, m0, m1, scale_log2):
+        """New running max of the thread's two rows, the exp2 reference (max in log2 units)
+        and the factors that rescale the old sum and O."""
         neg_inf = -cutlass.Float32.inf
         mx0, mx1 = m0, m1
         for v in cutlass.range_constexpr(cute.size(acc_s)):
@@ -520,17 +536,19 @@ class FlashAttnFwdSm90:
         ref1 = cutlass.select_(mx1 == neg_inf, cutlass.Float32(0.0), mx1 * scale_log2)
         c0 = cutlass.select_(m0 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m0 * scale_log2 - ref0, fastmath=True))
         c1 = cutlass.select_(m1 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m1 * scale_log2 - ref1, fastmath=True))
-        s0, s1 = l0 * c0, l1 * c1
-        for v in cutlass.range_constexpr(cute.size(acc_s)):
+        return mx0, mx1, ref0, ref1, c0, c1
+
+    @cute.jit
+    def _exps(self, acc_s, lo: cutlass.Constexpr, hi: cutlass.Constexpr, ref0, ref1, s0, s1, scale_log2):
+        """Scores lo..hi-1 -> exp2(score * scale - reference) in place, added to the row sums."""
+        for v in cutlass.range_constexpr(lo, hi):
+            p = cute.arch.exp2(acc_s[v] * scale_log2 - (ref0 if (v // 2) % 2 == 0 else ref1))
             if cutlass.const_expr((v // 2) % 2 == 0):
-                p = cute.arch.exp2(acc_s[v] * scale_log2 - ref0)
                 s0 = s0 + p
-                acc_s[v] = p
             else:
-                p = cute.arch.exp2(acc_s[v] * scale_log2 - ref1)
                 s1 = s1 + p
-                acc_s[v] = p
-        return mx0, mx1, s0, s1, c0, c1
+            acc_s[v] = p
+        return s0, s1
 
     @staticmethod
     def _acc_to_a_layout(layout):
