@@ -221,8 +221,10 @@ def attend_cache(
         out = attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask)
         # Rows with nothing to attend to: zeros, as the kernel gives (SDPA gives NaN).
         return out if key_mask is None else out.nan_to_num(0.0)
+    # The next kernel is the output projection's GEMV, which loads only its weights before its
+    # own PDL wait: the attention may let it launch first (the decode chain runs ahead).
     return _cute().flash_attn_with_kvcache(q, k_cache, v_cache, seqlens, softmax_scale=softmax_scale,
-                                           key_mask=key_mask)
+                                           key_mask=key_mask, early_trigger=True)
 
 
 @attend_cache.register_fake

@@ -348,8 +348,9 @@ def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma
     from cute_kernels.attention.api import _compile_decode
     from tests.test_gemm import _ptxas_report
 
+    early_trigger = heads > 1  # both orders are compiled across the parameter set
     _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked, mma=mma,
-                    cluster=cluster)
+                    cluster=cluster, early_trigger=early_trigger)
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     # The GQA kernel runs Q K^T and P V as warp MMAs on ldmatrix'd K and V^T tiles.
@@ -360,13 +361,13 @@ def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma
     assert "shfl.sync.bfly" in ptx and "ex2.approx" in ptx
     assert ("atom." in ptx) == (split and cluster == 1)
     assert ("st.shared::cluster.f32" in ptx and "barrier.cluster.wait" in ptx) == (cluster > 1)
-    # Launched as a programmatic dependent launch that lets the next kernel launch before its
-    # own wait (the decode chain runs ahead). The GQA kernel waits before any global read;
+    # Launched as a programmatic dependent launch; with early_trigger it lets the next kernel
+    # launch before its own wait (the decode chain runs ahead). The GQA kernel waits before any global read;
     # the SIMT kernel (with cache_seqlens) copies its first K/V steps before the wait (older
     # cache rows do not depend on the kernel ahead), rechecks them against the lengths read
     # after it and reads q only then.
     i_wait = ptx.index("griddepcontrol.wait")
-    assert ptx.index("griddepcontrol.launch_dependents") < i_wait
+    assert (ptx.index("griddepcontrol.launch_dependents") < i_wait) == early_trigger
     if mma:
         assert "ld.global" not in ptx[:i_wait]
     else:
@@ -639,7 +640,8 @@ def _late_lengths_kernel():
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv,D,num_splits", [(25, 25, 64, 1), (25, 25, 64, 4), (12, 12, 64, 3), (12, 12, 64, 2),
                                                (32, 8, 128, 2)])
-def test_decode_lengths_written_by_the_kernel_ahead(hq, hkv, D, num_splits):
+@pytest.mark.parametrize("early_trigger", [False, True])
+def test_decode_lengths_written_by_the_kernel_ahead(hq, hkv, D, num_splits, early_trigger):
     """The decode kernels launch as programmatic dependents and copy their first K/V steps
     before the wait: lengths that the kernel ahead writes late (as the decode loop's
     next-token kernel does) must still be the ones attended to, including lengths that move
@@ -658,14 +660,14 @@ def test_decode_lengths_written_by_the_kernel_ahead(hq, hkv, D, num_splits):
     late = _late_lengths_kernel()
     lens = old.clone()
     late[(1,)](lens, old, B, 1, launch_pdl=True)  # compile both outside the capture
-    ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)  # compile, split buffers
+    ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits, early_trigger=early_trigger)  # compile
     # In a CUDA graph (as the decode loop runs) the decode kernel really launches while the
     # writer spins; eager launches on this stack did not overlap. Before the fix the kernel
     # attended to the old lengths here.
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         late[(1,)](lens, new, B, 200000, launch_pdl=True)
-        out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits)
+        out = ck.flash_attn_with_kvcache(q, kc, vc, lens, num_splits=num_splits, early_trigger=early_trigger)
     for _ in range(3):
         lens.copy_(old)
         out.fill_(float("nan"))

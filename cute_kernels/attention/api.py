@@ -216,16 +216,17 @@ DECODE_CONFIG_MANY = {64: [(4096, {"unroll": 8, "stages": 2}), (0, {"unroll": 4,
 
 
 def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False,
-                       mma: bool = False, cluster: int = 1, cfg: dict | None = None):
+                       mma: bool = False, cluster: int = 1, cfg: dict | None = None, early_trigger: bool = False):
     from .decode import FlashDecodeMmaSm90, FlashDecodeSm90
 
     if mma:
         cfg = DECODE_MMA_CONFIG
         return FlashDecodeMmaSm90(head_dim, heads, split, seqlens, num_warps=cfg["warps"], bn=cfg["bn"],
-                                  stages=cfg["stages"], masked=masked, cluster=cluster)
+                                  stages=cfg["stages"], masked=masked, cluster=cluster, early_trigger=early_trigger)
     cfg = cfg or DECODE_CONFIG[head_dim]
     return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
-                           unroll=cfg["unroll"], stages=cfg["stages"], masked=masked, cluster=cluster)
+                           unroll=cfg["unroll"], stages=cfg["stages"], masked=masked, cluster=cluster,
+                           early_trigger=early_trigger)
 
 
 def _decode_block_n(head_dim: int, mma: bool) -> int:
@@ -316,7 +317,8 @@ MAX_MERGE_BYTES = 128 << 10
 
 
 def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
-                    masked: bool = False, mma: bool = False, cluster: int = 1, cfg: dict | None = None):
+                    masked: bool = False, mma: bool = False, cluster: int = 1, cfg: dict | None = None,
+                    early_trigger: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -342,7 +344,7 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
         fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fmask = make_fake_tensor(cutlass.Uint8, (b, sk), (cute.sym_int64(), 1), assumed_align=1) if masked else None
-    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma, cluster, cfg)
+    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma, cluster, cfg, early_trigger)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, fmask, f32(1.0), cutlass.Int32(1),
                         cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
@@ -370,7 +372,7 @@ def _semaphores(n: int, device) -> torch.Tensor:
     return buf
 
 
-def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mask=None):
+def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mask=None, early_trigger=False):
     """q [B, 1, Hq, D] against k/v [B, Sk, Hkv, D] (the first seqlens_k[b] keys, those of them
     where key_mask [B, Sk] (uint8) is nonzero) -> O, LSE."""
     from .kernel import softmax_scale_log2
@@ -391,16 +393,18 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     ctas = B * (Hq // heads)
     cluster = splits if decode_merges_in_cluster(ctas, splits) else 1
     variant = -1 if mma else decode_config_variant(D, ctas, k.shape[1])
-    fast = (q.dtype, D, heads, split, lens, masked, mma, cluster, variant)
+    fast = (q.dtype, D, heads, split, lens, masked, mma, cluster, variant, early_trigger)
     fn = _FAST_DECODE.get(fast)
     if fn is None:
         cfg = DECODE_MMA_CONFIG if mma else decode_config(D, variant)
         key = CompileKey("flash_decode_mma_sm90" if mma else "flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",),
-                         (heads, D), (cluster, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked)),
+                         (heads, D), (cluster, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked),
+                                                      ("early_trigger", early_trigger)),
                          extra=(D, *sorted(cfg.items())))
         fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens,
                                                                            masked=masked, mma=mma, cluster=cluster,
-                                                                           cfg=None if mma else cfg))
+                                                                           cfg=None if mma else cfg,
+                                                                           early_trigger=early_trigger))
     scale = softmax_scale_log2(D, softmax_scale)
     if cluster > 1:  # partials merge in rank 0's shared memory: no buffers, no counters
         fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, splits)
@@ -548,7 +552,7 @@ def append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new) -> torch.Tens
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
                             causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
-                            key_mask=None):
+                            key_mask=None, early_trigger: bool = False):
     """Decode / chunked prefill against a preallocated cache [B, Smax, Hkv, D].
 
     cache_seqlens [B] (int32) holds each sequence's filled length. k_new/v_new
@@ -567,6 +571,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     the cache capacity Smax). key_mask [B, Smax] (bool or uint8, True/nonzero = attend),
     single-token decode only: keys where it is False are skipped too (padding holes, the
     prefix mask Hugging Face builds for a static cache); a row with no key left gives 0.
+    early_trigger (single-token decode): the next kernel, when launched as a programmatic
+    dependent, may start before this one waits for its inputs; right when that kernel reads
+    only constants before its own wait (inference/'s GEMVs prefetch their weights), slower
+    otherwise (decode.py's docstring has the figures).
     """
     _validate(q, k_cache, v_cache)
     B, Smax = k_cache.shape[:2]
@@ -599,7 +607,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     if q.shape[1] == 1:
         _check_splits(num_splits)
         return _run_decode(q, k_cache, v_cache, softmax_scale, seqlens_k=lens, num_splits=num_splits,
-                           key_mask=key_mask)[0]
+                           key_mask=key_mask, early_trigger=bool(early_trigger))[0]
     splits = _resolve_splits(num_splits, B, q.shape[2], q.shape[1], Smax)
     out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens, num_splits=splits)
     return out
