@@ -31,15 +31,16 @@ Rows with no keys give O = 0 and LSE = -inf. A NaN in K or V reaches only the he
 row it is in.
 
 Programmatic dependent launch: with `early_trigger` both kernels let the next kernel launch
-before their own griddepcontrol.wait (the decode chain runs ahead, see gemm/gemv.py; the next
-kernel must read only constants before its own wait). inference/ asks for it: GPT-2 XL decode
-1.661 -> 1.610 ms/token, same run. Without it the wait comes first: back-to-back attention
-calls ran 2-29% slower with the early trigger (B = 1 / 8k keys 8.0 -> 10.3 us, same run), the
-next grid's CTAs taking SM slots while they wait. With cache_seqlens the
-SIMT kernel copies its first K/V steps before the wait from the lengths it reads then, which
-the kernel ahead may not have written yet (the decode loop's next-token kernel writes them);
+before their own griddepcontrol.wait (the decode chain runs ahead, see gemm/gemv.py; the
+next kernel must read only constants before its own wait). inference/ asks for it: GPT-2 XL
+decode 1.661 -> 1.610 ms/token, same run. Without it the wait comes first: back-to-back
+attention calls ran 2-29% slower with the early trigger (B = 1 / 8k keys 8.0 -> 10.3 us,
+same run), the next grid's CTAs taking SM slots while they wait. With cache_seqlens the SIMT
+kernel copies its first K/V steps before the wait from the lengths it reads then, which the
+kernel ahead may not have written yet (the decode loop's next-token kernel writes them);
 after the wait it recomputes its key range and copies again every early slot whose row
-changed, and the newest row (test_decode_lengths_written_by_the_kernel_ahead; without the recheck, a CUDA graph attended
+changed, and the newest row (tests/test_attention.py:
+test_decode_lengths_written_by_the_kernel_ahead; without the recheck, a CUDA graph attended
 to the old lengths).
 """
 
@@ -71,7 +72,6 @@ def store_f32_cluster(smem_ptr, rank, value, *, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-
 class FlashDecodeSm90:
     """Split-KV decode attention, SIMT, one launch.
 
@@ -88,12 +88,12 @@ class FlashDecodeSm90:
                  unroll: int = 2, vec: int = 1, stages: int = 4, masked: bool = False, cluster: int = 1,
                  early_trigger: bool = False):
         assert head_dim % (8 * vec) == 0 and 32 % (head_dim // (8 * vec)) == 0
-        self.early_trigger = early_trigger  # see the module docstring (programmatic dependent launch)
         assert num_threads // 32 >= heads  # the split merge gives each head one warp
         # cluster > 1: exactly `cluster` splits, one thread-block cluster per (batch, head
         # group), merged through distributed shared memory (see merge_cluster).
         assert 1 <= cluster <= MAX_CLUSTER_SPLITS and (cluster == 1 or split)
         self.cluster = cluster
+        self.early_trigger = early_trigger  # see the module docstring (programmatic dependent launch)
         self.head_dim = head_dim
         self.vec = vec  # 16-byte chunks per thread and row: fewer threads per row, fewer shuffles
         self.cols = 8 * vec
@@ -188,9 +188,9 @@ class FlashDecodeSm90:
         # stages - 1 steps of K/V are copied *before* the wait from the lengths as read then
         # (possibly last step's), and after it the range is recomputed from the fresh lengths:
         # every early slot whose row changed, and the newest row, is copied again.
-        # The next kernel (the output projection) may launch at once: it reads only constants
-        # (its weights) before its own wait, so its CTAs start loading them while this grid
-        # still waits (the decode chain runs ahead; see gemm/gemv_kernel.py).
+        # With early_trigger the next kernel (the output projection) may launch at once: it
+        # reads only constants (its weights) before its own wait, so its CTAs start loading
+        # them while this grid still waits (the decode chain runs ahead; see gemm/gemv_kernel.py).
         early = cutlass.const_expr(self.seqlens)
         gK = mK[b, None, h_kv, None]  # [Sk, D]
         gV = mV[b, None, h_kv, None]
@@ -559,8 +559,8 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
     def __init__(self, head_dim: int, heads: int, split: bool, seqlens: bool, num_warps: int = 4,
                  bn: int = 16, stages: int = 4, masked: bool = False, cluster: int = 1, early_trigger: bool = False):
         assert heads <= 16 and bn % 16 == 0 and stages >= 2 and head_dim % 64 == 0
-        self.early_trigger = early_trigger
         assert 1 <= cluster <= MAX_CLUSTER_SPLITS and (cluster == 1 or split)
+        self.early_trigger = early_trigger
         self.head_dim = head_dim
         self.heads = heads
         self.split = split
@@ -626,8 +626,8 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
         sPart, sLp = self.cluster_partials(smem)
 
-        # The output projection after this may launch now and load its weights (constants)
-        # while this grid waits for q and the newest K/V row (see FlashDecodeSm90.kernel).
+        # With early_trigger the output projection after this may launch now and load its
+        # weights (constants) while this grid waits for q and the newest K/V row.
         self.pdl_wait()
         step_n = self.block_n  # W * BN keys per CTA step
         start, end, n_steps = self.key_range(mK, mSeqlens, b, split, num_splits)
