@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--model", required=True, help=f"hub name or local directory ({', '.join(GPT2_SIZES)})")
         sp.add_argument("--random-weights", action="store_true",
                         help="use random weights of a known GPT-2 size (no download)")
-        sp.add_argument("--attention", choices=("sdpa", "cute"), default="sdpa")
+        sp.add_argument("--attention", choices=("cute", "sdpa"), default="cute",
+                        help="attention of the patched model: ours (default) or PyTorch SDPA (cuDNN / flash)")
 
     g = sub.add_parser("generate", help="greedy generation with the patched model")
     common(g)
