@@ -12,6 +12,11 @@ import torch
 
 from cute_kernels.attention.reference import flash_attn_ref
 
+# api.SCHEDULE's candidate kernel options (all off by default; kernel.py says what each does).
+SCHEDULES = [dict(k_ahead=True), dict(release_v_early=True), dict(rowsum_mma=True),
+             dict(rowsum_mma=True, k_ahead=True, release_v_early=True)]
+SCHEDULE_IDS = ["k_ahead", "release_v_early", "rowsum_mma", "all"]
+
 
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim,wg", [(64, 2), (64, 3), (96, 2), (128, 2), (256, 2)])
@@ -32,6 +37,23 @@ def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
     assert not report or "0 bytes spill stores" in report
     # C7514-C7518: ptxas serialized the wgmmas (e.g. a path leaves one in flight into code that
     # writes its accumulator), which silently costs the softmax / GEMM overlap.
+    assert not re.search(r"\(C751\d\)", report or ""), report
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)
+@pytest.mark.parametrize("head_dim,wg", [(64, 2), (64, 3), (128, 2)])
+def test_attention_schedule_options_compile(tmp_path, schedule, head_dim, wg):
+    from cute_kernels.attention.api import _compile
+    from tests.test_gemm import _ptxas_report
+
+    _compile(torch.bfloat16, head_dim, True, keep_dir=str(tmp_path), num_mma_wg=wg, schedule=schedule)
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    # P x ones: one m64n8k16 wgmma per 16 keys at each of the two P V issue points.
+    assert ("wgmma.mma_async.sync.aligned.m64n8k16" in ptx) == bool(schedule.get("rowsum_mma"))
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
     assert not re.search(r"\(C751\d\)", report or ""), report
 
 
@@ -67,6 +89,27 @@ def test_validation_on_cpu():
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (128, 128), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
+    _check_flash_attn(causal, heads, seqlens, head_dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", SCHEDULES + [dict(stages=3, k_ahead=True, release_v_early=True)],
+                         ids=SCHEDULE_IDS + ["stages3"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_schedule_options(monkeypatch, schedule, head_dim, causal):
+    """api.SCHEDULE's candidate options (off by default) against the same reference bound."""
+    from cute_kernels.attention import api
+
+    if head_dim == 64 and schedule.get("stages") == 3:
+        pytest.skip("three stages is a D = 128 option (D = 64 runs four)")
+    monkeypatch.setitem(api.SCHEDULE, head_dim, schedule)
+    monkeypatch.setattr(api, "_FAST", {})  # the front cache does not key on SCHEDULE
+    for seqlens in [(17, 17), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)]:
+        _check_flash_attn(causal, (32, 8), seqlens, head_dim)
+
+
+def _check_flash_attn(causal, heads, seqlens, head_dim):
     import cute_kernels as ck
 
     (hq, hkv), (sq, sk) = heads, seqlens

@@ -42,6 +42,11 @@ N_BLOCK = {256: 64}
 # D = 64 shapes (causal S = 1024 +3%, 8x25x1024 non-causal -1%); D = 128 moved +-2% either
 # way with 4, 8 or 32 and keeps the wait after all of them. Part of the compile key.
 EXPS_BEFORE_PV_WAIT = {64: 32}
+# Further schedule options of FlashAttnFwdSm90 per head dim (k_ahead, release_v_early,
+# rowsum_mma, stages; kernel.py says what each does). None is on by default: they were built
+# in the twenty-third session, when no GPU was lent, and wait for a same-run A/B
+# (`python -m benchmarks.ab_attention`). Part of the compile key.
+SCHEDULE: dict[int, dict] = {}
 THREE_WG_MIN_SQ = 2048
 
 
@@ -98,7 +103,7 @@ def _validate(q, k, v):
 
 
 def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, seqlens: bool = False,
-             seqlens_q: bool = False, split_kv: bool = False, num_mma_wg: int = 2):
+             seqlens_q: bool = False, split_kv: bool = False, num_mma_wg: int = 2, schedule: dict | None = None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -125,7 +130,8 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
     kernel = FlashAttnFwdSm90(head_dim, causal, n_block=N_BLOCK.get(head_dim, 128),
                               pingpong=pingpong_for(head_dim, num_mma_wg), split_kv=split_kv, num_mma_wg=num_mma_wg,
-                              exps_before_pv_wait=EXPS_BEFORE_PV_WAIT.get(head_dim))
+                              exps_before_pv_wait=EXPS_BEFORE_PV_WAIT.get(head_dim),
+                              **(SCHEDULE.get(head_dim, {}) if schedule is None else schedule))
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -430,7 +436,8 @@ def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: b
         key = CompileKey("flash_fwd_sm90", (dtype_name(dtype),), ("bshd",), (128, 128), (1, 1),
                          epilogue=(("causal", causal), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
                                    ("split_kv", split_kv)), extra=(D, pingpong_for(D, wg), "persistent", wg,
-                                                                     EXPS_BEFORE_PV_WAIT.get(D)))
+                                                                     EXPS_BEFORE_PV_WAIT.get(D),
+                                                                     tuple(sorted(SCHEDULE.get(D, {}).items()))))
         fn = _FAST[fast] = KERNELS.get(key, lambda: _compile(dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
                                                               split_kv=split_kv, num_mma_wg=wg))
     return fn
