@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from cute_kernels.gemm.gemv import (GEMV_MAX_M, LN_MAX_K, gemv_enabled, gemv_mlp, gemv_mlp_applies, gemv_mlp_workspace,
-                                    gemv_qkv_attention, gemv_qkv_attention_applies)
+                                    gemv_qkv_attention, gemv_qkv_attention_applies, set_l2_prefetch)
 from quant.nn import weight_only_eligible
 
 from . import ops
@@ -43,6 +43,11 @@ FUSED_ATTN_ENV = "CUTE_KERNELS_DECODE_FUSED_ATTN"
 # Experimental, off by default: c_fc and the mlp c_proj in one launch (batch 1, 16-bit, our
 # kernels; gemv_mlp_kernel.py). Correct, but 1.66 vs 1.56 ms/token for GPT-2 XL (NOTES.md).
 FUSED_MLP_ENV = "CUTE_KERNELS_DECODE_FUSED_MLP"
+# Experimental, off by default, not yet measured: L2 prefetch hints in the decode chain's one-row
+# GEMVs (gemv.set_l2_prefetch). "fc": each attn c_proj prefetches its layer's c_fc weights (the
+# attention before it leaves HBM mostly idle); "chain": every one-row GEMV prefetches the next
+# linear's weights (c_attn -> attn c_proj -> c_fc -> mlp c_proj).
+L2_PREFETCH_ENV = "CUTE_KERNELS_DECODE_L2_PREFETCH"
 
 
 class StaticDecoder:
@@ -87,6 +92,9 @@ class StaticDecoder:
         # The fused MLP's fp32 accumulator and arrival counter: one for all layers (each launch
         # leaves them zero, and the layers' MLPs run one after another on this stream).
         self._mlp_ws = gemv_mlp_workspace(cfg.n_embd, dev) if self._fused_mlp else None
+        mode = os.environ.get(L2_PREFETCH_ENV, "0")
+        if self._flash_backend is not None and not compile and dev.type == "cuda" and mode in ("fc", "chain"):
+            self._register_l2_prefetch(mode)
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
         self._step_fn = self._decode_step
         if compile:
@@ -100,6 +108,20 @@ class StaticDecoder:
             self.megakernel_off = megakernel_plan(model, batch_size, self.k, self.v)
             if self.megakernel_off is None:
                 self.megakernel = DecodeMegakernel(model, self.k, self.v, self._tok, self._pos, self._step, self._out)
+
+    def _register_l2_prefetch(self, mode: str) -> None:
+        """gemv.set_l2_prefetch hints along each block's linears (see L2_PREFETCH_ENV). A hint
+        on a linear that does not run on the one-row GEMV is simply never read."""
+        def gemv_weight(lin):  # the [N, K] tensor the one-row GEMV reads for lin
+            return lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
+
+        for blk in self.gpt.h:
+            chain = [blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj]
+            pairs = [(chain[1], chain[2])] if mode == "fc" else list(zip(chain, chain[1:]))
+            for lin, nxt in pairs:
+                w, target = gemv_weight(lin), gemv_weight(nxt)
+                if w.is_cuda and target.is_contiguous():
+                    set_l2_prefetch(w, target)
 
     # ------------------------------------------------------------------ model math
 

@@ -652,6 +652,26 @@ def test_gemv_sm90(monkeypatch, N, K, opts):
 
 
 @pytest.mark.gpu
+def test_gemv_sm90_l2_prefetch_changes_nothing():
+    """An L2 prefetch hint (the next GEMV's weights) leaves the one-row GEMV's result
+    bit-identical, including a target smaller than one 16-byte share per CTA."""
+    from cute_kernels.gemm import gemv
+
+    x = torch.randn(1, 1600, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1600, 1600, device="cuda", dtype=torch.bfloat16) / 40
+    b = torch.randn(1600, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(1, 1600, device="cuda", dtype=torch.bfloat16)
+    ref = gemv.skinny_gemm(x, w, b, None, res)
+    for target in (torch.randn(6400, 1600, device="cuda", dtype=torch.bfloat16), torch.zeros(40, device="cuda")):
+        gemv.set_l2_prefetch(w, target)
+        try:
+            out = gemv.skinny_gemm(x, w, b, None, res)
+        finally:
+            gemv.set_l2_prefetch(w, None)
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
 @pytest.mark.parametrize("N,K,opts", [
     (4800, 1600, dict(ln=True, kv=True)), (6400, 1600, dict(ln=True, act="gelu_tanh")), (1600, 6400, dict(res=True)),

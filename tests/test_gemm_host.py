@@ -657,6 +657,39 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
 
 
 @pytest.mark.compile
+def test_gemv_sm90_l2_prefetch_compiles(tmp_path):
+    """With an L2 prefetch target (gemv.set_l2_prefetch) the one-row GEMV issues
+    cp.async.bulk.prefetch.L2 before its PDL wait; no spills."""
+    import glob
+    from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
+    from cute_kernels.gemm.kernel import Epilogue
+
+    cfg = gemv_sm90_config(1600, 1600, False)
+    _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(bias=True, residual=True), False, None, cfg,
+                       keep_dir=str(tmp_path), prefetch=True)
+    path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(path).read()
+    assert 0 <= ptx.find("cp.async.bulk.prefetch.L2.global") < ptx.find("griddepcontrol.wait")
+    assert_ptxas_no_spills(path)
+
+
+def test_set_l2_prefetch_registry():
+    from cute_kernels.gemm import gemv
+
+    w, target = torch.zeros(8, 16), torch.zeros(4, 32)
+    try:
+        gemv.set_l2_prefetch(w.t(), target)  # keyed by the data pointer: views of w share it
+        assert gemv._L2_PREFETCH[w.data_ptr()].dtype == torch.uint8
+        assert gemv._L2_PREFETCH[w.data_ptr()].numel() == target.numel() * 4
+        with pytest.raises(ValueError, match="contiguous"):
+            gemv.set_l2_prefetch(w, target.t())
+        gemv.set_l2_prefetch(w, None)
+        assert w.data_ptr() not in gemv._L2_PREFETCH
+    finally:
+        gemv._L2_PREFETCH.pop(w.data_ptr(), None)
+
+
+@pytest.mark.compile
 def test_gemv_qkv_attention_compiles(tmp_path):
     """The experimental c_attn + decode attention kernel (gemv_attn_kernel.py) for sm_90a on the
     CPU: the GEMV's bulk copies and mma.sync, the q/k/v exchange and the partials through

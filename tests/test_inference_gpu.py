@@ -142,6 +142,27 @@ def test_decode_fused(monkeypatch, env, flag):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("mode", ["fc", "chain"])
+def test_decode_l2_prefetch_hints(monkeypatch, mode):
+    """CUTE_KERNELS_DECODE_L2_PREFETCH (L2 prefetch hints along the decode chain's one-row
+    GEMVs) changes no token: hints only."""
+    import inference.decode as dec_mod
+    from cute_kernels.gemm import gemv
+    from inference.decode import StaticDecoder
+
+    ours = _patch(random_gpt2(dict(SMALL, n_embd=768, n_head=12)).to(torch.bfloat16), attention="cute")
+    x = _ids(1, 20)
+    plain = StaticDecoder(ours, batch_size=1, max_len=96).generate(x, 40)
+    monkeypatch.setenv(dec_mod.L2_PREFETCH_ENV, mode)
+    try:
+        hinted = StaticDecoder(ours, batch_size=1, max_len=96)
+        assert gemv._L2_PREFETCH
+        assert torch.equal(hinted.generate(x, 40), plain)
+    finally:
+        gemv._L2_PREFETCH.clear()
+
+
+@torch.no_grad()
 def test_next_token_glue_matches_torch():
     """The one-launch decode glue equals its torch reference: first maximal index on ties,
     bf16 embedding sum, lengths, counters moved on once per launch (ticket left at 0)."""

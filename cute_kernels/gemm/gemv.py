@@ -496,9 +496,27 @@ def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None, w
 
 
 _FAST_GEMV: dict = {}
+# L2 prefetch hints for decode chains: weight data_ptr -> a flat uint8 view of bytes that the
+# one-row kernel for that weight prefetches into L2 (its CTAs share them evenly) right after
+# its own weight copies, before its PDL wait. Empty unless a caller asks (set_l2_prefetch);
+# inference/decode.py does under CUTE_KERNELS_DECODE_L2_PREFETCH. Not measured yet.
+_L2_PREFETCH: dict = {}
 
 
-def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alpha, beta, ln, kv_key):
+def set_l2_prefetch(w_nk: torch.Tensor, target: torch.Tensor | None) -> None:
+    """From now on, the one-row GEMV that reads `w_nk` also prefetches `target` (a contiguous
+    tensor, e.g. the next GEMV's weights) into L2; target None removes the hint. The hint
+    changes no result. Keyed by w_nk's data pointer: register the tensor the GEMV is given."""
+    if target is None:
+        _L2_PREFETCH.pop(w_nk.data_ptr(), None)
+        return
+    if not target.is_contiguous() or target.data_ptr() % 16:
+        raise ValueError("set_l2_prefetch: the target must be contiguous and 16-byte aligned")
+    _L2_PREFETCH[w_nk.data_ptr()] = target.view(-1).view(torch.uint8)
+
+
+def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alpha, beta, ln, kv_key,
+                      prefetch=False):
     """The compiled one-row GEMV for a _FAST_GEMV key (memory / disk cache, compile on a miss)."""
     from ..runtime import KERNELS, CompileKey
     from ..runtime.dtypes import dtype_name
@@ -510,11 +528,14 @@ def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alph
                    col_scale="vector" if w8 else "none")
     dts = (x_dt, w_dt, out_dt) + (kv_key or ())
     key = CompileKey("gemv_sm90", tuple(dtype_name(d) for d in dts), ("k",),
-                     (cfg.rows, cfg.k_max, cfg.warps, cfg.wbytes), (1, 1), tuple(sorted(vars(epi).items())), (ln,))
-    return KERNELS.get(key, lambda: _compile_gemv_sm90(x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt))
+                     (cfg.rows, cfg.k_max, cfg.warps, cfg.wbytes), (1, 1), tuple(sorted(vars(epi).items())),
+                     (ln,) + (("l2_prefetch",) if prefetch else ()))
+    return KERNELS.get(key, lambda: _compile_gemv_sm90(x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt,
+                                                       prefetch=prefetch))
 
 
-def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None, w_dt=None):
+def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None, w_dt=None,
+                       prefetch: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -541,9 +562,10 @@ def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | Non
                                      (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1), assumed_align=2)
                     for _ in range(2))
         fpos = make_fake_tensor(to_cutlass(pos_dt), (cute.sym_int32(),), (1,), assumed_align=4)
+    fpf = make_fake_tensor(cutlass.Uint8, (cute.sym_int32(),), (1,), assumed_align=16) if prefetch else None
     f32 = cutlass.Float32
-    kernel = GemvSm90(cfg, epi, ln, kv is not None, GEMV_SM90_8BIT.get(w_dt))
-    return cute.compile(kernel, fx, fw, fo, fbias, fres, *fln, fkc, fvc, fpos, fws, f32(1.0), f32(1.0), f32(1e-5),
+    kernel = GemvSm90(cfg, epi, ln, kv is not None, GEMV_SM90_8BIT.get(w_dt), prefetch=prefetch)
+    return cute.compile(kernel, fx, fw, fo, fbias, fres, *fln, fkc, fvc, fpos, fws, fpf, f32(1.0), f32(1.0), f32(1e-5),
                         make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
@@ -560,8 +582,9 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
         kv_key = (k_cache.dtype, pos.dtype)
     # Decode calls this once per linear per token: one dict lookup on plain values, the
     # config, epilogue and compile key are built on a miss only.
+    pf = _L2_PREFETCH.get(w_nk.data_ptr()) if _L2_PREFETCH else None
     fkey = (x.dtype, w_nk.dtype, out.dtype, N, K, activation, bias is not None, residual is not None, alpha != 1.0,
-            residual is not None and beta != 1.0, ln is not None, kv_key)
+            residual is not None and beta != 1.0, ln is not None, kv_key, pf is not None)
     fn = _FAST_GEMV.get(fkey)
     if fn is None:
         fn = _FAST_GEMV[fkey] = _gemv_sm90_kernel(*fkey)
@@ -569,7 +592,7 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
     kc = vc = pos = None
     if kv is not None:
         kc, vc, pos = kv
-    fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, w_scale, float(alpha), float(beta), float(eps))
+    fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, w_scale, pf, float(alpha), float(beta), float(eps))
     return out
 
 

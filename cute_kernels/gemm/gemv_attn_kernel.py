@@ -55,7 +55,7 @@ class GemvAttnSm90(GemvSm90):
         grid = mW.shape[0] // self.cfg.rows
         tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mW.element_type, cutlass.Float32, (16, 8, 16)),
                                         (1, 1, 1))
-        self.kernel(mX, mW, mO, mBias, None, mLnW, mLnB, mKc, mVc, mPos, None, cutlass.Float32(1.0),
+        self.kernel(mX, mW, mO, mBias, None, mLnW, mLnB, mKc, mVc, mPos, None, None, cutlass.Float32(1.0),
                     cutlass.Float32(1.0), eps, tiled_mma, (mAttn, attn_scale)).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, cluster=(self.cluster, 1, 1),
             use_pdl=True)

@@ -24,6 +24,10 @@ cvt.rn.f16x2.e4m3x2, int8 exactly by a byte permute into 1024 + u and one subtra
 the MMA is f16 with x converted to f16 once after staging, and the per-channel weight scale
 is the epilogue's column scale.
 
+With `prefetch`, lane 0 of warp 0 then issues one cp.async.bulk.prefetch.L2 of this CTA's share
+of another buffer (gemv.set_l2_prefetch: e.g. the next GEMV's weights, while the kernel ahead
+of this one leaves HBM idle), still before the wait. A hint: nothing waits on it.
+
 Warp roles: none are specialised; warp 0's lanes initialise the row barriers and issue the
 bulk copies (lane r % 32 for row r, lane 31 also LayerNorm's gamma and beta). Pipelines:
 none; each row barrier completes once (phase 0) and nothing is refilled, which is why a
@@ -82,6 +86,21 @@ def bulk_copy_g2s(dst, src, nbytes, bar, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def prefetch_l2(src, nbytes, *, loc=None, ip=None):
+    """cp.async.bulk.prefetch.L2 of `nbytes` (a multiple of 16, 16-byte aligned) from global
+    memory: a hint with no completion to wait for."""
+    llvm.inline_asm(
+        None,
+        [src.toint(loc=loc, ip=ip).ir_value(), cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.prefetch.L2.global [$0], $1;",
+        "l,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
 def cvt_8bit_pair_f16x2(w, hi: bool, fmt: str, *, loc=None, ip=None):
     """Two 8-bit weights of the 32-bit word w (bytes 0-1, or 2-3 when hi) as an f16x2 word:
     e4m3 by the hardware conversion, int8 exactly by the 1024 + u magic (u = s + 128)."""
@@ -109,28 +128,33 @@ class GemvSm90:
     free), after_epilogue (every output row done); `tail` carries their own arguments.
     GemvAttnSm90 (gemv_attn_kernel.py) and GemvMlpSm90 (gemv_mlp_kernel.py) are the two."""
 
-    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None):
+    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None,
+                 prefetch: bool = False):
         # w_fmt "e4m3" / "s8": 8-bit weights with a per-output-channel scale (col_scale
         # "vector"), converted to f16 in registers; x is staged as f16 for the f16 MMA.
         assert epi.row_scale == "none" and (epi.col_scale == "vector") == (w_fmt is not None)
         assert w_fmt in (None, "e4m3", "s8") and cfg.wbytes == (1 if w_fmt else 2)
         assert cfg.rows % 8 == 0 and cfg.k_max % 64 == 0
         self.cfg, self.epi, self.ln, self.kv, self.w_fmt = cfg, epi, ln, kv, w_fmt
+        # prefetch: mPf (bytes, e.g. the next GEMV's weights) is prefetched into L2, the CTAs
+        # sharing it evenly, right after this CTA's own weight copies and before the PDL wait.
+        self.prefetch = prefetch
         self.num_threads = cfg.warps * 32
         assert cfg.rows <= self.num_threads  # the epilogue runs one row per thread
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mBias, mRes, mLnW, mLnB,
-                 mKc, mVc, mPos, mWs, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32, stream):
+                 mKc, mVc, mPos, mWs, mPf, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32,
+                 stream):
         grid = (mW.shape[0] + self.cfg.rows - 1) // self.cfg.rows
         mma_dt = cutlass.Float16 if cutlass.const_expr(self.w_fmt is not None) else mW.element_type
         tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mma_dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
-        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
+        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, mPf, alpha, beta, eps,
                     tiled_mma, None).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
-    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
+    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, mPf, alpha, beta, eps,
                tiled_mma: cute.TiledMma, tail):
         # tail: None here; a subclass's own arguments (a tuple), handed to its hooks row_base,
         # setup, after_product and after_epilogue (gemv_attn_kernel.py, gemv_mlp_kernel.py).
@@ -187,6 +211,9 @@ class GemvSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(ln_bar, 2 * K * (mX.element_type.width // 8))
                     bulk_copy_g2s(gs.iterator, mLnW.iterator, K * (mX.element_type.width // 8), ln_bar)
                     bulk_copy_g2s(bs.iterator, mLnB.iterator, K * (mX.element_type.width // 8), ln_bar)
+            if cutlass.const_expr(self.prefetch):
+                if lane == 0:
+                    self.prefetch_share(mPf)
         # No warp may wait on a row barrier before warp 0 has initialised it: shared memory
         # still holds the barriers of the CTA that ran here before, whose phase 0 completed
         # (without this, multi-wave grids read rows before they landed, and faulted).
@@ -249,6 +276,17 @@ class GemvSm90:
         if own:
             y = self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
         self.after_epilogue(y, own, tid, extra, N, mX, mKc, mVc, mPos, tail)
+
+    @cute.jit
+    def prefetch_share(self, mPf):
+        """This CTA's even share (16-byte multiples) of mPf's bytes into L2."""
+        total = cute.size(mPf) * (mPf.element_type.width // 8)
+        grid = cute.arch.grid_dim()[0]
+        chunk = ((total + grid - 1) // grid + 15) // 16 * 16
+        start = cute.arch.block_idx()[0] * chunk
+        n = cutlass.min(chunk, total - start) // 16 * 16
+        if n > 0:
+            prefetch_l2(mPf.iterator + start, n)
 
     @cute.jit
     def row_base(self, R, N):

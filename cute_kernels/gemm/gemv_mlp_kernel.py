@@ -94,7 +94,7 @@ class GemvMlpSm90(GemvSm90):
         tma_w2, tW2 = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mW2, box, (BOX_ROWS, R))
         tail = (tma_w2, tW2, mB2, mOut, mAcc, mCount)
         f32 = cutlass.Float32
-        self.kernel(mX, mW1, mF, mB1, None, mLnW, mLnB, None, None, None, None, f32(1.0), f32(1.0), eps,
+        self.kernel(mX, mW1, mF, mB1, None, mLnW, mLnB, None, None, None, None, None, f32(1.0), f32(1.0), eps,
                     tiled_mma, tail).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
