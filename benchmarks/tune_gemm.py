@@ -1,8 +1,11 @@
 """Sweep GEMM configs per shape (the data behind the heuristic in cute_kernels/gemm/config.py).
 
     python -m benchmarks.tune_gemm [--shapes 8192x2304x768,...] [--splits 2,3,4,5] [--dtype bf16|fp8|int8]
+                                   [--configs 128x256c21,128x256c12n,128x192c21P,...]
 
---splits adds split-K variants (s = each value) of the heuristic's four tile shapes,
+--configs replaces the candidate list with the named configs (the labels the sweep prints:
+{tile_m}x{tile_n}c{cluster_m}{cluster_n}, then n for raster along N, g<group>, P for
+ping-pong, s<split> for split-K). --splits adds split-K variants (s = each value) of the heuristic's four tile shapes,
 the data to re-fit the split-K model in config.py (`_US_*` constants).
 
 Checks every candidate for correctness with the full epilogue on a ragged shape, then
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import torch
 
@@ -29,6 +33,19 @@ def _label(c) -> str:
     split = f"s{c.split_k}" if c.split_k > 1 else ""
     group = "" if c.group == GemmConfig.group else f"g{c.group}"
     return f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}{'' if c.raster_m else 'n'}{group}{'P' if c.pingpong else ''}{split}"
+
+
+_LABEL = re.compile(r"(\d+)x(\d+)c(\d)(\d)(n?)(?:g(\d+))?(P?)(?:s(\d+))?$")
+
+
+def parse_label(label: str) -> GemmConfig:
+    """The GemmConfig a sweep label names (the inverse of _label)."""
+    m = _LABEL.match(label.strip())
+    if not m:
+        raise ValueError(f"not a config label: {label!r} (expected e.g. 128x256c21, 128x192c12nP, 128x128c21s2)")
+    tm, tn, cm, cn, col, group, pp, split = m.groups()
+    return GemmConfig(int(tm), int(tn), int(cm), int(cn), group=int(group) if group else GemmConfig.group,
+                      raster_m=not col, pingpong=bool(pp), split_k=int(split) if split else 1)
 
 
 def check(cfgs) -> None:
@@ -97,10 +114,13 @@ def main(argv=None):
     p.add_argument("--splits", default="", help="comma-separated split-K counts to add (e.g. 2,3,4,5)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"],
                    help="inputs: bf16 (vs torch.mm), fp8 rowwise-scaled (vs torch._scaled_mm), int8 (vs torch._int_mm)")
+    p.add_argument("--configs", default="", help="comma-separated config labels to sweep instead of the candidates")
     args = p.parse_args(argv)
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s] or SUITE
     cfgs = list(CANDIDATES)
-    if args.dtype != "bf16":  # shapes the 16-bit table never needed: cooperative 128x128, wide clusters
+    if args.configs:
+        cfgs = [parse_label(c) for c in args.configs.split(",") if c]
+    elif args.dtype != "bf16":  # shapes the 16-bit table never needed: cooperative 128x128, wide clusters
         cfgs += [GemmConfig(128, 128, 2, 1), GemmConfig(128, 128, 1, 1, pingpong=True), GemmConfig(256, 128, 2, 1)]
     for s in (int(v) for v in args.splits.split(",") if v):
         cfgs += [dataclasses.replace(c, split_k=s) for c in CANDIDATES[:4]]

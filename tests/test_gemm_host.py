@@ -964,3 +964,28 @@ def test_gemv_sm90_config_and_routing():
     assert not gemv_sm90_applies(Fake((1, 1600), ptr=2), w, out, None, None, None, None, None, None)  # unaligned x
     assert not gemv_sm90_applies(Fake((1, 6400)), Fake((1600, 6400)), Fake((1, 1600)), None, None, None, None, None,
                                  None)  # K above GEMV_K_MAX: its rows would not fit two CTAs per SM
+
+
+def test_tune_gemm_config_labels_round_trip():
+    """benchmarks.tune_gemm --configs takes the labels its sweep prints."""
+    import dataclasses
+
+    from benchmarks.tune_gemm import _label, parse_label
+    from cute_kernels.gemm.config import CANDIDATES, GemmConfig
+
+    cfgs = list(CANDIDATES) + [GemmConfig(128, 256, 1, 2, raster_m=False), GemmConfig(128, 256, 2, 1, group=16),
+                               dataclasses.replace(CANDIDATES[0], split_k=3)]
+    for c in cfgs:
+        assert parse_label(_label(c)) == c
+    with pytest.raises(ValueError, match="not a config label"):
+        parse_label("128x256")
+
+
+def test_ab_decode_variant_specs():
+    from benchmarks.ab_decode import _parse
+
+    assert _parse("base:") == ("base", {})
+    assert _parse("fc:CUTE_KERNELS_DECODE_L2_PREFETCH=fc,CUTE_KERNELS_PDL=0") == (
+        "fc", {"CUTE_KERNELS_DECODE_L2_PREFETCH": "fc", "CUTE_KERNELS_PDL": "0"})
+    with pytest.raises(SystemExit, match="bad variant"):
+        _parse("x:NOEQUALS")
