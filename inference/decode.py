@@ -45,8 +45,8 @@ FUSED_ATTN_ENV = "CUTE_KERNELS_DECODE_FUSED_ATTN"
 FUSED_MLP_ENV = "CUTE_KERNELS_DECODE_FUSED_MLP"
 # Experimental, off by default, not yet measured: L2 prefetch hints in the decode chain's one-row
 # GEMVs (gemv.set_l2_prefetch). "fc": each attn c_proj prefetches its layer's c_fc weights (the
-# attention before it leaves HBM mostly idle); "chain": every one-row GEMV prefetches the next
-# linear's weights (c_attn -> attn c_proj -> c_fc -> mlp c_proj).
+# attention before it leaves HBM mostly idle); "chain": every decode GEMV prefetches the next
+# linear's weights (c_attn -> attn c_proj -> c_fc -> mlp c_proj -> the next layer's c_attn).
 L2_PREFETCH_ENV = "CUTE_KERNELS_DECODE_L2_PREFETCH"
 
 
@@ -115,8 +115,11 @@ class StaticDecoder:
         def gemv_weight(lin):  # the [N, K] tensor the one-row GEMV reads for lin
             return lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
 
-        for blk in self.gpt.h:
+        blocks = list(self.gpt.h)
+        for i, blk in enumerate(blocks):
             chain = [blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj]
+            if i + 1 < len(blocks):
+                chain.append(blocks[i + 1].attn.c_attn)
             pairs = [(chain[1], chain[2])] if mode == "fc" else list(zip(chain, chain[1:]))
             for lin, nxt in pairs:
                 w, target = gemv_weight(lin), gemv_weight(nxt)

@@ -569,6 +569,15 @@ def test_gemv_launch_arguments_by_name(monkeypatch):
     assert p["col_scale_ptr"] is ws and p["COL_SCALE"] == 2 and p["xs_ptr"] is None
     assert p["KV"] is True and p["k_cache_ptr"] is kc and p["v_cache_ptr"] is vc and p["pos_ptr"] is pos
     assert (p["pos_stride"], p["kv_c"], p["kv_sb"], p["kv_sh"], p["kv_ss"], p["KV_D"]) == (1, 32, 256, 128, 16, 16)
+    assert p["PF"] is False and p["pf_ptr"] is None
+    target = torch.zeros(1000, dtype=torch.bfloat16)
+    gemv.set_l2_prefetch(wq, target)
+    try:
+        gemv.skinny_gemm(x, wq, w_scale=ws)
+    finally:
+        gemv.set_l2_prefetch(wq, None)
+    p = dict(zip(names, seen[-1][1]))
+    assert p["PF"] is True and p["pf_bytes"] == 2000 and p["pf_ptr"].data_ptr() == target.data_ptr()
 
 
 def test_gemv_routing(monkeypatch):
@@ -600,17 +609,19 @@ def test_gemv_triton_compiles_for_sm90(block_m, block_n):
            "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
            "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32",
            "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i32", "pos_stride": "i32", "kv_c": "i32",
-           "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32"}
+           "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32", "pf_ptr": "*u8", "pf_bytes": "i32"}
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True,
-                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2)  # every option
+                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2, PF=True)  # every option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
-    # PDL: the first weight tile is loaded before the wait, nothing is stored before it, and
-    # the next kernel may launch before it too (the decode chain runs ahead).
+    # PDL: the first weight tile is loaded (and the L2 prefetch hint issued) before the wait,
+    # nothing is stored before it, and the next kernel may launch before it too (the decode
+    # chain runs ahead).
     i_wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert "ld.global" in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
+    assert "prefetch.global.L2" in ptx[:i_wait]
 
 
 def test_layernorm_linear_validates():

@@ -164,6 +164,7 @@ def _gemv_kernel(
     PDL: tl.constexpr = False, FIRST_STEPS: tl.constexpr = 1,
     KV: tl.constexpr = False, k_cache_ptr=None, v_cache_ptr=None, pos_ptr=None, pos_stride=0,
     kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64,
+    PF: tl.constexpr = False, pf_ptr=None, pf_bytes=0,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -178,6 +179,15 @@ def _gemv_kernel(
     w0 = tl.load(w_ptrs, mask=(ks < K)[:, None] & cmask[None, :], other=0.0)
     if FIRST_STEPS == 2:
         w1 = tl.load(w_ptrs + BLOCK_K, mask=((BLOCK_K + ks) < K)[:, None] & cmask[None, :], other=0.0)
+    if PF:
+        # L2 prefetch hint (set_l2_prefetch): this program's share of pf_ptr's bytes, one
+        # prefetch.global.L2 per 128-byte line, issued before the wait like the w0/w1 loads.
+        share = ((pf_bytes + tl.num_programs(0) - 1) // tl.num_programs(0) + 127) // 128 * 128
+        lines = tl.arange(0, PF_LINES) * 128
+        for off in range(0, share, PF_LINES * 128):
+            o = tl.minimum(pid.to(tl.int64) * share + off + lines, pf_bytes - 1)  # past the end: re-hint the last line
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [pf_ptr + o],
+                                      dtype=tl.int32, is_pure=False, pack=1)
     if PDL:
         # Programmatic dependent launch: this grid may be resident before the previous
         # kernel has finished. Nothing before gdc_wait may read what an earlier kernel
@@ -237,6 +247,9 @@ def _gemv_kernel(
         tl.store(k_cache_ptr + off, yk, mask=live & (part == 1)[None, :])
         tl.store(v_cache_ptr + off, yk, mask=live & (part == 2)[None, :])
 
+
+# 128-byte lines per L2 prefetch step of the skinny kernel (one per thread at 4 warps).
+PF_LINES = tl.constexpr(128)
 
 # K steps of weights (1 or 2) loaded before the PDL wait. Same-run A/B on the H100: 2 took
 # the GPT-2 XL decode step from 1.84 to 1.81 ms; one tile of the whole row (up to 16 steps)
@@ -325,6 +338,8 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
     kv_args = (False, None, None, None, 0, 1, 0, 0, 0, 64)
+    pf = _L2_PREFETCH.get(w_nk.data_ptr()) if _L2_PREFETCH else None
+    pf_args = (False, None, 0) if pf is None else (True, pf, pf.numel())
     if kv is not None:
         k_cache, v_cache, pos = kv
         _check_kv(k_cache, v_cache, pos, M, N)
@@ -341,7 +356,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
          alpha != 1.0, residual is not None and beta != 1.0, block_m, block_n, block_k,
          ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None else 16,
          w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,
-         pdl, FIRST_STEPS if K > block_k else 1, *kv_args),
+         pdl, FIRST_STEPS if K > block_k else 1, *kv_args, *pf_args),
         num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
@@ -497,14 +512,15 @@ def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None, w
 
 _FAST_GEMV: dict = {}
 # L2 prefetch hints for decode chains: weight data_ptr -> a flat uint8 view of bytes that the
-# one-row kernel for that weight prefetches into L2 (its CTAs share them evenly) right after
-# its own weight copies, before its PDL wait. Empty unless a caller asks (set_l2_prefetch);
+# skinny GEMV for that weight prefetches into L2, its CTAs / programs sharing them evenly,
+# before its PDL wait (the CuTe DSL one-row kernel right after its own weight copies, the
+# Triton kernel after its first weight tiles). Empty unless a caller asks (set_l2_prefetch);
 # inference/decode.py does under CUTE_KERNELS_DECODE_L2_PREFETCH. Not measured yet.
 _L2_PREFETCH: dict = {}
 
 
 def set_l2_prefetch(w_nk: torch.Tensor, target: torch.Tensor | None) -> None:
-    """From now on, the one-row GEMV that reads `w_nk` also prefetches `target` (a contiguous
+    """From now on, the skinny GEMV that reads `w_nk` also prefetches `target` (a contiguous
     tensor, e.g. the next GEMV's weights) into L2; target None removes the hint. The hint
     changes no result. Keyed by w_nk's data pointer: register the tensor the GEMV is given."""
     if target is None:
