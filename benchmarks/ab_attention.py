@@ -7,8 +7,9 @@
 those objects instead of compiling (carry `build` to the GPU machine), and compiles whatever
 does not load. Every variant runs on the same inputs in the same process, three rounds
 interleaved, best of the rounds. Printed per shape: TFLOP/s of each variant, `DIFF` where its
-output is not bit-identical to the current schedule's, and each variant's max error against
-an fp32 reference on a slice (batch 0, heads 0-1), since rowsum_mma changes the rounding.
+output is not bit-identical to the current schedule's, each variant's max error against an
+fp32 reference on a slice (batch 0, heads 0-1), since rowsum_mma changes the rounding, and, in
+the same rounds, SDPA's cuDNN backend and FlashAttention-4 where importable (the bars' references).
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ def _run(fn, q, k, v, sms: int):
 
 
 def bench() -> None:
+    from .attention import providers
     from .common import time_ms
 
+    refs = {n: f for n, f in providers().items() if n in ("cudnn", "fa4")}
     cache: dict = {}
     for (B, H, S, D) in SHAPES:
         torch.manual_seed(0)
@@ -110,8 +113,15 @@ def bench() -> None:
                         err[name] = (o[:1, :, :2].float() - gold).abs().max().item()
                     t = time_ms(lambda i: _run(fn, q, k, v, sms))
                     best[name] = min(best.get(name, float("inf")), t)
+                for name, ref_fn in refs.items():
+                    try:
+                        t = time_ms(lambda i: ref_fn(q, k, v, causal))
+                    except Exception as e:  # noqa: BLE001 - a reference that cannot run is left out
+                        print(f"    {name} not timed: {type(e).__name__}: {e}")
+                        continue
+                    best[name] = min(best.get(name, float("inf")), t)
             print(f"{B}x{H}x{S}x{D}{' causal' if causal else ''}: " + "  ".join(
-                f"{n} {flops / t / 1e9:.1f}{'' if same[n] else ' DIFF'}" for n, t in best.items()), flush=True)
+                f"{n} {flops / t / 1e9:.1f}{'' if same.get(n, True) else ' DIFF'}" for n, t in best.items()), flush=True)
             print("    max err vs fp32 (b0, h0-1): " + "  ".join(f"{n} {e:.1e}" for n, e in err.items()), flush=True)
 
 
