@@ -328,31 +328,28 @@ class FlashAttnFwdSm90:
                 q_pipe.producer_acquire(q_state)
                 cute.copy(tma_q, tQg, tQs[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                 q_state.advance()
+            # With k_ahead, K runs one block ahead of V (K_0 first, then K_{j+1} before V_j): K's
+            # stage frees when Q K_{j-1}^T completes, V's only after P_{j-2} V_{j-2} and O's
+            # rescale, so K need not queue behind V.
             if cutlass.const_expr(self.k_ahead):
-                # K_0, then K_{j+1} before V_j: K's stage frees when Q K_{j-1}^T completes, V's
-                # only after P_{j-2} V_{j-2} and O's rescale, so K need not queue behind V.
                 if n_blocks > 0:
                     k_pipe.producer_acquire(k_state)
                     cute.copy(tma_k, tKg[(None, j_begin)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
                     k_state.advance()
-                for jj in range(n_blocks):
-                    j = j_begin + jj
+            for jj in range(n_blocks):
+                j = j_begin + jj
+                if cutlass.const_expr(self.k_ahead):
                     if jj + 1 < n_blocks:
                         k_pipe.producer_acquire(k_state)
                         cute.copy(tma_k, tKg[(None, j + 1)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
                         k_state.advance()
-                    v_pipe.producer_acquire(v_state)
-                    cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
-                    v_state.advance()
-            else:
-                for jj in range(n_blocks):
-                    j = j_begin + jj
+                else:
                     k_pipe.producer_acquire(k_state)
                     cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
                     k_state.advance()
-                    v_pipe.producer_acquire(v_state)
-                    cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
-                    v_state.advance()
+                v_pipe.producer_acquire(v_state)
+                cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
+                v_state.advance()
         q_pipe.producer_tail(q_state)
         k_pipe.producer_tail(k_state)
         v_pipe.producer_tail(v_state)
