@@ -160,14 +160,15 @@ def _gemm_mnk(name: str, shapes) -> tuple[int, int, int, int] | None:
     return None
 
 
-def profile_breakdown(fn, n_iters: int = 1, top: int = 12) -> dict:
+def profile_breakdown(fn, n_iters: int = 1, top: int = 12, *, cuda: bool | None = None) -> dict:
     """Time per kernel, and per GEMM shape with its TFLOP/s and % of peak, for n_iters calls of fn.
 
-    On a GPU these are device times of CUDA kernels; without one (tests) CPU op times.
+    cuda: whether fn runs on the GPU (default: whether one is present). There these are
+    device times of CUDA kernels; for a CPU run, CPU op times.
     """
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     fn()
     sync()
@@ -358,7 +359,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
         if cuda:  # the peaks are H100's: meaningless for a CPU smoke run
             res.mfu_pct = 100 * prefill_flops(cfg, batch, seq) / (ms * 1e-3) / (peak * 1e12)
         if not args.no_profile:
-            res.breakdown["prefill"] = profile_breakdown(prefill)
+            res.breakdown["prefill"] = profile_breakdown(prefill, cuda=cuda)
         if backend == "tensorrt" and trt_decoder is None:
             res.note = trt_note or "prefill only"
         elif backend == "tensorrt":
@@ -377,7 +378,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
                 res.mbu_pct = 100 * decode_bytes(model, cfg, batch, ctx) / (dms * 1e-3) / (PEAK_TBPS * 1e12)
             if not args.no_profile and gen >= 6:  # 1 warm-up + 3 profiled steps must fit in the cache
                 dec.prefill(ids)
-                res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3)
+                res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3, cuda=cuda)
             if not args.no_profile and cuda and dec.cuda_graph and gen >= 9:  # 1 + 1 + 6 steps
                 dec.prefill(ids)
                 try:

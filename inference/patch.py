@@ -35,12 +35,13 @@ What changes, and why it is done this way:
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Iterable
 
 import torch
 from torch import nn
+from transformers.masking_utils import causal_mask_function, sdpa_mask
+from transformers.models.gpt2 import modeling_gpt2 as _GPT2  # bound here: code Dynamo traces must not import
 
 from . import ops
 from .models import PRECISIONS
@@ -58,12 +59,6 @@ FUSABLE_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"
 ATTN_NAMES = {"cute": "cute_attn", "reference": "cute_attn_ref"}
 SMOOTHQUANT_ALPHA = 0.5
 QUANT_BACKENDS = {"cute": "kernels", "reference": "reference"}  # our backend -> quant module `backend`
-
-
-def _gpt2():
-    from transformers.models.gpt2 import modeling_gpt2
-
-    return modeling_gpt2
 
 
 # --------------------------------------------------------------------------- linears
@@ -89,7 +84,7 @@ class _CuteLinearMixin:
         return (y if y.shape[1] == N else y[:, :N]).view(*shape, N)
 
 
-class CuteConv1D(_CuteLinearMixin, _gpt2().Conv1D):
+class CuteConv1D(_CuteLinearMixin, _GPT2.Conv1D):
     """GPT-2 Conv1D (weight [in, out], stored K-major) running on our linear op."""
 
     @classmethod
@@ -150,41 +145,92 @@ def apply_layernorm_linear(module, ln, x):
 # --------------------------------------------------------------------------- blocks
 
 
-class CuteGPT2Attention(_gpt2().GPT2Attention):
+def _stock_arguments(stock_forward, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call to a stock transformers forward, by name.
+
+    transformers passes some arguments positionally and renames them between releases
+    (`past_key_values` became `cache`), so our subclass forwards bind what they receive
+    against the installed signature instead of assuming one. The cache is returned under
+    the key "cache" whatever its name in this release."""
+    names = _positional_names(stock_forward)
+    if len(args) > len(names):
+        raise TypeError(f"{stock_forward.__qualname__}() takes {len(names)} positional arguments after "
+                        f"hidden_states, got {len(args)}")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    if "cache" not in bound:
+        bound["cache"] = bound.pop("past_key_values", None)
+    return bound
+
+
+_POSITIONAL_NAMES: dict = {}  # a plain dict, not functools.cache: Dynamo traces a lookup in it
+
+
+def _positional_names(stock_forward) -> tuple[str, ...]:
+    """Parameter names after (self, first input) of a stock forward that may come positionally."""
+    names = _POSITIONAL_NAMES.get(stock_forward)
+    if names is None:
+        params = list(inspect.signature(stock_forward).parameters.values())[2:]
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = _POSITIONAL_NAMES[stock_forward] = tuple(p.name for p in params if p.kind in kinds)
+    return names
+
+
+def _stock_kwargs(stock_forward, bound: dict) -> dict:
+    """`bound` (from _stock_arguments) as keyword arguments for the stock forward."""
+    kw = dict(bound)
+    if "cache" not in _positional_names(stock_forward):
+        kw["past_key_values"] = kw.pop("cache")
+    return kw
+
+
+def _cache_update_kwargs(bound: dict) -> dict:
+    return {"cache_kwargs": {"cache_position": bound["cache_position"]}} if "cache_position" in bound else {}
+
+
+class CuteGPT2Attention(_GPT2.GPT2Attention):
     """Self-attention whose output projection also adds the block's residual."""
 
-    def forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
-                encoder_attention_mask=None, output_attentions=False, residual=None, ln=None, **kwargs):
+    def forward(self, hidden_states, *args, residual=None, ln=None, **kwargs):
         """ln (optional): the block's ln_1, applied to hidden_states first (fused into
-        c_attn's input quantization for the 8-bit linears)."""
-        m = _gpt2()
+        c_attn's input quantization for the 8-bit linears). Any other call (the stock
+        GPT2Block's, cross-attention, eager attention with reorder_and_upcast_attn) runs
+        the stock forward."""
+        m = _GPT2
+        a = _stock_arguments(m.GPT2Attention.forward, args, kwargs)
+        cache = a["cache"]
         if (
-            encoder_hidden_states is not None
-            or isinstance(past_key_values, m.EncoderDecoderCache)
+            a.get("encoder_hidden_states") is not None
+            or a.get("output_attentions")
+            or isinstance(cache, m.EncoderDecoderCache)
             or (self.config._attn_implementation == "eager" and self.reorder_and_upcast_attn)
+            or (residual is None and ln is None)
         ):
             if ln is not None:
                 hidden_states = ln(hidden_states)
-            out, weights = super().forward(hidden_states, past_key_values, attention_mask, encoder_hidden_states,
-                                           encoder_attention_mask, output_attentions, **kwargs)
+            out, weights = super().forward(hidden_states, **_stock_kwargs(m.GPT2Attention.forward, a))[:2]
             return (out if residual is None else out + residual), weights
 
         # Same steps as GPT2Attention.forward (self-attention branch), ending in a fused c_proj.
+        attention_mask = a.pop("attention_mask", None)
+        for unused in ("cache", "encoder_hidden_states", "encoder_attention_mask", "output_attentions", "head_mask"):
+            a.pop(unused, None)
+        update_kwargs = _cache_update_kwargs(a)
         query, key, value = apply_layernorm_linear(self.c_attn, ln, hidden_states).split(self.split_size, dim=2)
         shape = (*query.shape[:-1], -1, self.head_dim)
         query, key, value = (t.view(shape).transpose(1, 2) for t in (query, key, value))
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx, **update_kwargs)
         attention = m.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, m.eager_attention_forward)
         out, weights = attention(self, query, key, value, attention_mask,
-                                 dropout=self.attn_dropout.p if self.training else 0.0, scaling=self.scaling, **kwargs)
+                                 dropout=self.attn_dropout.p if self.training else 0.0, scaling=self.scaling, **a)
         out = out.reshape(*out.shape[:-2], -1).contiguous()
         if residual is None:
             return self.resid_dropout(self.c_proj(out)), weights
         return apply_linear(self.c_proj, out, residual), weights  # eval only (the block guarantees it)
 
 
-class CuteGPT2MLP(_gpt2().GPT2MLP):
+class CuteGPT2MLP(_GPT2.GPT2MLP):
     def forward(self, hidden_states, residual=None, ln=None):
         h = self.act(apply_layernorm_linear(self.c_fc, ln, hidden_states))
         if residual is None:
@@ -192,17 +238,16 @@ class CuteGPT2MLP(_gpt2().GPT2MLP):
         return apply_linear(self.c_proj, h, residual)
 
 
-class CuteGPT2Block(_gpt2().GPT2Block):
+class CuteGPT2Block(_GPT2.GPT2Block):
     """GPT2Block with both residual adds moved into the c_proj epilogues (eval mode)."""
 
-    def forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
-                encoder_attention_mask=None, use_cache=False, **kwargs):
-        if self.training or encoder_hidden_states is not None:
+    def forward(self, hidden_states, *args, **kwargs):
+        a = _stock_arguments(_GPT2.GPT2Block.forward, args, kwargs)
+        if self.training or a.get("encoder_hidden_states") is not None or a.get("output_attentions"):
             # Dropout sits between c_proj and the residual add: keep the stock order.
-            return super().forward(hidden_states, past_key_values, attention_mask, encoder_hidden_states,
-                                   encoder_attention_mask=encoder_attention_mask, use_cache=use_cache, **kwargs)
-        h, _ = self.attn(hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
-                         use_cache=use_cache, residual=hidden_states, ln=self.ln_1, **kwargs)
+            return super().forward(hidden_states, *args, **kwargs)
+        a.pop("encoder_hidden_states", None)
+        h, _ = self.attn(hidden_states, residual=hidden_states, ln=self.ln_1, **a)
         return self.mlp(h, residual=h, ln=self.ln_2)
 
 
@@ -255,11 +300,19 @@ def _attention_forward(backend: str):
 def _mask_function(*, q_length, kv_length, q_offset=0, mask_function=None, attention_mask=None,
                    allow_is_causal_skip=True, local_size=None, **kwargs):
     """transformers' sdpa_mask, except that the plain causal pattern without padding is
-    always None (our attention's "causal"), not only when transformers is not tracing."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    always None (our attention's "causal"), not only when transformers is not tracing.
 
-    if (allow_is_causal_skip and attention_mask is None and local_size is None and q_offset == 0
-            and mask_function is causal_mask_function and (q_length == kv_length or q_length == 1)):
+    GPT2Model hands transformers its own arange position ids, and without a cache
+    transformers checks them for packed sequences: a device sync eagerly, and under CUDA
+    graph capture a packed-sequence overlay that forces an explicit mask (and SDPA). When
+    CuteGPT2Model made those positions itself (`_POSITIONS.own`) nothing can be packed,
+    so the overlay is a no-op and the mask is plain causal."""
+    # A static cache hands q_offset as a tensor: not known to be 0 without a sync.
+    plain = attention_mask is None and local_size is None and isinstance(q_offset, int) and q_offset == 0
+    if plain and _POSITIONS.own and q_length == kv_length:
+        return None
+    if (plain and allow_is_causal_skip and mask_function is causal_mask_function
+            and (q_length == kv_length or q_length == 1)):
         return None
     return sdpa_mask(q_length=q_length, kv_length=kv_length, q_offset=q_offset, mask_function=mask_function,
                      attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, local_size=local_size,
@@ -279,10 +332,11 @@ def register_attention(backend: str) -> str:
 # --------------------------------------------------------------------------- position ids and the mask
 
 class _PositionState:
-    """Whether the innermost running CuteGPT2Model.forward was given no position_ids.
+    """Whether the innermost running CuteGPT2Model.forward makes its own position ids and
+    has no cache and no padding mask, so that every row is one plain causal sequence.
 
-    A plain attribute rather than a ContextVar or threading.local, so that Dynamo
-    traces it (a compiled patched model keeps one graph)."""
+    Read only by our mask function. A plain attribute rather than a ContextVar or
+    threading.local, so that Dynamo traces it (a compiled patched model keeps one graph)."""
 
     own = False
 
@@ -290,43 +344,18 @@ class _PositionState:
 _POSITIONS = _PositionState()
 
 
-class CuteGPT2Model(_gpt2().GPT2Model):
-    """GPT2Model that marks calls whose position ids it makes itself (see `_causal_mask`)."""
+class CuteGPT2Model(_GPT2.GPT2Model):
+    """GPT2Model that marks calls whose position ids it makes itself (see `_mask_function`)."""
 
     def forward(self, *args, **kwargs):
-        i = _position_ids_index()  # position_ids may come positionally (args excludes self)
-        given = args[i] if len(args) > i else kwargs.get("position_ids")
-        outer, _POSITIONS.own = _POSITIONS.own, given is None
+        a = _stock_arguments(_GPT2.GPT2Model.forward, args[1:], kwargs)
+        own = (a.get("position_ids") is None and a["cache"] is None and a.get("attention_mask") is None
+               and a.get("encoder_hidden_states") is None)
+        outer, _POSITIONS.own = _POSITIONS.own, own
         try:
             return super().forward(*args, **kwargs)
         finally:
             _POSITIONS.own = outer
-
-
-@functools.cache
-def _position_ids_index() -> int:
-    return list(inspect.signature(_gpt2().GPT2Model.forward).parameters).index("position_ids") - 1
-
-
-def _install_causal_mask():
-    """Route GPT-2's `create_causal_mask` through `_causal_mask` (idempotent)."""
-    m = _gpt2()
-    if getattr(m.create_causal_mask, "_cute_wrapped", None) is None:
-        original = m.create_causal_mask
-        _position_ids_index()  # resolve outside any Dynamo trace
-
-        @functools.wraps(original)
-        def _causal_mask(config, inputs_embeds, attention_mask, past_key_values, position_ids=None, **kwargs):
-            # GPT2Model's own positions (an arange per row) hold one sequence per row: drop
-            # them so transformers does not look for packed sequences (a device sync
-            # eagerly; under graph capture an explicit mask that bypasses our kernel).
-            if (_POSITIONS.own and attention_mask is None and past_key_values is None
-                    and config._attn_implementation in ATTN_NAMES.values()):
-                position_ids = None
-            return original(config, inputs_embeds, attention_mask, past_key_values, position_ids, **kwargs)
-
-        _causal_mask._cute_wrapped = original
-        m.create_causal_mask = _causal_mask
 
 
 # --------------------------------------------------------------------------- patch_model
@@ -388,7 +417,7 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     if precision != "bf16":
         _quantize(model, precision, calibration, backend)
 
-    m = _gpt2()
+    m = _GPT2
     fused_act = FUSABLE_ACTIVATIONS.get(model.config.activation_function)
     handled = set()
     for module in list(model.modules()):
@@ -416,8 +445,9 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     if type(head) in (nn.Linear, CuteLMHead):  # not a quant module that subclasses nn.Linear
         CuteLMHead.adopt(head, backend=backend)
 
+    for stock in (m.GPT2Model.forward, m.GPT2Block.forward, m.GPT2Attention.forward):
+        _positional_names(stock)  # resolve the signatures outside any Dynamo trace
     if attention == "cute":
-        _install_causal_mask()
         model.set_attn_implementation(register_attention(backend))
     elif model.config._attn_implementation != "sdpa":
         model.set_attn_implementation("sdpa")
