@@ -23,6 +23,7 @@ from .common import (
     Row,
     format_table,
     geomean,
+    require_hopper,
     speedups,
     time_ms,
     write_results,
@@ -176,6 +177,7 @@ def main(argv=None):
     p.add_argument("--decode", action="store_true",
                    help="the decode points only (writes attention_decode_<gpu>.*, leaving the full suite's file)")
     args = p.parse_args(argv)
+    require_hopper("python -m benchmarks.attention")
     decode = DECODE[:4] if args.quick else DECODE
     rows = run_decode(decode) if args.decode else run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
     summary = summarize(rows)

@@ -129,6 +129,23 @@ def rotation_count(bytes_per_set: int) -> int:
     return max(1, min(32, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1))))
 
 
+def require_hopper(tool: str) -> None:
+    """Exit with one line on stderr (status 2, no traceback) unless an sm_90 GPU is present."""
+    import sys
+
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "no CUDA GPU found"
+    elif torch.cuda.get_device_capability(0) != (9, 0):
+        major, minor = torch.cuda.get_device_capability(0)
+        why = f"{torch.cuda.get_device_name(0)} is sm_{major}{minor}"
+    else:
+        return
+    print(f"error: {tool} times kernels on an NVIDIA Hopper GPU (sm_90): {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def gpu_name() -> str:
     import torch
 

@@ -26,6 +26,7 @@ from .common import (
     Row,
     format_table,
     geomean,
+    require_hopper,
     rotation_count,
     speedups,
     time_ms,
@@ -166,6 +167,7 @@ def main(argv=None):
     p.add_argument("--decode", action="store_true", help="decode-step (M = 1, 8) linears instead of the suite")
     p.add_argument("--no-gemv", action="store_true", help="with --decode: the wgmma path instead of the skinny one")
     args = p.parse_args(argv)
+    require_hopper("python -m benchmarks.gemm")
     if args.decode:
         if args.no_gemv:
             os.environ["CUTE_KERNELS_GEMV"] = "0"

@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from .common import PEAK_TFLOPS, Row, rotation_count, time_ms, write_results
+from .common import PEAK_TFLOPS, Row, require_hopper, rotation_count, time_ms, write_results
 
 LABELS = {
     "naive": "CUDA naive",
@@ -162,8 +162,7 @@ def main(argv=None):
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--no-chart", action="store_true")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("the ladder needs a CUDA GPU")
+    require_hopper("python -m benchmarks.ladder")
     rows, notes = run(args.size)
     summary = summarize(rows)
     print(ladder_table(rows))

@@ -15,8 +15,18 @@ import argparse
 
 import torch
 
-from .common import PEAK_TFLOPS, Row, format_table, geomean, rotation_count, speedups, time_ms, write_results
-from .gemm import SUITE, SQUARE
+from .common import (
+    PEAK_TFLOPS,
+    Row,
+    format_table,
+    geomean,
+    require_hopper,
+    rotation_count,
+    speedups,
+    time_ms,
+    write_results,
+)
+from .gemm import SQUARE, SUITE
 
 E4M3 = torch.float8_e4m3fn
 
@@ -197,6 +207,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
+    require_hopper("python -m benchmarks.quantized")
     shapes = SQUARE if args.quick else SUITE
     out = {}
     for kind in (["fp8", "int8"] if args.kind == "all" else [args.kind]):

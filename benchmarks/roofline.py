@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .common import PEAK_TBPS, PEAK_TFLOPS, RESULTS_DIR, gpu_name, gpu_tag, rotation_count, time_ms
+from .common import PEAK_TBPS, PEAK_TFLOPS, RESULTS_DIR, gpu_name, gpu_tag, require_hopper, rotation_count, time_ms
 
 GEMM_SHAPES = [(512, 768, 768), (512, 3072, 768), (8192, 768, 768), (8192, 3072, 768), (4096, 4096, 4096), (8192, 8192, 8192)]
 
@@ -128,6 +128,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=str(RESULTS_DIR))
     args = p.parse_args(argv)
+    require_hopper("python -m benchmarks.roofline")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ceil = measure_ceilings()

@@ -25,7 +25,7 @@ from cute_kernels.gemm.api import _alloc_out, _pick_config, run_gemm
 from cute_kernels.gemm.config import CANDIDATES, GemmConfig
 from cute_kernels.gemm.kernel import Epilogue
 
-from .common import rotation_count, time_ms
+from .common import require_hopper, rotation_count, time_ms
 from .gemm import SUITE
 
 
@@ -116,6 +116,7 @@ def main(argv=None):
                    help="inputs: bf16 (vs torch.mm), fp8 rowwise-scaled (vs torch._scaled_mm), int8 (vs torch._int_mm)")
     p.add_argument("--configs", default="", help="comma-separated config labels to sweep instead of the candidates")
     args = p.parse_args(argv)
+    require_hopper("python -m benchmarks.tune_gemm")
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s] or SUITE
     cfgs = list(CANDIDATES)
     if args.configs:

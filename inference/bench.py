@@ -555,6 +555,8 @@ def run_bench(args) -> int:
 
     transformers.utils.logging.disable_progress_bar()
 
+    if args.device is None:
+        args.device = "cuda"
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise UserError("bench needs a CUDA GPU (none found); --device cpu only smoke-tests the pipeline")

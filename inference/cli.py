@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="use random weights of a known GPT-2 size (no download)")
         sp.add_argument("--attention", choices=("cute", "sdpa"), default="cute",
                         help="attention of the patched model: ours (default) or PyTorch SDPA (cuDNN / flash)")
+        sp.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="cpu: the PyTorch references on the CPU (checks the pipeline; no meaningful speed). "
+                             "Default: cuda, or cpu where there is no GPU and the backend is the reference")
 
     g = sub.add_parser("generate", help="greedy generation with the patched model")
     common(g)
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--precision", choices=PRECISIONS, default="bf16")
     g.add_argument("--backend", choices=("cute", "reference"), default="cute",
-                   help="reference = PyTorch references (runs on CPU)")
+                   help="reference = the PyTorch references of our kernels (implied by --device cpu)")
     g.add_argument("--no-compare", action="store_true", help="skip the comparison with the unpatched model")
     g.set_defaults(func=run_generate)
 
@@ -67,8 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {','.join(PRECISIONS)}")
     b.add_argument("--out", default=None, help="report directory (default benchmarks/results)")
     b.add_argument("--no-profile", action="store_true", help="skip the torch.profiler per-op breakdown")
-    b.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: smoke-test the pipeline with the reference kernels (no meaningful numbers)")
     b.set_defaults(func=_run_bench)
     return p
 
@@ -102,6 +103,30 @@ def _fail(msg: str) -> int:
 # --------------------------------------------------------------------------- shared helpers
 
 
+def resolve_device(args):
+    """The torch device of a generate/bench run: --device, with the backend's requirements.
+
+    --device cpu runs the PyTorch references (backend 'reference'); the cute kernels need an
+    sm_90 GPU and say so in one line otherwise."""
+    import torch
+
+    backend = getattr(args, "backend", "cute")
+    if args.device is None:
+        args.device = "cuda" if backend == "cute" or torch.cuda.is_available() else "cpu"
+    if args.device == "cpu":
+        if backend == "cute":
+            args.backend = "reference"
+        return torch.device("cpu")
+    if backend == "cute":
+        problem = cute_device_problem()
+        if problem:
+            raise UserError(f"{problem} (on a CPU machine use --device cpu: the PyTorch references)")
+        return torch.device("cuda")
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU found (on a CPU machine use --device cpu)")
+    return torch.device("cuda")
+
+
 def cute_device_problem() -> str | None:
     """Why the cute kernels cannot run here, or None if an sm_90 GPU is present."""
     import torch
@@ -130,23 +155,76 @@ def _sync(device):
 # --------------------------------------------------------------------------- generate
 
 
+class _Phases:
+    """Wall time per startup phase, printed as one line: where a cold or warm start goes."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+        self.parts: list[tuple[str, float]] = []
+
+    def __call__(self, name: str):
+        now = time.perf_counter()
+        self.parts.append((name, now - self.t))
+        self.t = now
+
+    def line(self) -> str:
+        total = sum(s for _, s in self.parts)
+        return f"wall {total:.1f} s: " + ", ".join(f"{n} {s:.1f}" for n, s in self.parts)
+
+
+def manifest_name(model: str, precision: str) -> str | None:
+    """The shipped kernel manifest (cute_kernels/manifests) for a model name or a local
+    checkpoint directory of a known size, at this precision. Reads config.json directly:
+    it runs before transformers is imported."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from .models import size_name, size_of
+
+    cfg = Path(model) / "config.json"
+    if cfg.is_file():
+        try:
+            size = size_of(SimpleNamespace(**json.loads(cfg.read_text())))
+        except (OSError, ValueError, TypeError):
+            size = None
+    else:
+        size = size_name(model)
+    return f"{size}-{precision}" if size else None
+
+
+def _start_precompile(args):
+    """(thread, stats): replays the model's shipped manifest (cute_kernels.precompile) in a
+    background thread; stats fills in when the thread ends. None without a manifest."""
+    import threading
+
+    from cute_kernels.precompile import ensure_manifest, manifest_path
+
+    name = manifest_name(args.model, args.precision)
+    if name is None or not manifest_path(name).exists():
+        return None
+    stats: dict = {}
+    thread = threading.Thread(target=lambda: stats.update(ensure_manifest(name) or {}), daemon=True)
+    thread.start()
+    return thread, stats
+
+
 def run_generate(args) -> int:
+    phases = _Phases()
     import copy
 
     import torch
+
+    device = resolve_device(args)
+    # The model's kernels build in worker processes while this one imports and loads the model.
+    precompiling = _start_precompile(args) if args.backend == "cute" else None
     import transformers
 
-    from .decode import StaticDecoder, hf_generate
+    from .decode import StaticDecoder
     from .models import load_config, load_model, load_tokenizer
     from .patch import patch_model
 
-    if args.backend == "cute":
-        problem = cute_device_problem()
-        if problem:
-            raise UserError(f"{problem} (use --backend reference to run the PyTorch references)")
-        device = torch.device("cuda")
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    phases("imports")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     transformers.utils.logging.disable_progress_bar()
 
@@ -164,9 +242,17 @@ def run_generate(args) -> int:
     if tok_note:
         print(f"note: {tok_note}")
     model = load_model(args.model, config, random_weights=args.random_weights, device=device, dtype=dtype)
-    reference = None if args.no_compare else copy.deepcopy(model)
     ids = torch.tensor([prompt_ids], device=device)
     calibration = [ids] if args.precision == "int8-smoothquant" else None
+    reference = None if args.no_compare else copy.deepcopy(model)  # unpatched, for the agreement check
+    phases("model")
+    kernels_note = ""
+    if precompiling is not None:
+        thread, stats = precompiling
+        thread.join()
+        if stats.get("compiled"):
+            kernels_note = f"{stats['compiled']} kernels compiled in parallel ({stats['wall_s']:.1f} s)"
+        phases("kernels")
     patch_model(model, precision=args.precision, attention=args.attention, backend=args.backend,
                 calibration=calibration)
     dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
@@ -175,9 +261,10 @@ def run_generate(args) -> int:
 
     n = args.max_new_tokens
     decoder = StaticDecoder(model, batch_size=1, max_len=len(prompt_ids) + n)
-    if decoder.cuda_graph:  # first call captures the graph and JIT-builds kernels: keep it out of the timing
-        decoder.generate(ids, n)
+    if decoder.cuda_graph:  # first call captures the graph and loads kernels: keep it out of the timing
+        decoder.generate(ids, min(n, 2))
     _sync(device)
+    phases("first step")
     t0 = time.perf_counter()
     decoder.prefill(ids)
     _sync(device)
@@ -186,6 +273,7 @@ def run_generate(args) -> int:
     _sync(device)
     t2 = time.perf_counter()
     tokens = decoder.tokens(n)[0].tolist()
+    phases("generate")
 
     print("--- text ---")
     print(args.prompt + tokenizer.decode(tokens))
@@ -197,25 +285,25 @@ def run_generate(args) -> int:
           f"end to end {n / (t2 - t0):.1f} tokens/s")
 
     if reference is not None:
-        if device.type == "cuda":  # warm-up (cuBLAS handles, SDPA kernel selection)
-            hf_generate(reference, ids, min(n, 4), cache="dynamic")
-        _sync(device)
-        t0 = time.perf_counter()
-        ref_tokens = hf_generate(reference, ids, n, cache="dynamic")[0]
-        _sync(device)
-        print(f"unpatched model, HF generate (dynamic cache): {n / (time.perf_counter() - t0):.1f} tokens/s")
         print("--- agreement with the unpatched model ---")
-        ours = torch.tensor(tokens, device=device)
-        same = (ours == ref_tokens)
-        first = int((~same).nonzero()[0]) if not bool(same.all()) else None
-        print(f"greedy tokens: {int(same.sum())}/{n} match ({100.0 * float(same.float().mean()):.1f}%), "
-              f"first divergence: {'none' if first is None else f'token {first}'}")
-        # Teacher-forced on the reference continuation: compares the models, not their diverged histories.
-        full = torch.cat([ids[0], ref_tokens]).unsqueeze(0)
+        # One teacher-forced forward of the unpatched model over prompt + our tokens: where its
+        # argmax equals our next token at every position, its own greedy generation is ours.
+        full = torch.cat([ids[0], torch.tensor(tokens, device=device)]).unsqueeze(0)
         with torch.no_grad():
-            lr = reference(full).logits[0, len(prompt_ids) - 1:-1].float()
-            lo = model(full).logits[0, len(prompt_ids) - 1:-1].float()
-        top1 = float((lr.argmax(-1) == lo.argmax(-1)).float().mean())
-        print(f"teacher-forced over {n} positions: top-1 agreement {100 * top1:.1f}%, "
+            lr = reference(full, use_cache=False).logits[0, len(prompt_ids) - 1:-1].float()
+            lo = model(full, use_cache=False).logits[0, len(prompt_ids) - 1:-1].float()
+        agree = (lr.argmax(-1) == full[0, len(prompt_ids):])
+        first = int((~agree).nonzero()[0]) if not bool(agree.all()) else None
+        print(f"greedy tokens: the unpatched model picks the same token at {int(agree.sum())}/{n} positions "
+              f"(first divergence: {'none' if first is None else f'token {first}'}); "
               f"max |logit diff| {float((lr - lo).abs().max()):.4g} (max |logit| {float(lr.abs().max()):.3g})")
+        phases("compare")
+    if args.backend == "cute":
+        from cute_kernels.runtime import KERNELS
+
+        st = KERNELS.stats
+        kernels_note = "; ".join(x for x in (kernels_note, f"kernels in this process: {st['disk_loads']} loaded from "
+                                             f"the disk cache ({st['load_s']:.1f} s), {st['compiles']} compiled "
+                                             f"({st['compile_s']:.1f} s)") if x)
+    print(f"--- startup ---\n{phases.line()}" + (f"; {kernels_note}" if kernels_note else ""))
     return 0

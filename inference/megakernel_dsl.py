@@ -44,6 +44,7 @@ merging mlp c_proj into c_fc's phase by split-K with fp32 atomics moved it below
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import cutlass
@@ -384,7 +385,7 @@ def decode_chain(weights: dict, h_in: torch.Tensor, eps: float = 1e-5, cfg: Chai
     if cfg.grid > sms:
         raise ValueError(f"grid {cfg.grid} exceeds the {sms} SMs: the CTAs must all be resident")
     key = CompileKey("decode_chain_dsl", ("BFloat16",), (), (cfg.E, cfg.slots, cfg.warps), (cfg.grid,))
-    fn = KERNELS.get(key, lambda: compile_chain(cfg))
+    fn = KERNELS.get(key, functools.partial(compile_chain, cfg))
     dev = h_in.device
     h_out = torch.empty_like(h_in)
     h = torch.empty_like(h_in)

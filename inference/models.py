@@ -33,6 +33,14 @@ def size_name(name: str) -> str | None:
     return base if base in GPT2_SIZES else None
 
 
+def size_of(config) -> str | None:
+    """The GPT-2 size name whose shapes `config` has (a local checkpoint of gpt2-xl is 'gpt2-xl')."""
+    dims = (getattr(config, "n_layer", None), getattr(config, "n_embd", None), getattr(config, "n_head", None))
+    if getattr(config, "model_type", None) != "gpt2" or getattr(config, "vocab_size", None) != GPT2_VOCAB:
+        return None
+    return next((name for name, d in GPT2_SIZES.items() if d == dims), None)
+
+
 def gpt2_config(name: str):
     from transformers import GPT2Config
 

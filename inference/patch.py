@@ -35,6 +35,7 @@ What changes, and why it is done this way:
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Iterable
 
@@ -387,6 +388,16 @@ def _quantize(model, precision: str, calibration, backend: str):
             module.backend = QUANT_BACKENDS[backend]
 
 
+def _own_config(model) -> None:
+    """Give the model a config object of its own: the attention implementation is set on the
+    config, and two models built from one config object would otherwise both switch."""
+    old = model.config
+    new = copy.deepcopy(old)
+    for module in model.modules():
+        if getattr(module, "config", None) is old:
+            module.config = new
+
+
 def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", calibration: Iterable | None = None,
                 backend: str = "cute"):
     """Run `model` (a GPT2LMHeadModel or GPT2Model) on our kernels. Returns the same object.
@@ -414,6 +425,7 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
             ok, why = ops.cute_attention_available()
             if not ok:
                 raise NotImplementedError(f"attention='cute' needs cute_kernels.flash_attn: {why}; use attention='sdpa'")
+    _own_config(model)
     if precision != "bf16":
         _quantize(model, precision, calibration, backend)
 

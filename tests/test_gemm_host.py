@@ -990,13 +990,3 @@ def test_tune_gemm_config_labels_round_trip():
         assert parse_label(_label(c)) == c
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128x256")
-
-
-def test_ab_decode_variant_specs():
-    from benchmarks.ab_decode import _parse
-
-    assert _parse("base:") == ("base", {})
-    assert _parse("fc:CUTE_KERNELS_DECODE_L2_PREFETCH=fc,CUTE_KERNELS_PDL=0") == (
-        "fc", {"CUTE_KERNELS_DECODE_L2_PREFETCH": "fc", "CUTE_KERNELS_PDL": "0"})
-    with pytest.raises(SystemExit, match="bad variant"):
-        _parse("x:NOEQUALS")

@@ -357,3 +357,50 @@ def test_bench_helpers_on_cpu(model, tmp_path):
     assert data["results"][0]["backend"] == "cublas" and data["skipped"][0][2] == "no GPU"
     md = paths[1].read_text()
     assert "| cublas | bf16 |" in md and "cute_inference::linear" in md and "Random weights" in md
+
+
+_UNTOUCHED_SCRIPT = """
+import sys
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+torch.manual_seed(0)
+cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=64)
+model = GPT2LMHeadModel(cfg).eval()
+x = torch.randint(0, 300, (2, 12))
+mask = torch.ones(2, 12, dtype=torch.long)
+mask[1, :3] = 0
+pos = torch.cat([torch.arange(5), torch.arange(7)])[None].expand(2, -1)
+if sys.argv[1] == "patch":  # another model, built from the same config object, patched first
+    from inference.patch import patch_model
+
+    impl = model.config._attn_implementation
+    other = patch_model(GPT2LMHeadModel(cfg).eval(), attention="cute", backend="reference")
+    assert model.config._attn_implementation == impl, "patching switched another model's attention"
+    with torch.no_grad():
+        other(x, use_cache=False)
+with torch.no_grad():
+    outs = [model(x, use_cache=False).logits, model(x).logits, model(x, attention_mask=mask).logits,
+            model(x, position_ids=pos, use_cache=False).logits,
+            model.generate(x[:1], max_new_tokens=5, do_sample=False, pad_token_id=0)]
+torch.save(outs, sys.argv[2])
+"""
+
+
+def test_patching_one_model_leaves_another_bit_identical(tmp_path):
+    """An unpatched GPT-2 in a process that patched another one (built from the same config
+    object) gives bit-identical results to a process that never patched anything."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    outs = {}
+    for mode in ("plain", "patch"):
+        f = tmp_path / f"{mode}.pt"
+        r = subprocess.run([sys.executable, "-c", _UNTOUCHED_SCRIPT, mode, str(f)], cwd=repo, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs[mode] = torch.load(f)
+    for a, b in zip(outs["plain"], outs["patch"]):
+        assert torch.equal(a, b)

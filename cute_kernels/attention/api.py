@@ -6,6 +6,7 @@ key/query lengths, head dim) from the compile cache, launch on the current strea
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -21,8 +22,8 @@ PINGPONG = True
 
 def pingpong_for(head_dim: int, num_mma_wg: int) -> bool:
     """Ping-pong turns between the consumer warpgroups, except at D = 64 with two of them:
-    there the turn barriers cost more than the overlap buys (same-run A/B on the H100,
-    twelfth session: 16x12x1024x64 359 -> 369 TFLOP/s, causal 250 -> 257, 8x25x1024x64 348
+    there the turn barriers cost more than the overlap buys (same-run A/B on the H100:
+    16x12x1024x64 359 -> 369 TFLOP/s, causal 250 -> 257, 8x25x1024x64 348
     -> 360, causal 239 -> 249; D = 128 and three warpgroups were even or mixed, so they keep it)."""
     return PINGPONG and not (head_dim == 64 and num_mma_wg == 2)
 
@@ -43,9 +44,8 @@ N_BLOCK = {256: 64}
 # way with 4, 8 or 32 and keeps the wait after all of them. Part of the compile key.
 EXPS_BEFORE_PV_WAIT = {64: 32}
 # Further schedule options of FlashAttnFwdSm90 per head dim (k_ahead, release_v_early,
-# rowsum_mma, stages; kernel.py says what each does). None is on by default: they were built
-# in the twenty-third session, when no GPU was lent, and wait for a same-run A/B
-# (`python -m benchmarks.ab_attention`). Part of the compile key.
+# rowsum_mma, stages; kernel.py says what each does). None is on by default: none has been
+# measured against the default schedule yet. Part of the compile key.
 SCHEDULE: dict[int, dict] = {}
 THREE_WG_MIN_SQ = 2048
 
@@ -407,10 +407,9 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
                          (heads, D), (cluster, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked),
                                                       ("early_trigger", early_trigger)),
                          extra=(D, *sorted(cfg.items())))
-        fn = _FAST_DECODE[fast] = KERNELS.get(key, lambda: _compile_decode(q.dtype, D, heads, split, lens,
-                                                                           masked=masked, mma=mma, cluster=cluster,
-                                                                           cfg=None if mma else cfg,
-                                                                           early_trigger=early_trigger))
+        fn = _FAST_DECODE[fast] = KERNELS.get(key, functools.partial(
+            _compile_decode, q.dtype, D, heads, split, lens, masked=masked, mma=mma, cluster=cluster,
+            cfg=None if mma else cfg, early_trigger=early_trigger))
     scale = softmax_scale_log2(D, softmax_scale)
     if cluster > 1:  # partials merge in rank 0's shared memory: no buffers, no counters
         fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, splits)
@@ -438,8 +437,8 @@ def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: b
                                    ("split_kv", split_kv)), extra=(D, pingpong_for(D, wg), "persistent", wg,
                                                                      EXPS_BEFORE_PV_WAIT.get(D),
                                                                      tuple(sorted(SCHEDULE.get(D, {}).items()))))
-        fn = _FAST[fast] = KERNELS.get(key, lambda: _compile(dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
-                                                              split_kv=split_kv, num_mma_wg=wg))
+        fn = _FAST[fast] = KERNELS.get(key, functools.partial(_compile, dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
+                                                               split_kv=split_kv, num_mma_wg=wg))
     return fn
 
 
@@ -551,7 +550,7 @@ def append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new) -> torch.Tens
     fn = _FAST_APPEND.get((k_new.dtype, D))
     if fn is None:
         key = CompileKey("append_kv_sm90", (dtype_name(k_new.dtype),), ("bshd",), (D,), (1, 1))
-        fn = _FAST_APPEND[(k_new.dtype, D)] = KERNELS.get(key, lambda: _compile_append(k_new.dtype, D))
+        fn = _FAST_APPEND[(k_new.dtype, D)] = KERNELS.get(key, functools.partial(_compile_append, k_new.dtype, D))
     lens_out = torch.empty_like(cache_seqlens)
     fn(k_cache, v_cache, k_new, v_new, cache_seqlens.contiguous(), lens_out)
     return lens_out

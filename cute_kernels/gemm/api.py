@@ -121,7 +121,8 @@ def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_na
     fn = _FAST.get(fast)
     if fn is None:
         key = _compile_key(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn)
-        fn = KERNELS.get(key, lambda: _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn=b_kn))
+        fn = KERNELS.get(key, functools.partial(_compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name,
+                                                    b_kn=b_kn))
         _FAST[fast] = fn
     return fn
 

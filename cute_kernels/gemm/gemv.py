@@ -54,6 +54,7 @@ comparison). In the GPT-2 XL decode step (48 layers x 4 GEMVs in one CUDA graph)
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 
@@ -546,8 +547,8 @@ def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alph
     key = CompileKey("gemv_sm90", tuple(dtype_name(d) for d in dts), ("k",),
                      (cfg.rows, cfg.k_max, cfg.warps, cfg.wbytes), (1, 1), tuple(sorted(vars(epi).items())),
                      (ln,) + (("l2_prefetch",) if prefetch else ()))
-    return KERNELS.get(key, lambda: _compile_gemv_sm90(x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt,
-                                                       prefetch=prefetch))
+    return KERNELS.get(key, functools.partial(_compile_gemv_sm90, x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt,
+                                                        prefetch=prefetch))
 
 
 def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None, w_dt=None,
@@ -715,7 +716,7 @@ def gemv_qkv_attention(x, ln, w_nk, bias, k_cache, v_cache, pos, softmax_scale: 
 
         key = CompileKey("gemv_attn_sm90", (dtype_name(x.dtype),), ("k",), (GEMV_ATTN_ROWS, -(-E // 64) * 64),
                          (GEMV_ATTN_CLUSTER, 1), extra=(GEMV_ATTN_HEAD_DIM, GEMV_WARPS))
-        fn = _FAST_GEMV_ATTN[fkey] = KERNELS.get(key, lambda: _compile_gemv_attn(x.dtype, E))
+        fn = _FAST_GEMV_ATTN[fkey] = KERNELS.get(key, functools.partial(_compile_gemv_attn, x.dtype, E))
     fn(x, w_nk, qkv, bias, lw, lb, k_cache, v_cache, pos, out, float(eps), float(softmax_scale) * math.log2(math.e))
     return out
 
@@ -823,6 +824,6 @@ def gemv_mlp(x, ln, w1, b1, w2, b2, activation: str = "gelu_tanh", *, out=None, 
 
         key = CompileKey("gemv_mlp_sm90", (dtype_name(x.dtype),), ("k",), (GEMV_MLP_ROWS, -(-E // 64) * 64),
                          (1, 1), extra=(activation, GEMV_WARPS))
-        fn = _FAST_GEMV_MLP[fkey] = KERNELS.get(key, lambda: _compile_gemv_mlp(x.dtype, E, activation))
+        fn = _FAST_GEMV_MLP[fkey] = KERNELS.get(key, functools.partial(_compile_gemv_mlp, x.dtype, E, activation))
     fn(x, w1, f, b1, lw, lb, w2, b2, out, acc[:E], count, float(eps))
     return out

@@ -9,10 +9,18 @@ stores the TVM-FFI object file from `export_to_c` and reloads it with
 `cute.runtime.load_module` (~ms), so a fresh process does not pay the compile.
 The directory is keyed by a hash of this package's sources and the DSL version:
 editing a kernel invalidates every entry built from the old code.
+
+Every miss names a compile *recipe* (`runtime.recipe`: a partial of a module-level
+compile function with plain-data arguments). The cache remembers which kernels a
+process asked for (`KernelCache.used`); with CUTE_KERNELS_RECORD=<file> set it merges
+them into that manifest at exit, and `cute_kernels.precompile` replays a manifest in
+parallel worker processes on any machine, so a model's kernels can be built ahead of
+time (a container build, a CPU box) or all at once on first use.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import fcntl
 import functools
@@ -74,6 +82,12 @@ def cache_dir() -> Path | None:
     return Path(base) / _source_fingerprint()
 
 
+def object_path(key: CompileKey, directory: Path | None = None) -> Path | None:
+    """Where the disk cache (or `directory`) keeps `key`'s exported kernel (None: disk cache off)."""
+    d = cache_dir() if directory is None else Path(directory)
+    return None if d is None else d / f"{key.kernel}-{key.digest()}.o"
+
+
 class KernelCache:
     """In-memory dict over an optional on-disk store of exported TVM-FFI objects."""
 
@@ -81,9 +95,12 @@ class KernelCache:
         self._mem: dict[CompileKey, Any] = {}
         self._owners: list[Any] = []  # the compiled objects behind _mem's direct callables
         self._lock = threading.Lock()
-        self.stats = {"hits": 0, "disk_loads": 0, "compiles": 0, "compile_s": 0.0}
+        self.used: dict[CompileKey, Callable[[], Any]] = {}  # every kernel asked for, with its recipe
+        self.stats = {"hits": 0, "disk_loads": 0, "load_s": 0.0, "compiles": 0, "compile_s": 0.0}
 
-    def get(self, key: CompileKey, compile_fn: Callable[[], Any]) -> Any:
+    def get(self, key: CompileKey, recipe: Callable[[], Any]) -> Any:
+        """The kernel for `key`: from memory, else the disk cache, else `recipe()` (a
+        `runtime.recipe` partial, so that manifests and worker processes can replay it)."""
         fn = self._mem.get(key)
         if fn is not None:
             self.stats["hits"] += 1
@@ -91,33 +108,28 @@ class KernelCache:
         with self._lock:
             fn = self._mem.get(key)
             if fn is None:
-                owner = self._load_or_compile(key, compile_fn)
+                self.used.setdefault(key, recipe)
+                owner = self._load_or_compile(key, recipe)
                 self._owners.append(owner)
                 fn = self._mem[key] = direct_callable(owner)
         return fn
 
-    def _load_or_compile(self, key: CompileKey, compile_fn: Callable[[], Any]) -> Any:
-        d = cache_dir()
-        if d is None:
-            return self._compile(compile_fn)
-        d.mkdir(parents=True, exist_ok=True)
-        obj = d / f"{key.kernel}-{key.digest()}.o"
-        with open(d / f".{key.digest()}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    def _load_or_compile(self, key: CompileKey, recipe: Callable[[], Any]) -> Any:
+        obj = object_path(key)
+        if obj is None:
+            return self._compile(recipe)
+        with _locked(obj):
             if obj.exists():
                 try:
+                    t0 = time.perf_counter()
                     fn = _load(obj)
                     self.stats["disk_loads"] += 1
+                    self.stats["load_s"] += time.perf_counter() - t0
                     return fn
                 except Exception:
                     obj.unlink(missing_ok=True)  # stale or truncated: rebuild below
-            fn = self._compile(compile_fn)
-            try:
-                tmp = obj.with_suffix(f".tmp{os.getpid()}.o")
-                fn.export_to_c(str(tmp), function_name=_FUNCTION_NAME)
-                os.replace(tmp, obj)
-            except Exception:
-                pass  # a kernel that cannot be exported still runs from memory
+            fn = self._compile(recipe)
+            _export(fn, obj)
             return fn
 
     def _compile(self, compile_fn: Callable[[], Any]) -> Any:
@@ -129,6 +141,47 @@ class KernelCache:
 
     def clear_memory(self) -> None:
         self._mem.clear()
+
+
+class _locked:
+    """An exclusive file lock beside `obj`: one process builds a kernel, the others wait
+    for it and load the result."""
+
+    def __init__(self, obj: Path) -> None:
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        self._path = obj.parent / f".{obj.stem}.lock"
+
+    def __enter__(self):
+        self._file = open(self._path, "w")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()  # closing releases the lock
+
+
+def _export(fn: Any, obj: Path) -> bool:
+    """Write a compiled kernel to the disk cache atomically (write to a temp file, rename)."""
+    try:
+        tmp = obj.with_suffix(f".tmp{os.getpid()}.o")
+        fn.export_to_c(str(tmp), function_name=_FUNCTION_NAME)
+        os.replace(tmp, obj)
+        return True
+    except Exception:
+        return False  # a kernel that cannot be exported still runs from memory
+
+
+def build_to_disk(key: CompileKey, recipe: Callable[[], Any], directory: Path | None = None) -> str:
+    """Compile `key` into the disk cache (or `directory`) unless it is there: "cached",
+    "compiled" or "not exported". What `cute_kernels.precompile`'s worker processes run, given
+    the parent's cache directory, so that both agree on it by construction."""
+    obj = object_path(key, directory)
+    if obj is None:
+        raise RuntimeError("the disk cache is off (CUTE_KERNELS_DISK_CACHE=0): nothing to precompile into")
+    with _locked(obj):
+        if obj.exists():
+            return "cached"
+        return "compiled" if _export(recipe(), obj) else "not exported"
 
 
 def direct_callable(fn: Any) -> Any:
@@ -154,3 +207,16 @@ def _load(path: Path) -> Any:
 
 
 KERNELS = KernelCache()
+
+RECORD_ENV = "CUTE_KERNELS_RECORD"  # a manifest file: the kernels this process used are merged into it at exit
+
+
+def _record_at_exit() -> None:
+    path = os.environ.get(RECORD_ENV)
+    if path and KERNELS.used:
+        from ..precompile import save_manifest
+
+        save_manifest(path, KERNELS.used.items())
+
+
+atexit.register(_record_at_exit)

@@ -1,0 +1,165 @@
+"""Build a model's kernels ahead of time, in parallel: `python -m cute_kernels.precompile --model gpt2`.
+
+A *manifest* lists the kernels a job uses, each as its compile key and recipe
+(`runtime.recipe`). The manifests shipped in `cute_kernels/manifests/` were recorded by
+running the job on an H100 with CUTE_KERNELS_RECORD=<file> (`runtime.cache`). Replaying
+one compiles every kernel that the disk cache lacks, each in its own worker process
+(the CuTe DSL compiles for sm_90a without a GPU, so this runs on a CPU machine too; a
+container build can fill the cache once). The inference CLI replays its model's
+manifest before the first forward, so a cold start compiles in parallel rather than one
+kernel at a time as the forward meets them.
+
+The disk cache is keyed by the sources and the DSL/TVM-FFI versions
+(`runtime.cache.cache_dir`): point CUTE_KERNELS_CACHE_DIR at the same directory on the
+machine that runs the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from .runtime import recipe as _recipe
+from .runtime.cache import CompileKey, build_to_disk, object_path
+
+MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
+
+
+def manifest_path(name: str) -> Path:
+    return MANIFEST_DIR / f"{name}.json"
+
+
+def available_manifests() -> list[str]:
+    return sorted(p.stem for p in MANIFEST_DIR.glob("*.json"))
+
+
+def _key_json(key: CompileKey) -> dict:
+    return {f: _recipe._encode(getattr(key, f)) for f in key.__dataclass_fields__}
+
+
+def _key_from_json(d: dict) -> CompileKey:
+    return CompileKey(**{f: _recipe._decode(v) for f, v in d.items()})
+
+
+def load_manifest(path: str | Path) -> list[tuple[CompileKey, object]]:
+    """(key, recipe) pairs of a manifest file; entries whose recipe no longer resolves
+    (a renamed function or config field) are skipped with a warning on stderr."""
+    data = json.loads(Path(path).read_text())
+    out = []
+    for entry in data.get("kernels", []):
+        try:
+            out.append((_key_from_json(entry["key"]), _recipe.from_json(entry["recipe"])))
+        except (AttributeError, ImportError, TypeError, ValueError) as e:
+            print(f"precompile: skipping a stale manifest entry ({entry['key'].get('kernel')}): {e}", file=sys.stderr)
+    return out
+
+
+def save_manifest(path: str | Path, entries: Iterable[tuple[CompileKey, object]]) -> int:
+    """Merge (key, recipe) pairs into the manifest at `path` (created if absent); returns
+    the number of kernels it lists. Recipes that are not plain data are left out."""
+    path = Path(path)
+    old = json.loads(path.read_text()).get("kernels", []) if path.exists() else []
+    merged = {json.dumps(e["key"], sort_keys=True): e for e in old}
+    for key, rec in entries:
+        try:
+            entry = {"key": _key_json(key), "recipe": _recipe.to_json(rec)}
+        except (AttributeError, TypeError):
+            continue
+        merged[json.dumps(entry["key"], sort_keys=True)] = entry
+    kernels = sorted(merged.values(), key=lambda e: (e["key"]["kernel"], json.dumps(e["key"], sort_keys=True)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    # One kernel per line: diffs of a re-recorded manifest stay readable.
+    tmp.write_text('{"kernels": [\n' + ",\n".join(json.dumps(k) for k in kernels) + "\n]}\n")
+    os.replace(tmp, path)
+    return len(kernels)
+
+
+def _build(entry: dict, directory: str) -> tuple[str, str, float]:
+    """Worker process: compile one manifest entry into the disk cache at `directory`."""
+    t0 = time.perf_counter()
+    key = _key_from_json(entry["key"])
+    status = build_to_disk(key, _recipe.from_json(entry["recipe"]), Path(directory))
+    return key.kernel, status, time.perf_counter() - t0
+
+
+def missing(entries: Iterable[tuple[CompileKey, object]]) -> list[tuple[CompileKey, object]]:
+    """The entries whose kernel the disk cache does not hold yet."""
+    out = []
+    for key, rec in entries:
+        obj = object_path(key)
+        if obj is not None and not obj.exists():
+            out.append((key, rec))
+    return out
+
+
+def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = None, *, log=None) -> dict:
+    """Compile every entry the disk cache lacks, `jobs` worker processes at a time
+    (default: one per CPU core, at most one per kernel). Returns counts and the wall time."""
+    entries = list(entries)
+    todo = missing(entries)
+    stats = {"kernels": len(entries), "cached": len(entries) - len(todo), "compiled": 0, "failed": 0, "wall_s": 0.0}
+    if not todo:
+        return stats
+    from concurrent.futures import ProcessPoolExecutor  # here: the manifest writer runs at exit, after
+    from multiprocessing import get_context  # threading's shutdown, where importing this fails
+
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    t0 = time.perf_counter()
+    payload = [{"key": _key_json(k), "recipe": _recipe.to_json(r)} for k, r in todo]
+    # spawn, not fork: the parent may hold a CUDA context, which a forked child must not touch.
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        directory = str(object_path(todo[0][0]).parent)
+        for fut in [pool.submit(_build, p, directory) for p in payload]:
+            try:
+                name, status, secs = fut.result()
+                stats["compiled" if status == "compiled" else "cached"] += 1
+                if log:
+                    log(f"  {name}: {status} in {secs:.1f} s")
+            except Exception as e:  # noqa: BLE001 - one kernel that fails to build must not stop the rest
+                stats["failed"] += 1
+                if log:
+                    log(f"  a kernel failed to build: {type(e).__name__}: {e}")
+    stats["wall_s"] = time.perf_counter() - t0
+    return stats
+
+
+def ensure_manifest(name: str, jobs: int | None = None) -> dict | None:
+    """Replay the shipped manifest `name` if there is one (None otherwise)."""
+    path = manifest_path(name)
+    if not path.exists() or object_path(CompileKey("probe", (), (), (), ())) is None:
+        return None
+    return precompile(load_manifest(path), jobs)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cute_kernels.precompile",
+                                description="Fill the kernel disk cache ahead of time (no GPU needed).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help=f"a shipped manifest: {', '.join(available_manifests()) or 'none'}")
+    src.add_argument("--manifest", help="a manifest file (recorded with CUTE_KERNELS_RECORD=<file>)")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per CPU core)")
+    args = p.parse_args(argv)
+    path = manifest_path(args.model) if args.model else Path(args.manifest)
+    if not path.exists():
+        print(f"error: no manifest {path} (shipped: {', '.join(available_manifests()) or 'none'})", file=sys.stderr)
+        return 2
+    if object_path(CompileKey("probe", (), (), (), ())) is None:
+        print("error: the disk cache is off (CUTE_KERNELS_DISK_CACHE=0): nothing to precompile into", file=sys.stderr)
+        return 2
+    entries = load_manifest(path)
+    print(f"precompile: {len(entries)} kernels from {path.name} into {object_path(entries[0][0]).parent}"
+          if entries else f"precompile: {path.name} lists no kernels")
+    stats = precompile(entries, args.jobs, log=print)
+    print(f"precompile: {stats['compiled']} compiled, {stats['cached']} already cached, {stats['failed']} failed "
+          f"({stats['wall_s']:.1f} s)")
+    return 1 if stats["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Compile recipes, manifests and parallel precompilation (CPU: the compile tier)."""
+
+import functools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cute_kernels.gemm.config import GemmConfig
+
+
+def _gemm_entry(tile=(64, 64)):
+    from cute_kernels.gemm.api import _compile, _compile_key
+    from cute_kernels.gemm.kernel import Epilogue
+
+    cfg, epi = GemmConfig(*tile, 1, 1, pingpong=True), Epilogue(activation="gelu_tanh", bias=True)
+    key = _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi)
+    return key, functools.partial(_compile, torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi,
+                                  "Float32")
+
+
+def test_recipe_json_round_trip():
+    from cute_kernels.runtime import recipe
+
+    key, rec = _gemm_entry()
+    back = recipe.from_json(json.loads(json.dumps(recipe.to_json(rec))))
+    assert back.func is rec.func and back.args == rec.args and back.keywords == rec.keywords
+    with pytest.raises(TypeError, match="plain data"):
+        recipe.to_json(functools.partial(print, object()))
+
+
+def test_manifest_merge_and_stale_entries(tmp_path, capsys):
+    from cute_kernels.precompile import load_manifest, save_manifest
+
+    path = tmp_path / "m.json"
+    a, b = _gemm_entry((64, 64)), _gemm_entry((128, 128))
+    assert save_manifest(path, [a]) == 1
+    assert save_manifest(path, [a, b]) == 2  # merged, no duplicates
+    assert [k for k, _ in load_manifest(path)] == sorted([a[0], b[0]], key=lambda k: json.dumps(k.tile))
+    data = json.loads(path.read_text())
+    data["kernels"][0]["recipe"]["fn"] = "cute_kernels.gemm.api:no_such_function"
+    path.write_text(json.dumps(data))
+    assert len(load_manifest(path)) == 1 and "stale manifest entry" in capsys.readouterr().err
+
+
+@pytest.mark.compile
+def test_precompile_fills_the_disk_cache_in_workers(tmp_path, monkeypatch):
+    """Two kernels built by worker processes; a fresh KernelCache then loads both from disk
+    without compiling, and a second precompile finds nothing to do."""
+    from cute_kernels.precompile import precompile, save_manifest
+    from cute_kernels.runtime.cache import KernelCache, object_path
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUTE_KERNELS_DISK_CACHE", raising=False)
+    entries = [_gemm_entry((64, 64)), _gemm_entry((128, 128))]
+    stats = precompile(entries, jobs=2)
+    assert (stats["compiled"], stats["failed"]) == (2, 0)
+    assert all(object_path(k).exists() for k, _ in entries)
+    cache = KernelCache()
+
+    def never():
+        raise AssertionError("compiled although precompile built the kernel")
+
+    for key, _ in entries:
+        cache.get(key, never)
+    assert cache.stats["disk_loads"] == 2 and cache.stats["compiles"] == 0
+    assert precompile(entries, jobs=2)["cached"] == 2
+    # the CLI replays a manifest file the same way
+    save_manifest(tmp_path / "m.json", entries)
+    out = subprocess.run([sys.executable, "-m", "cute_kernels.precompile", "--manifest", str(tmp_path / "m.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "0 compiled, 2 already cached" in out.stdout, out.stdout + out.stderr
+
+
+def test_shipped_manifests_resolve():
+    """Every shipped manifest entry still names a compile function and config fields that exist."""
+    from cute_kernels.precompile import available_manifests, load_manifest, manifest_path
+
+    for name in available_manifests():
+        data = json.loads(manifest_path(name).read_text())
+        assert len(load_manifest(manifest_path(name))) == len(data["kernels"]), name
+
+
+@pytest.mark.compile
+def test_record_writes_the_kernels_a_process_used(tmp_path):
+    script = (
+        "import sys; sys.path.insert(0, 'tests'); from test_precompile import _gemm_entry\n"
+        "from cute_kernels.runtime import KERNELS\n"
+        "key, rec = _gemm_entry(); KERNELS.get(key, rec)\n"
+    )
+    env = {**__import__("os").environ, "CUTE_KERNELS_RECORD": str(tmp_path / "rec.json"),
+           "CUTE_KERNELS_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    (entry,) = json.loads((tmp_path / "rec.json").read_text())["kernels"]
+    assert entry["key"]["kernel"] == "gemm_sm90" and entry["recipe"]["fn"] == "cute_kernels.gemm.api:_compile"
