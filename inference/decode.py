@@ -25,29 +25,16 @@ import os
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.gemm.gemv import (GEMV_MAX_M, LN_MAX_K, gemv_enabled, gemv_mlp, gemv_mlp_applies, gemv_mlp_workspace,
-                                    gemv_qkv_attention, gemv_qkv_attention_applies, set_l2_prefetch)
+from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
 from quant.nn import weight_only_eligible
 
 from . import ops
-from .megakernel import DecodeMegakernel, megakernel_plan
 from .next_token import next_token, next_token_buffers, next_token_reference
 from .patch import CuteConv1D, CuteLMHead, apply_linear
 
 
 # CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
-# Experimental, off by default: c_attn and the decode attention in one launch (batch 1, bf16,
-# head dim 64; cute_kernels/gemm/gemv_attn_kernel.py). Correct; same speed as the separate kernels.
-FUSED_ATTN_ENV = "CUTE_KERNELS_DECODE_FUSED_ATTN"
-# Experimental, off by default: c_fc and the mlp c_proj in one launch (batch 1, 16-bit, our
-# kernels; gemv_mlp_kernel.py). Correct, but 1.66 vs 1.56 ms/token for GPT-2 XL (NOTES.md).
-FUSED_MLP_ENV = "CUTE_KERNELS_DECODE_FUSED_MLP"
-# Experimental, off by default, not yet measured: L2 prefetch hints in the decode chain's one-row
-# GEMVs (gemv.set_l2_prefetch). "fc": each attn c_proj prefetches its layer's c_fc weights (the
-# attention before it leaves HBM mostly idle); "chain": every decode GEMV prefetches the next
-# linear's weights (c_attn -> attn c_proj -> c_fc -> mlp c_proj -> the next layer's c_attn).
-L2_PREFETCH_ENV = "CUTE_KERNELS_DECODE_L2_PREFETCH"
 
 
 class StaticDecoder:
@@ -86,45 +73,12 @@ class StaticDecoder:
         self._h = torch.zeros(batch_size, 1, cfg.n_embd, device=dev, dtype=dt)
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
         self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None
-        self._fused_attn = self._flash_backend == "cute" and not compile and os.environ.get(FUSED_ATTN_ENV, "0") == "1"
-        self._fused_mlp = (self._flash_backend is not None and not compile and batch_size == 1 and dev.type == "cuda"
-                           and os.environ.get(FUSED_MLP_ENV, "0") == "1")
-        # The fused MLP's fp32 accumulator and arrival counter: one for all layers (each launch
-        # leaves them zero, and the layers' MLPs run one after another on this stream).
-        self._mlp_ws = gemv_mlp_workspace(cfg.n_embd, dev) if self._fused_mlp else None
-        mode = os.environ.get(L2_PREFETCH_ENV, "0")
-        if self._flash_backend is not None and not compile and dev.type == "cuda" and mode in ("fc", "chain"):
-            self._register_l2_prefetch(mode)
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
         self._step_fn = self._decode_step
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
             self._step_fn = torch.compile(self._decode_step, fullgraph=True, dynamic=False, backend=backend)
         self._graph = None
-        # Batch 1 on our kernels, opt-in (CUTE_KERNELS_MEGAKERNEL=1): the whole step as one
-        # persistent kernel (megakernel.py; correct, but slower than the separate kernels).
-        self.megakernel, self.megakernel_off = None, "needs our kernels and attention='cute' on CUDA"
-        if self._flash_backend == "cute" and dev.type == "cuda" and not compile:
-            self.megakernel_off = megakernel_plan(model, batch_size, self.k, self.v)
-            if self.megakernel_off is None:
-                self.megakernel = DecodeMegakernel(model, self.k, self.v, self._tok, self._pos, self._step, self._out)
-
-    def _register_l2_prefetch(self, mode: str) -> None:
-        """gemv.set_l2_prefetch hints along each block's linears (see L2_PREFETCH_ENV). A hint
-        on a linear that does not run on the one-row GEMV is simply never read."""
-        def gemv_weight(lin):  # the [N, K] tensor the one-row GEMV reads for lin
-            return lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
-
-        blocks = list(self.gpt.h)
-        for i, blk in enumerate(blocks):
-            chain = [blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj]
-            if i + 1 < len(blocks):
-                chain.append(blocks[i + 1].attn.c_attn)
-            pairs = [(chain[1], chain[2])] if mode == "fc" else list(zip(chain, chain[1:]))
-            for lin, nxt in pairs:
-                w, target = gemv_weight(lin), gemv_weight(nxt)
-                if w.is_cuda and target.is_contiguous():
-                    set_l2_prefetch(w, target)
 
     # ------------------------------------------------------------------ model math
 
@@ -175,37 +129,9 @@ class StaticDecoder:
         return ops.ln_linear_kv(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, bias, self.k[i], self.v[i],
                                 positions, backend, ws, xs).view(*x.shape[:-1], w.shape[0])
 
-    def _qkv_attend(self, blk, h: torch.Tensor, i: int, positions: torch.Tensor):
-        """Layer i's attention output [1, E] for one token (c_attn(ln_1(h)), the KV append and the
-        attention over the cache in one launch: gemv_qkv_attention), or None where that
-        experimental path does not apply."""
-        x2 = h.reshape(-1, h.shape[-1])
-        args = self._ln_linear_args(blk.attn.c_attn, x2)
-        if args is None or args[2] or args[3] != "cute" or args[4] is not None:
-            return None
-        w, bias = args[0], args[1]
-        k, v = self.k[i], self.v[i]
-        if not gemv_qkv_attention_applies(x2, w, bias, k, positions):
-            return None
-        ln = blk.ln_1
-        return gemv_qkv_attention(x2.contiguous(), (ln.weight, ln.bias, float(ln.eps)), w, bias, k, v, positions,
-                                  float(blk.attn.scaling))
-
     def _mlp(self, blk, h: torch.Tensor) -> torch.Tensor:
-        """h + mlp(ln_2(h)) for one token: gemv_mlp (c_fc and the mlp c_proj in one launch) where
-        it applies, the separate c_fc and c_proj launches otherwise."""
+        """h + mlp(ln_2(h)): c_fc with ln_2 in its prologue (at decode sizes), then c_proj with the residual."""
         mlp = blk.mlp
-        if self._fused_mlp and h.shape[1] == 1:
-            x2 = h.reshape(-1, h.shape[-1])
-            fc, proj = mlp.c_fc, mlp.c_proj
-            if isinstance(fc, CuteConv1D) and isinstance(proj, CuteConv1D) and fc.backend == "cute" \
-                    and proj.backend == "cute" and fc.activation and isinstance(mlp.act, torch.nn.Identity):
-                w1, w2 = fc.weight.t(), proj.weight.t()
-                if gemv_mlp_applies(x2, w1, fc.bias, w2, proj.bias, fc.activation):
-                    ln = blk.ln_2
-                    out = gemv_mlp(x2.contiguous(), (ln.weight, ln.bias, float(ln.eps)), w1, fc.bias, w2, proj.bias,
-                                   fc.activation, workspace=self._mlp_ws)
-                    return out.view(h.shape)
         return apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
@@ -222,10 +148,6 @@ class StaticDecoder:
             seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, blk in enumerate(gpt.h):
             attn = blk.attn
-            o = self._qkv_attend(blk, h, i, positions) if decode and self._fused_attn else None
-            if o is not None:  # c_attn, the KV append and the attention were one launch
-                h = self._mlp(blk, apply_linear(attn.c_proj, o.view(B, S, -1), h))
-                continue
             qkv = self._qkv_append(blk.ln_1, attn.c_attn, h, i, positions) if decode else None
             if qkv is not None:
                 q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0]
@@ -265,9 +187,6 @@ class StaticDecoder:
             self._seqlens.fill_(pos + 1)
 
     def _decode_step(self):
-        if self.megakernel is not None:
-            self.megakernel()
-            return
         nxt = self._forward(self._tok, self._pos, decode=True)
         if nxt is None:  # the glue launch (next_token.py) did the bookkeeping below
             return

@@ -116,53 +116,6 @@ def test_decode_loop_cuda_graph(compile):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("env,flag", [("FUSED_ATTN_ENV", "_fused_attn"), ("FUSED_MLP_ENV", "_fused_mlp")],
-                         ids=["qkv_attention", "mlp"])
-def test_decode_fused(monkeypatch, env, flag):
-    """The experimental one-launch fusions of the decode chain (batch 1): c_attn + attention
-    (CUTE_KERNELS_DECODE_FUSED_ATTN=1, head dim 64) and c_fc + mlp c_proj (..._FUSED_MLP=1,
-    split-K) generate what the separate kernels do: the same greedy tokens over 60 steps at
-    least 0.9 of the time (their summation orders differ). The attention fusion is
-    deterministic (replays repeat); the MLP's workspace is left zero."""
-    import inference.decode as dec_mod
-    from inference.decode import StaticDecoder
-
-    ours = _patch(random_gpt2(dict(SMALL, n_embd=768, n_head=12)).to(torch.bfloat16), attention="cute")
-    x = _ids(1, 20)
-    plain = StaticDecoder(ours, batch_size=1, max_len=96).generate(x, 60)
-    monkeypatch.setenv(getattr(dec_mod, env), "1")
-    fused = StaticDecoder(ours, batch_size=1, max_len=96)
-    assert getattr(fused, flag)
-    out = fused.generate(x, 60)
-    assert float((out == plain).float().mean()) >= 0.9
-    if flag == "_fused_attn":
-        assert torch.equal(out, fused.generate(x, 60))
-    else:
-        assert torch.count_nonzero(fused._mlp_ws[0]).item() == 0 and int(fused._mlp_ws[1][0]) == 0
-
-
-@torch.no_grad()
-@pytest.mark.parametrize("mode", ["fc", "chain"])
-def test_decode_l2_prefetch_hints(monkeypatch, mode):
-    """CUTE_KERNELS_DECODE_L2_PREFETCH (L2 prefetch hints along the decode chain's one-row
-    GEMVs) changes no token: hints only."""
-    import inference.decode as dec_mod
-    from cute_kernels.gemm import gemv
-    from inference.decode import StaticDecoder
-
-    ours = _patch(random_gpt2(dict(SMALL, n_embd=768, n_head=12)).to(torch.bfloat16), attention="cute")
-    x = _ids(1, 20)
-    plain = StaticDecoder(ours, batch_size=1, max_len=96).generate(x, 40)
-    monkeypatch.setenv(dec_mod.L2_PREFETCH_ENV, mode)
-    try:
-        hinted = StaticDecoder(ours, batch_size=1, max_len=96)
-        assert gemv._L2_PREFETCH
-        assert torch.equal(hinted.generate(x, 40), plain)
-    finally:
-        gemv._L2_PREFETCH.clear()
-
-
-@torch.no_grad()
 def test_next_token_glue_matches_torch():
     """The one-launch decode glue equals its torch reference: first maximal index on ties,
     bf16 embedding sum, lengths, counters moved on once per launch (ticket left at 0)."""

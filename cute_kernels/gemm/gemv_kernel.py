@@ -125,8 +125,8 @@ class GemvSm90:
 
     Subclasses extend the kernel through hooks, in launch order: row_base (which weight rows
     a CTA takes), setup (extra shared memory, pre-PDL-wait work), after_product (the ring is
-    free), after_epilogue (every output row done); `tail` carries their own arguments.
-    GemvAttnSm90 (gemv_attn_kernel.py) and GemvMlpSm90 (gemv_mlp_kernel.py) are the two."""
+    free), after_epilogue (every output row done); `tail` carries their own arguments. They
+    are no-ops here (the fusions built on them did not beat the separate kernels: docs)."""
 
     def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None,
                  prefetch: bool = False):
@@ -157,7 +157,7 @@ class GemvSm90:
     def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, mPf, alpha, beta, eps,
                tiled_mma: cute.TiledMma, tail):
         # tail: None here; a subclass's own arguments (a tuple), handed to its hooks row_base,
-        # setup, after_product and after_epilogue (gemv_attn_kernel.py, gemv_mlp_kernel.py).
+        # setup, after_product and after_epilogue.
         cfg = self.cfg
         tid, _, _ = cute.arch.thread_idx()
         warp, lane = tid // 32, tid % 32
