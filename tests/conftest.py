@@ -28,3 +28,18 @@ def pytest_collection_modifyitems(config, items):
                 ok, reason = _hopper()
             if not ok:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# Triton's CPU interpreter (3.6 at least) turns a loop bound into an int with int() of a
+# 1-element array, which NumPy 2.5 rejects; seen on the GPU image (Triton 3.6, NumPy 2.5).
+INTERPRETER_NUMPY_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def skip_if_interpreter_numpy_error(output: str) -> None:
+    import numpy
+    import pytest
+    import triton
+
+    if INTERPRETER_NUMPY_ERROR in output:
+        pytest.skip(f"Triton {triton.__version__}'s interpreter cannot run on NumPy {numpy.__version__} "
+                    "(int() of a 1-element array); the compiled kernels are checked on the GPU")

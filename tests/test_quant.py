@@ -279,14 +279,15 @@ _INTERPRET_SCRIPT = textwrap.dedent(
 
 
 def test_triton_kernels_match_reference_interpreted():
-    triton = pytest.importorskip("triton")
-    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip(f"Triton {triton.__version__}'s interpreter fails on this kernel (TypeError in a tensor's "
-                    "__index__); checked with Triton 3.9, and the compiled kernels bit-exact on the GPU")
+    pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-c", _INTERPRET_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
+    if proc.returncode:
+        from tests.conftest import skip_if_interpreter_numpy_error
+
+        skip_if_interpreter_numpy_error(proc.stderr)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
