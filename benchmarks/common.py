@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -189,7 +188,9 @@ def format_table(rows: Sequence[Row], baseline: str | None = "cublas") -> str:
 def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "", baseline: str = "cublas") -> Path:
     """Write benchmarks/results/<suite>_<gpu>.json and .md; return the JSON path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out_dir = Path(os.environ.get("CUTE_KERNELS_RESULTS_DIR", RESULTS_DIR))
+    from cute_kernels.runtime import env
+
+    out_dir = Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = gpu_tag()
     payload = {

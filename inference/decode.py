@@ -20,18 +20,16 @@ comparison.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
+from cute_kernels.runtime import env
 from quant.nn import weight_only_eligible
 
 from . import ops
 from .next_token import next_token, next_token_buffers, next_token_reference
 from .patch import CuteConv1D, CuteLMHead, apply_linear
-
 
 # CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
@@ -69,7 +67,7 @@ class StaticDecoder:
         # On our kernels (not under torch.compile) the step's glue - argmax, token and counter
         # bookkeeping, the next step's embedding and attention lengths - is one launch
         # (next_token.py) writing _h and _seqlens, which the next step starts from.
-        self._glue = self._flash_backend is not None and not compile and os.environ.get(GLUE_ENV, "1") != "0"
+        self._glue = self._flash_backend is not None and not compile and env.enabled(GLUE_ENV)
         self._h = torch.zeros(batch_size, 1, cfg.n_embd, device=dev, dtype=dt)
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
         self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None

@@ -294,12 +294,12 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
     assert decode_splits_heuristic(1, 32, 4, 1024, 128) == 8
     from cute_kernels.attention import api as attn_api
 
-    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", False)  # the global merge's own rule
+    monkeypatch.setenv("CUTE_KERNELS_DECODE_CLUSTER", "0")  # the global merge's own rule
     assert decode_splits_heuristic(1, 12, 1, 8192, 64) == 11  # 12 CTAs x 11 = 132: one wave
     assert decode_splits_heuristic(1, 25, 1, 448, 64) == 1
     assert decode_splits_heuristic(1, 25, 1, 1024, 64) == 2
     assert decode_splits_heuristic(1, 32, 4, 1024, 128) == 16  # 4 heads per CTA: more work per key
-    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", True)
+    monkeypatch.setenv("CUTE_KERNELS_DECODE_CLUSTER", "1")
     from cute_kernels.attention.api import DECODE_CONFIG, _decode_kernel_obj
 
     monkeypatch.setattr(attn_api, "MIN_SPLIT_WORK", 1)
@@ -377,7 +377,7 @@ def test_decode_cluster_merge_choice(monkeypatch):
     assert not decode_merges_in_cluster(96, 2)  # 192 CTAs
     assert decode_splits_heuristic(8, 32, 4, 1024, 128, mma=True) == 2 and decode_merges_in_cluster(64, 2)
     assert decode_splits_heuristic(1, 16, 1, 8192, 64) == 4  # 16 clusters of 8 would not fit
-    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", False)
+    monkeypatch.setenv("CUTE_KERNELS_DECODE_CLUSTER", "0")
     assert not decode_merges_in_cluster(12, 8)
 
 
@@ -606,7 +606,7 @@ def test_decode_split_merges(monkeypatch, cluster_merge, D, hq, hkv, num_splits)
     import cute_kernels as ck
     from cute_kernels.attention import api as attn_api
 
-    monkeypatch.setattr(attn_api, "DECODE_CLUSTER_MERGE", cluster_merge)
+    monkeypatch.setenv("CUTE_KERNELS_DECODE_CLUSTER", {True: "1", False: "0"}[cluster_merge])
     monkeypatch.setattr(attn_api, "decode_uses_mma", lambda *a, **k: False)
     q, kc, vc, sdpa_err = _check_ragged_decode(D, hq, hkv, 1300, 1237, num_splits)
     _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err)

@@ -96,3 +96,14 @@ def test_record_writes_the_kernels_a_process_used(tmp_path):
     assert out.returncode == 0, out.stderr
     (entry,) = json.loads((tmp_path / "rec.json").read_text())["kernels"]
     assert entry["key"]["kernel"] == "gemm_sm90" and entry["recipe"]["fn"] == "cute_kernels.gemm.api:_compile"
+
+
+def test_every_dsl_kernel_lives_where_the_disk_cache_fingerprint_looks():
+    """The disk cache is keyed by a hash of cute_kernels/**.py: a CuTe DSL kernel defined or
+    cached from another package would outlive an edit of its source."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    outside = [p.relative_to(root).as_posix() for pkg in ("inference", "quant", "baselines", "benchmarks")
+               for p in (root / pkg).rglob("*.py") if "@cute.kernel" in p.read_text() or "KERNELS.get(" in p.read_text()]
+    assert not outside, outside

@@ -7,7 +7,6 @@ key/query lengths, head dim) from the compile cache, launch on the current strea
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -254,7 +253,7 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     than MIN_SPLIT_WORK (bytes of K and V to read times the query heads sharing them). A CTA
     with 4 GQA heads does 4x the math per byte and splits sooner.
 
-    Merged inside a cluster (SIMT kernel, 2-8 splits, DECODE_CLUSTER_MERGE): the merge costs
+    Merged inside a cluster (SIMT kernel, 2-8 splits, decode_cluster_merge()): the merge costs
     little, so the largest cluster that keeps one wave and at least MIN_CLUSTER_SPLIT_WORK
     per split. Same-run H100 sweep, B = 1 (us; cluster / best global merge / cuDNN): 12
     heads D = 64 1k keys 4.1 (8) / 6.0 / 6.3, 8k 8.2 (8) / 9.5 / 10.8, 32k 37.4 (8) / 38.8 /
@@ -274,7 +273,7 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, work // MIN_SPLIT_WORK)
     if mma:  # the last CTA reads every split's fp32 partial back: keep that tail short
         splits = min(splits, MAX_MERGE_BYTES // (heads_per_cta * head_dim * 4))
-    if not mma and DECODE_CLUSTER_MERGE and (ctas >= MAX_CLUSTER_SPLITS or splits <= MAX_CLUSTER_SPLITS):
+    if not mma and decode_cluster_merge() and (ctas >= MAX_CLUSTER_SPLITS or splits <= MAX_CLUSTER_SPLITS):
         for c in (8, 4, 2):
             if decode_merges_in_cluster(ctas, c) and work >= MIN_CLUSTER_SPLIT_TOTAL \
                     and work // c >= MIN_CLUSTER_SPLIT_WORK and n_blocks >= c:
@@ -289,7 +288,7 @@ def decode_merges_in_cluster(ctas: int, splits: int) -> bool:
     enough CTAs that every cluster is resident at once. A cluster's CTAs must share a GPC;
     an H100 fits 12 clusters of 8 (96 CTAs) in one wave, but 16 (128 CTAs) took 1.6x as long
     as the same split count merged globally (B = 2, 4k keys, h32/8, D = 128: 17.4 vs 11.2 us)."""
-    if not DECODE_CLUSTER_MERGE or not 2 <= splits <= MAX_CLUSTER_SPLITS:
+    if not decode_cluster_merge() or not 2 <= splits <= MAX_CLUSTER_SPLITS:
         return False
     return ctas * splits <= (MAX_CLUSTER_CTAS_WIDE if splits > 4 else MAX_CLUSTER_CTAS)
 
@@ -305,7 +304,11 @@ MAX_CLUSTER_CTAS_WIDE = 96
 # Decode launches with 2-8 splits merge them inside a thread-block cluster where
 # decode_merges_in_cluster allows (decode.py); CUTE_KERNELS_DECODE_CLUSTER=0 keeps every split
 # merge in global memory (A/B runs).
-DECODE_CLUSTER_MERGE = os.environ.get("CUTE_KERNELS_DECODE_CLUSTER", "1") != "0"
+def decode_cluster_merge() -> bool:
+    """Whether split decode attention may merge inside a cluster (CUTE_KERNELS_DECODE_CLUSTER)."""
+    from ..runtime import env
+
+    return env.enabled("CUTE_KERNELS_DECODE_CLUSTER")
 # Cluster-merged splits: each reads at least MIN_CLUSTER_SPLIT_WORK, and a CTA splits only
 # when its whole range is at least MIN_CLUSTER_SPLIT_TOTAL. Standalone (H100), 25 heads at
 # 448 keys (112 KB) in 4 splits won (4.1 vs 4.6 us), 192 keys (48 KB) lost in 2, 3 or 4; in

@@ -9,11 +9,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 
 import torch
 
-from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device
+from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, env
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
@@ -194,7 +193,7 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     """
     M, K = a.shape
     in_bytes = a.element_size()
-    if config is None and M <= 8 and in_bytes == 2 and os.environ.get("CUTE_KERNELS_GEMV", "1") != "0":
+    if config is None and M <= 8 and in_bytes == 2 and env.enabled("CUTE_KERNELS_GEMV"):
         from .gemv import GemvLaunch, gemv_applies  # imports triton: only for skinny products
 
         if gemv_applies(a, b_nk, out_dtype, epi):

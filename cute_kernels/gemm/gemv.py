@@ -55,13 +55,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ..runtime import env
 from ..runtime.triton_launch import TritonLaunch
 
 _ACT_CODE = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
@@ -71,7 +71,7 @@ GEMV_MAX_M = 8
 
 
 def gemv_enabled() -> bool:
-    return os.environ.get(GEMV_ENV, "1") != "0"
+    return env.enabled(GEMV_ENV)
 
 
 def gemv_applies(a: torch.Tensor, b_nk: torch.Tensor, out_dtype, epi) -> bool:
@@ -419,7 +419,7 @@ def pdl_enabled() -> bool:
     """Whether skinny launches use programmatic dependent launch: needs Triton's launch_pdl
     option and griddepcontrol (sm_90: every GPU our kernels run on), not the interpreter."""
     global _PDL_SUPPORTED
-    if os.environ.get(PDL_ENV, "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if not env.enabled(PDL_ENV) or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     if _PDL_SUPPORTED is None:
         try:
@@ -462,7 +462,7 @@ def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) ->
     with an fp32 per-channel w_scale, no SmoothQuant x_scale), with 16-byte aligned rows (they
     are bulk copied) of at most 2 * GEMV_K_MAX bytes, K a multiple of 16, on CUDA. Everything
     else stays on the Triton kernel."""
-    if os.environ.get(GEMV_SM90_ENV, "1") == "0" or not x.is_cuda or x.shape[0] != 1:
+    if not env.enabled(GEMV_SM90_ENV) or not x.is_cuda or x.shape[0] != 1:
         return False
     K = x.shape[1]
     es = w_nk.element_size()
@@ -516,7 +516,7 @@ _FAST_GEMV: dict = {}
 # skinny GEMV for that weight prefetches into L2, its CTAs / programs sharing them evenly,
 # before its PDL wait (the CuTe DSL one-row kernel right after its own weight copies, the
 # Triton kernel after its first weight tiles). Empty unless a caller asks (set_l2_prefetch);
-# inference/decode.py does under CUTE_KERNELS_DECODE_L2_PREFETCH. Not measured yet.
+# nothing in the package sets one. Not measured.
 _L2_PREFETCH: dict = {}
 
 

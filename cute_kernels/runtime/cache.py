@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import env
 from .arch import TARGET_ARCH
 
 _FUNCTION_NAME = "cute_kernel"
@@ -74,9 +75,9 @@ def _source_fingerprint() -> str:
 
 def cache_dir() -> Path | None:
     """Disk cache location; CUTE_KERNELS_CACHE_DIR overrides, CUTE_KERNELS_DISK_CACHE=0 disables."""
-    if os.environ.get("CUTE_KERNELS_DISK_CACHE", "1") == "0":
+    if not env.enabled("CUTE_KERNELS_DISK_CACHE"):
         return None
-    base = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
+    base = env.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cute_kernels"
     )
     return Path(base) / _source_fingerprint()
@@ -212,7 +213,7 @@ RECORD_ENV = "CUTE_KERNELS_RECORD"  # a manifest file: the kernels this process 
 
 
 def _record_at_exit() -> None:
-    path = os.environ.get(RECORD_ENV)
+    path = env.get(RECORD_ENV)
     if path and KERNELS.used:
         from ..precompile import save_manifest
 

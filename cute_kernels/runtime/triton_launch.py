@@ -93,9 +93,10 @@ ENV = "CUTE_KERNELS_TRITON_DIRECT"  # "0": every launch through the JIT (for A/B
 
 
 def _enabled() -> bool:
-    import os
 
-    return os.environ.get(ENV, "1") != "0"
+    from . import env
+
+    return env.enabled(ENV)
 
 
 def _launchable(kernel) -> bool:

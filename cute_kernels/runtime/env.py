@@ -1,0 +1,58 @@
+"""Every runtime switch, declared once: name, default, effect.
+
+All of them are read when the code they steer runs (a kernel call, a decoder's
+construction, a cache lookup), never at import, so a test or a user can set them at any
+time before that. `tests/test_env.py` fails if the code reads a CUTE_KERNELS_* variable
+that is not declared here; README's "Runtime switches" table is generated from SWITCHES.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Switch:
+    default: str
+    effect: str
+
+
+SWITCHES: dict[str, Switch] = {
+    "CUTE_KERNELS_CACHE_DIR": Switch(
+        "", "Where compiled kernels are kept on disk, a subfolder per source hash and DSL version (unset: "
+            "$XDG_CACHE_HOME/cute_kernels, else ~/.cache/cute_kernels)."),
+    "CUTE_KERNELS_DISK_CACHE": Switch("1", "0: compiled kernels stay in memory only (every process compiles)."),
+    "CUTE_KERNELS_RECORD": Switch(
+        "", "A manifest file: the kernels the process used are merged into it at exit (cute_kernels.precompile)."),
+    "CUTE_KERNELS_GEMV": Switch(
+        "1", "0: 16-bit GEMMs of at most 8 rows take the tiled GEMM instead of the skinny decode GEMVs."),
+    "CUTE_KERNELS_GEMV_SM90": Switch(
+        "1", "0: one-row GEMVs take the Triton skinny kernel instead of the CuTe DSL one-row kernel."),
+    "CUTE_KERNELS_PDL": Switch(
+        "1", "0: the Triton skinny GEMV launches without programmatic dependent launch (the CuTe DSL decode "
+             "kernels always use it)."),
+    "CUTE_KERNELS_DECODE_CLUSTER": Switch(
+        "1", "0: split-KV decode attention merges its splits through global memory instead of inside a cluster."),
+    "CUTE_KERNELS_DECODE_GLUE": Switch(
+        "1", "0: the decode step's argmax and bookkeeping run as torch ops instead of one Triton launch."),
+    "CUTE_KERNELS_TRITON_DIRECT": Switch(
+        "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
+    "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
+}
+
+
+def get(name: str) -> str:
+    """The switch's value now (its declared default when unset)."""
+    return os.environ.get(name, SWITCHES[name].default)
+
+
+def enabled(name: str) -> bool:
+    """For on/off switches: anything but "0" is on."""
+    return get(name) != "0"
+
+
+def markdown_table() -> str:
+    rows = ["| variable | default | effect |", "|---|---|---|"]
+    rows += [f"| `{n}` | {f'`{s.default}`' if s.default else 'unset'} | {s.effect} |" for n, s in SWITCHES.items()]
+    return "\n".join(rows)
