@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from .common import (
-    PEAK_TBPS,
     PEAK_TFLOPS,
     Row,
     format_table,
     geomean,
+    peak_tbps,
     require_hopper,
     speedups,
     time_ms,
@@ -139,7 +139,7 @@ def run_decode(shapes=DECODE):
             if ms is None:
                 continue
             gbps = kv_bytes / ms / 1e6
-            rows.append(Row(case, name, ms, gbps=gbps, extra={"pct_hbm": round(100 * gbps / (PEAK_TBPS * 1e3), 1),
+            rows.append(Row(case, name, ms, gbps=gbps, extra={"pct_hbm": round(100 * gbps / (peak_tbps() * 1e3), 1),
                                                               "extra_mem_mb": round(extra, 1)}))
         del q, k, v
         torch.cuda.empty_cache()

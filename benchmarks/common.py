@@ -17,9 +17,24 @@ from typing import Callable, Sequence
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # Dense datasheet peaks for H100 SXM (TFLOP/s) and HBM bandwidth (TB/s).
-PEAK_TFLOPS = {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9}
-PEAK_TBPS = 3.35
-L2_BYTES = 50 * 1024 * 1024
+class _Peaks(dict):
+    """Dense TFLOP/s of the GPU present by dtype kind (cute_kernels.runtime.hardware), looked
+    up when a report first reads it, not at import."""
+
+    def __missing__(self, kind):
+        from cute_kernels.runtime import hardware
+
+        return hardware.current().peak_tflops(kind)
+
+
+PEAK_TFLOPS = _Peaks()
+
+
+def peak_tbps() -> float:
+    """HBM bandwidth of the GPU present, TB/s."""
+    from cute_kernels.runtime import hardware
+
+    return hardware.current().hbm_tbps
 
 
 @dataclass
@@ -125,7 +140,10 @@ def _time_graph_ms(fn, n_rotate: int, rep_ms: float) -> float:
 
 def rotation_count(bytes_per_set: int) -> int:
     """How many input copies make one pass over them overflow L2 (3x, as QuACK does)."""
-    return max(1, min(32, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1))))
+    from cute_kernels.runtime import hardware
+
+    l2_bytes = hardware.current().l2_mb * 1024 * 1024
+    return max(1, min(32, math.ceil(3 * l2_bytes / max(bytes_per_set, 1))))
 
 
 def require_hopper(tool: str) -> None:

@@ -8,7 +8,7 @@ provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
 
 --decode: GPT-2 XL's linears at M = 1 and 8 (decode steps), bias fused, reported as
 weight GB/s and % of HBM bandwidth (gemm_decode_<gpu>.*). M <= 8 runs the skinny path
-(cute_kernels/gemm/gemv.py); --no-gemv times the wgmma path instead (CUTE_KERNELS_GEMV=0).
+(cute_kernels/matmul/gemv.py); --no-gemv times the wgmma path instead (CUTE_KERNELS_GEMV=0).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from .common import (
-    PEAK_TBPS,
     PEAK_TFLOPS,
     Row,
     format_table,
     geomean,
+    peak_tbps,
     require_hopper,
     rotation_count,
     speedups,
@@ -62,7 +62,7 @@ def run_decode(shapes=DECODE, dtype=torch.bfloat16):
                 continue
             ms = time_ms(lambda i, fn=fn, X=X, W=W, B=B: fn(X[i], W[i], B[i]), n_rotate=nrot)
             gbps = N * K * 2 / ms / 1e6  # the weight stream, which bounds a decode GEMM
-            rows.append(Row(case, name, ms, gbps=gbps, extra={"pct_hbm": round(100 * gbps / (PEAK_TBPS * 1e3), 1)}))
+            rows.append(Row(case, name, ms, gbps=gbps, extra={"pct_hbm": round(100 * gbps / (peak_tbps() * 1e3), 1)}))
         del X, W, B
         torch.cuda.empty_cache()
     return rows

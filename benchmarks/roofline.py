@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .common import PEAK_TBPS, PEAK_TFLOPS, RESULTS_DIR, gpu_name, gpu_tag, require_hopper, rotation_count, time_ms
+from .common import PEAK_TFLOPS, RESULTS_DIR, gpu_name, gpu_tag, require_hopper, rotation_count, time_ms
 
 GEMM_SHAPES = [(512, 768, 768), (512, 3072, 768), (8192, 768, 768), (8192, 3072, 768), (4096, 4096, 4096), (8192, 8192, 8192)]
 
@@ -103,8 +103,8 @@ def plot(ceil: dict, pts: list[dict], path: Path) -> bool:
     for label, bw, peak, style in (
         ("measured bf16", ceil["copy_tbps"], ceil["bf16_tflops"], "-"),
         ("measured fp8", ceil["copy_tbps"], ceil["fp8_tflops"], "-"),
-        ("datasheet bf16", PEAK_TBPS, PEAK_TFLOPS["bf16"], ":"),
-        ("datasheet fp8/int8", PEAK_TBPS, PEAK_TFLOPS["fp8"], ":"),
+        ("datasheet bf16", PEAK_TFLOPS["bf16"], ":"),
+        ("datasheet fp8/int8", PEAK_TFLOPS["fp8"], ":"),
     ):
         ax.plot(ai, np.minimum(ai * bw, peak), style, label=f"{label} ({peak:.0f} TFLOP/s, {bw:.2f} TB/s)")
     markers = {"bf16": "o", "fp8": "s", "int8": "^", "quantize": "D", "attention": "*"}

@@ -11,11 +11,12 @@ Every op has a PyTorch reference beside it (`*_ref`). Importing this package doe
 not import cutlass or touch the GPU; kernels compile on first use (and are cached).
 """
 
-from .runtime import arch as _arch  # noqa: F401  (pins CUTE_DSL_ARCH=sm_90a first)
+# isort: off
+from .runtime import arch as _arch  # noqa: F401  (pins CUTE_DSL_ARCH=sm_90a before anything else)
 
-# Bound eagerly: the function `gemm` must shadow the subpackage `cute_kernels.gemm`
-# on the package object (the api modules import torch only, not cutlass).
-from .gemm.api import (  # noqa: E402
+# The 16-bit GEMM family lives in `matmul/` so that `cute_kernels.gemm` is the op and every
+# family folder stays importable as a package (the api modules import torch only, not cutlass).
+from .matmul.api import (
     ACTIVATIONS,
     gemm,
     gemm_ref,
@@ -24,6 +25,7 @@ from .gemm.api import (  # noqa: E402
     linear,
     linear_ref,
 )
+# isort: on
 
 __version__ = "0.1.0"
 
@@ -40,8 +42,9 @@ _LAZY = {
     "flash_attn_varlen": "cute_kernels.attention.api",
 }
 
-__all__ = sorted([*_LAZY, "gemm", "linear", "gemm_ref", "linear_ref", "layernorm_linear", "layernorm_linear_ref",
-                  "ACTIVATIONS"])
+__all__ = [
+    "ACTIVATIONS", "gemm", "gemm_ref", "layernorm_linear", "layernorm_linear_ref", "linear", "linear_ref", *_LAZY,
+]
 
 
 def __getattr__(name):

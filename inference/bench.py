@@ -10,11 +10,12 @@ Backends:
 Prefill is one no-cache forward over [batch, prompt_len] returning all logits
 (the same work for every backend). Decode is our StaticDecoder (static KV cache,
 one CUDA graph per token) for cute, cublas and compile alike, so decode numbers
-differ only in the kernels. Metrics, all against H100 SXM dense datasheet peaks:
-- MFU = useful FLOPs (weight GEMMs + causal attention) / time / peak, where peak
-  is 989.4 TFLOP/s for bf16 and 1978.9 for fp8/int8 (the weight GEMMs' type).
+differ only in the kernels. Metrics, against the dense datasheet peaks of the GPU present
+(cute_kernels.runtime.hardware; H100 SXM: 989.4 / 1978.9 TFLOP/s, 3.35 TB/s):
+- MFU = useful FLOPs (weight GEMMs + causal attention) / time / peak of the weight
+  GEMMs' type (bf16, or fp8/int8).
 - MBU = bytes a decode step must read (weights once + the valid KV cache) /
-  time / 3.35 TB/s.
+  time / HBM bandwidth.
 - per-op breakdown from torch.profiler, with each GEMM shape's TFLOP/s and % of
   its peak.
 - decode step timeline (decode_timeline): the kernels of CUDA-graph-replayed steps,
@@ -38,11 +39,11 @@ from pathlib import Path
 
 import torch
 
-from .cli import RANDOM_BANNER, check_positions, cute_device_problem
-from .models import UserError
+from cute_kernels.runtime import hardware
 
-PEAK_TFLOPS = {"bf16": 989.4, "8bit": 1978.9}
-PEAK_TBPS = 3.35
+from .device import cute_device_problem
+from .models import RANDOM_BANNER, UserError, check_positions
+
 TRT_PRECISIONS = ("bf16", "fp8", "int8")
 GEMM_OP = re.compile(r"(^aten::(addmm|mm|bmm|_scaled_mm|_int_mm)$)|(^cute_inference::linear$)|"
                      r"(^(?!aten::)\w+::\w*(mm|gemm|linear)\w*$)")
@@ -202,7 +203,7 @@ def profile_breakdown(fn, n_iters: int = 1, top: int = 12, *, cuda: bool | None 
     for (name, shapes), (calls, us) in gemms.items():
         dims = _gemm_mnk(name, json.loads(shapes))
         eightbit = any(t in name for t in ("scaled", "int8", "_int_mm", "fp8"))
-        peak = PEAK_TFLOPS["8bit" if eightbit else "bf16"]
+        peak = hardware.current().peak_tflops("8bit" if eightbit else "bf16")
         row = {"op": name, "shapes": json.loads(shapes), "calls": calls // n_iters, "ms": us / n_iters / 1e3,
                "pct_time": 100 * us / n_iters / total_us if total_us else None}
         if dims and us > 0:
@@ -355,7 +356,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
         res.top1_vs_eager, res.max_logit_diff_vs_eager = _compare(prefill(), ref_last)
         ms = _time_ms(prefill, cuda)
         res.prefill_ms, res.prefill_tok_s = ms, batch * seq / ms * 1e3
-        peak = PEAK_TFLOPS["bf16" if precision == "bf16" else "8bit"]
+        peak = hardware.current().peak_tflops("bf16" if precision == "bf16" else "8bit")
         if cuda:  # the peaks are H100's: meaningless for a CPU smoke run
             res.mfu_pct = 100 * prefill_flops(cfg, batch, seq) / (ms * 1e-3) / (peak * 1e12)
         if not args.no_profile:
@@ -365,7 +366,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
         elif backend == "tensorrt":
             dms = _decode_ms(trt_decoder, ids, max(gen - 1, 1), cuda)
             res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
-            res.mbu_pct = 100 * decode_bytes(model, cfg, batch, seq + gen / 2) / (dms * 1e-3) / (PEAK_TBPS * 1e12)
+            res.mbu_pct = 100 * decode_bytes(model, cfg, batch, seq + gen / 2) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
             res.note = "; ".join(n for n in ("decode: static-cache engine", trt_decoder.graph_note) if n)
         elif gen == 0:
             res.note = "prefill only (--gen-len 0)"
@@ -375,7 +376,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
             res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
             ctx = seq + gen / 2  # average valid context over the generation
             if cuda:
-                res.mbu_pct = 100 * decode_bytes(model, cfg, batch, ctx) / (dms * 1e-3) / (PEAK_TBPS * 1e12)
+                res.mbu_pct = 100 * decode_bytes(model, cfg, batch, ctx) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
             if not args.no_profile and gen >= 6:  # 1 warm-up + 3 profiled steps must fit in the cache
                 dec.prefill(ids)
                 res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3, cuda=cuda)
@@ -515,13 +516,14 @@ def write_report(results, skipped, meta, out_dir: Path) -> list[Path]:
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     paths[0].write_text(json.dumps({**meta, "results": [dataclasses.asdict(r) for r in results],
                                     "skipped": skipped}, indent=1))
+    part = hardware.lookup(meta["gpu"])
     md = [f"# GPT-2 inference: {meta['model']} on {meta['gpu']} ({meta['date']})", ""]
     if meta["random_weights"]:
         md += ["**Random weights** (same shapes as the real model): speed is real, text is not.", ""]
     md += [(f"batch {meta['batch']}, prompt {meta['prompt_len']}, generate {meta['gen_len']}; attention "
             f"{meta['attention']}; torch {meta['torch']}, transformers {meta['transformers']}."), "",
-           ("MFU: useful FLOPs / time / peak (bf16 989.4, fp8/int8 1978.9 TFLOP/s). MBU: weights + valid KV "
-            "bytes per decode step / time / 3.35 TB/s. Decode uses one CUDA graph per step for every backend; "
+           (f"MFU: useful FLOPs / time / peak ({part.name}: bf16 {part.bf16_tflops}, fp8/int8 {part.fp8_tflops} "
+            f"TFLOP/s). MBU: weights + valid KV bytes per decode step / time / {part.hbm_tbps} TB/s. Decode uses one CUDA graph per step for every backend; "
             "prefill is timed as CUDA-graph replays of one forward for every backend (eager launches only where "
             "capture fails, with a printed note). Under capture (and under torch.compile) transformers builds an "
             "explicit causal mask for the stock model's attention; the patched model keeps mask None for plain "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.gemm.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
+from cute_kernels.matmul.gemv import GEMV_MAX_M, LN_MAX_K, gemv_enabled
 from cute_kernels.runtime import env
 from quant.nn import weight_only_eligible
 

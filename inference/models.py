@@ -23,6 +23,9 @@ GPT2_SIZES = {
 GPT2_VOCAB, GPT2_POSITIONS = 50257, 1024
 
 
+RANDOM_BANNER = "!!! RANDOM WEIGHTS: the model is {name}-shaped but untrained; text is gibberish, speed is real !!!"
+
+
 class UserError(Exception):
     """Bad input: the CLI prints the message as one line and exits non-zero."""
 
@@ -161,3 +164,9 @@ def load_tokenizer(name: str):
     if tok is not None and len(tok) >= 256 and tok.encode("hello world"):
         return tok, None
     return ByteTokenizer(), "no GPT-2 tokenizer could be loaded (no hub access, no local copy): using a byte-level tokenizer"
+
+
+def check_positions(config, prompt_len: int, new_tokens: int):
+    if prompt_len + new_tokens > config.n_positions:
+        raise UserError(f"prompt ({prompt_len} tokens) + {new_tokens} new tokens = {prompt_len + new_tokens} "
+                        f"exceeds the model's {config.n_positions} positions")

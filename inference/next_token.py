@@ -110,7 +110,7 @@ def next_token(logits, wte, wpe, tok, out, pos, step, h, seqlens, buffers) -> No
     logits [B, >= V] (unit stride on the vocabulary), wte [V, E] and wpe [P, E] contiguous,
     tok [B, 1] and out [B, max_len] int64, pos and step int64 [1], h [B, 1, E] in wte's
     dtype, seqlens int32 [B], buffers from next_token_buffers(B) (tickets left at 0)."""
-    from cute_kernels.gemm.gemv import pdl_enabled, prefer_max_shared
+    from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
 
     B = logits.shape[0]
     V, E = wte.shape

@@ -26,7 +26,7 @@ def _cute():
 
 def row_padded(n: int, dtype: torch.dtype) -> int:
     """The kernel's padded row length for n columns (16-byte rows): the width `linear` returns."""
-    from cute_kernels.gemm.api import padded_n
+    from cute_kernels.matmul.api import padded_n
 
     return padded_n(n, dtype)
 
@@ -53,7 +53,7 @@ def linear(
     """
     act = activation or None
     if backend == "reference":
-        from cute_kernels.gemm.reference import linear_ref
+        from cute_kernels.matmul.reference import linear_ref
 
         y = linear_ref(x, weight, bias, activation=act, residual=residual, alpha=alpha, beta=beta)
         n_p = row_padded(y.shape[1], y.dtype)
@@ -92,10 +92,10 @@ def ln_linear(
             h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps).float()
             h = h * (x_scale if x_scale is not None else 1.0)
             y = h @ (weight.float() * weight_scale[:, None]).t() + (bias.float() if bias is not None else 0.0)
-            from cute_kernels.gemm.reference import apply_activation
+            from cute_kernels.matmul.reference import apply_activation
 
             return apply_activation(y, activation or None).to(x.dtype)
-        from cute_kernels.gemm.gemv import skinny_gemm
+        from cute_kernels.matmul.gemv import skinny_gemm
 
         return skinny_gemm(x.contiguous(), weight, bias, activation or None, ln=(ln_weight, ln_bias, eps),
                            w_scale=weight_scale, x_scale=x_scale)
@@ -138,7 +138,7 @@ def ln_linear_kv(
         k_cache[rows, :, at] = y[:, C:2 * C].reshape(M, H, D)
         v_cache[rows, :, at] = y[:, 2 * C:].reshape(M, H, D)
         return y
-    from cute_kernels.gemm.gemv import skinny_gemm
+    from cute_kernels.matmul.gemv import skinny_gemm
 
     return skinny_gemm(x.contiguous(), weight, bias, None, ln=(ln_weight, ln_bias, eps), w_scale=weight_scale,
                        x_scale=x_scale, kv=(k_cache, v_cache, pos))

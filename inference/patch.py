@@ -404,8 +404,8 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
 
     precision: "bf16" keeps 16-bit weights (the model's dtype); the others first swap
       every Conv1D for the `quant` package's FP8Linear/Int8Linear (lm_head stays
-      16-bit on our linear). Those modules take no epilogue fusion: the MLP keeps
-      its activation module and the residual adds stay separate ops.
+      16-bit on our linear). They fuse what their 8-bit epilogue supports: c_fc's
+      gelu (via their `activation`) and the residual adds in the c_proj epilogues.
     calibration: input_ids batches (or quant.smoothquant.calibrate's dict), for
       int8-smoothquant only.
     attention: "sdpa" (transformers' SDPA) or "cute" (cute_kernels.flash_attn).

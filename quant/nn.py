@@ -116,7 +116,7 @@ def weight_only_eligible(module, x2: torch.Tensor) -> bool:
     """Whether this FP8Linear (per-channel) / Int8Linear runs x2 [M, K] weight-only: decode
     sizes (<= 8 rows, 16-bit, on a GPU the kernels serve) on the skinny GEMM with 16-bit
     activations against the 8-bit weights and their per-channel scale."""
-    from cute_kernels.gemm.gemv import GEMV_MAX_M, gemv_enabled
+    from cute_kernels.matmul.gemv import GEMV_MAX_M, gemv_enabled
 
     return (
         (isinstance(module, Int8Linear) or (isinstance(module, FP8Linear) and module.mode == "row"))
@@ -129,7 +129,7 @@ def _weight_only_decode(module, x2: torch.Tensor, bias, r2) -> torch.Tensor | No
     """module(x2) on the weight-only skinny GEMM, or None where it does not apply."""
     if not weight_only_eligible(module, x2):
         return None
-    from cute_kernels.gemm.gemv import weight_only_gemv
+    from cute_kernels.matmul.gemv import weight_only_gemv
 
     return weight_only_gemv(x2.contiguous(), module.weight, module.weight_scale.view(-1), bias, module.activation,
                             None if r2 is None else r2.contiguous(), module.inv_smooth)
@@ -277,7 +277,7 @@ class FP8Linear(_QuantLinearBase):
     fast_accum (row mode): accumulate in the fp8 tensor-core accumulator without
     promoting each k-tile into fp32 (`scaled_mm(use_fast_accum=True)`), as torchao's
     Float8Linear does for the forward pass. It is ~1.3x faster on GPT-2 XL's GEMMs;
-    its extra error is measured in `tests/test_quant.py` / NOTES.md. False gives the
+    its extra error is measured in `tests/test_quant.py` (docs/quant-and-decode.md). False gives the
     promoted ("2xAcc") kernel.
     """
 

@@ -368,7 +368,6 @@ def test_decode_many_wave_config_compiles(tmp_path, variant):
 def test_decode_cluster_merge_choice(monkeypatch):
     """2-8 splits merge in a cluster when every cluster is resident at once (clusters of more
     than 4 CTAs: at most 96 CTAs); the tensor-core kernel's B = 8 GQA splits qualify."""
-    from cute_kernels.attention import api as attn_api
     from cute_kernels.attention.api import decode_merges_in_cluster, decode_splits_heuristic
 
     assert decode_merges_in_cluster(12, 8) and decode_merges_in_cluster(25, 4) and decode_merges_in_cluster(64, 2)
@@ -587,7 +586,6 @@ def test_decode_mma_kernel(monkeypatch, D, hq, hkv, num_splits):
     """The tensor-core decode kernel on every GQA packing (4, 8, 16 heads per CTA; 32 -> two
     CTAs of 16; 12), forced on whatever the shape heuristic would pick: ragged lengths
     (0, 1, a partial last block), splits, LSE through flash_attn."""
-    import cute_kernels as ck
     from cute_kernels.attention import api as attn_api
 
     monkeypatch.setattr(attn_api, "decode_uses_mma", lambda *a, **k: True)

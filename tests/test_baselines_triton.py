@@ -71,7 +71,7 @@ def _check_2x(out: torch.Tensor, same_prec: torch.Tensor, ref: torch.Tensor, wha
 
 def _scaled_mm_torch(a, b, sa, sb, bias, out_dtype, activation):
     """torch._scaled_mm where this build supports it, else the fp32 result rounded once."""
-    from cute_kernels.gemm.reference import apply_activation
+    from cute_kernels.matmul.reference import apply_activation
     from cute_kernels.quantized.reference import scaled_mm_ref
 
     try:
@@ -120,7 +120,7 @@ def _attention_torch(q, k, v, causal, softmax_scale=None):
 
 def check_gemm(device, big, *, dtype, layout, out_dtype=None, name="gemm"):
     from baselines.triton import gemm
-    from cute_kernels.gemm.reference import gemm_ref
+    from cute_kernels.matmul.reference import gemm_ref
 
     g = _gen(name)
     M, N, K = (1000, 1536, 776) if big else (70, 90, 100)
@@ -144,7 +144,7 @@ def check_linear(device, big, *, activation, bias, residual, alpha=1.0, beta=1.0
     import torch.nn.functional as F
 
     from baselines.triton import linear
-    from cute_kernels.gemm.reference import linear_ref
+    from cute_kernels.matmul.reference import linear_ref
 
     g = _gen(name)
     lead, K, N = ((4, 300), 1024, 1536) if big else ((3, 17), 64, 80)

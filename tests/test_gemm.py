@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from cute_kernels.gemm.config import CANDIDATES, GemmConfig, default_config
-from cute_kernels.gemm.reference import apply_activation
+from cute_kernels.matmul.config import CANDIDATES, GemmConfig, default_config
+from cute_kernels.matmul.reference import apply_activation
 from tests.ptx_check import ptxas_report as _ptxas_report
 
 # --------------------------------------------------------------------------- compile tier
@@ -40,8 +40,8 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}-{'-'.join(sorted(e)) or 'plain'}-{am}{bm}-{str(dt)[6:]}" for c, e, am, bm, dt in COMPILE_CASES],
 )
 def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
-    from cute_kernels.gemm.api import _compile
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.kernel import Epilogue
 
     fn = _compile(dtype, dtype, dtype, a_major, b_major, cfg, Epilogue(**epi), "Float32", keep_dir=str(tmp_path))
     assert fn is not None
@@ -63,8 +63,8 @@ def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
 def test_b_kn_entry_is_the_same_kernel(tmp_path, b_major):
     """gemm() hands the kernel torch.mm's b [K, N] itself (b_kn): the permutation happens at
     trace time, so the PTX is the one compiled for the [N, K] view."""
-    from cute_kernels.gemm.api import _compile
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.kernel import Epilogue
 
     ptx = []
     for b_kn in (False, True):
@@ -83,8 +83,8 @@ def test_kernel_cache_memory_disk_and_stale_entries(tmp_path, monkeypatch):
     hands out is the bare tvm_ffi.Function either way (direct_callable)."""
     import tvm_ffi
 
-    from cute_kernels.gemm.api import _compile
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.kernel import Epilogue
     from cute_kernels.runtime.cache import CompileKey, KernelCache, cache_dir
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
@@ -111,8 +111,8 @@ def test_kernel_cache_memory_disk_and_stale_entries(tmp_path, monkeypatch):
 @pytest.mark.compile
 def test_fp32_output_fused_epilogue_compiles(tmp_path):
     """The 32-bit epilogue (per-warp boxes) with every operand: bias, scales, gelu, residual."""
-    from cute_kernels.gemm.api import _compile
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.kernel import Epilogue
 
     epi = Epilogue(activation="gelu_tanh", bias=True, residual=True, row_scale="vector", col_scale="vector")
     _compile(torch.bfloat16, torch.bfloat16, torch.float32, "k", "k", GemmConfig(128, 256, 2, 1), epi, "Float32",
@@ -140,8 +140,8 @@ SPLIT_COMPILE_CASES = [
 def test_split_k_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
     """The split-K kernel (split count at run time): partials through a global workspace,
     the finisher's counter protocol (acquire load, acq_rel add), the fused epilogue."""
-    from cute_kernels.gemm.api import _compile
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.kernel import Epilogue
 
     act = "gelu_tanh" if "bias" in epi else "none"
     _compile(dtype, dtype, dtype, a_major, b_major, cfg, Epilogue(activation=act, **{e: True for e in epi}), "Float32",
@@ -160,8 +160,8 @@ def test_split_k_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype)
 
 def test_split_k_compile_key():
     """Split or not is compiled in (a different kernel); the split count is not."""
-    from cute_kernels.gemm.api import _compile_key
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile_key
+    from cute_kernels.matmul.kernel import Epilogue
 
     def key(cfg):
         return _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.float32, "k", "k", cfg, Epilogue())
@@ -414,8 +414,8 @@ def test_every_candidate_full_epilogue(cfg):
     full epilogue: several tiles per CTA (ping-pong warpgroups alternate), ragged edges,
     a partial last k-tile."""
     import cute_kernels as ck
-    from cute_kernels.gemm.api import _alloc_out, _prepare_operand, run_gemm
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _alloc_out, _prepare_operand, run_gemm
+    from cute_kernels.matmul.kernel import Epilogue
 
     M, N, K = 4100, 2000, 700  # 187+ tiles: CTAs of the persistent grid run two or more
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -442,14 +442,14 @@ def test_split_k_forced(cfg_name, split, shape):
     K=1000 ends in a partial k-tile; K=999 (rows not 16-byte aligned) goes through the
     padded copy; N=1598 gives a padded workspace and output row."""
     import cute_kernels as ck
-    from cute_kernels.gemm.api import (
+    from cute_kernels.matmul.api import (
         SplitKLaunch,
         _alloc_out,
         _prepare_operand,
         kernel_for,
         run_gemm,
     )
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.kernel import Epilogue
 
     M, N, K = shape
     torch.manual_seed(0)
@@ -478,7 +478,7 @@ def test_split_k_auto_linear(monkeypatch, activation, shape):
 
     import cute_kernels as ck
 
-    api = importlib.import_module("cute_kernels.gemm.api")
+    api = importlib.import_module("cute_kernels.matmul.api")
     monkeypatch.setenv("CUTE_KERNELS_GEMV", "0")
     monkeypatch.setattr(api, "_LINEAR_PLANS", {})
     M, N, K = shape
@@ -504,7 +504,7 @@ def test_split_k_cuda_graph(monkeypatch):
     import cute_kernels as ck
 
     monkeypatch.setenv("CUTE_KERNELS_GEMV", "0")
-    monkeypatch.setattr(importlib.import_module("cute_kernels.gemm.api"), "_LINEAR_PLANS", {})
+    monkeypatch.setattr(importlib.import_module("cute_kernels.matmul.api"), "_LINEAR_PLANS", {})
     M, N, K = 4, 1600, 6400
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
@@ -528,8 +528,8 @@ def test_split_k_cuda_graph(monkeypatch):
 
 @pytest.mark.gpu
 def test_split_k_nan_stays_in_its_row_and_fp32_out():
-    from cute_kernels.gemm.api import run_gemm
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import run_gemm
+    from cute_kernels.matmul.kernel import Epilogue
 
     a = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
@@ -549,7 +549,7 @@ def test_split_k_nan_stays_in_its_row_and_fp32_out():
 def test_gemv_path_matches_reference(monkeypatch, activation, M, NK):
     """The skinny path (the default for M <= 8) against the fp32 reference, fused epilogue included."""
     import cute_kernels as ck
-    from cute_kernels.gemm import api
+    from cute_kernels.matmul import api
 
     monkeypatch.setenv("CUTE_KERNELS_GEMV", "1")
     monkeypatch.setattr(api, "_LINEAR_PLANS", {})
@@ -609,7 +609,7 @@ def test_gemv_sm90(monkeypatch, N, K, opts):
     (50257) included; outputs poisoned first."""
     import torch.nn.functional as F
 
-    from cute_kernels.gemm.gemv import gemv_sm90_applies, skinny_gemm
+    from cute_kernels.matmul.gemv import gemv_sm90_applies, skinny_gemm
 
     dt = opts.get("dtype", torch.bfloat16)
     x = (torch.randn(1, K, device="cuda") * 3 + 1).to(dt)
@@ -655,7 +655,7 @@ def test_gemv_sm90(monkeypatch, N, K, opts):
 def test_gemv_sm90_l2_prefetch_changes_nothing():
     """An L2 prefetch hint (the next GEMV's weights) leaves the one-row GEMV's result
     bit-identical, including a target smaller than one 16-byte share per CTA."""
-    from cute_kernels.gemm import gemv
+    from cute_kernels.matmul import gemv
 
     x = torch.randn(1, 1600, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1600, 1600, device="cuda", dtype=torch.bfloat16) / 40
@@ -683,7 +683,7 @@ def test_gemv_sm90_8bit(monkeypatch, wdt, N, K, opts):
     within 2x the Triton skinny kernel's error; the KV append copies its own k / v columns."""
     import torch.nn.functional as F
 
-    from cute_kernels.gemm.gemv import gemv_sm90_applies, skinny_gemm
+    from cute_kernels.matmul.gemv import gemv_sm90_applies, skinny_gemm
 
     dt = torch.bfloat16
     x = (torch.randn(1, K, device="cuda") * 3 + 1).to(dt)

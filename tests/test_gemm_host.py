@@ -10,9 +10,7 @@ import itertools
 import pytest
 import torch
 
-from tests.ptx_check import assert_ptxas_no_spills
-
-from cute_kernels.gemm.config import (
+from cute_kernels.matmul.config import (
     CANDIDATES,
     H100_SMS,
     MIN_SPLIT_K_TILES,
@@ -21,10 +19,11 @@ from cute_kernels.gemm.config import (
     split_config,
     splitk_k_tiles,
 )
-from cute_kernels.gemm.kernel import Epilogue
-from cute_kernels.gemm.reference import linear_ref
+from cute_kernels.matmul.kernel import Epilogue
+from cute_kernels.matmul.reference import linear_ref
+from tests.ptx_check import assert_ptxas_no_spills
 
-api = importlib.import_module("cute_kernels.gemm.api")  # (cute_kernels.gemm is also the op)
+api = importlib.import_module("cute_kernels.matmul.api")
 
 
 def _check_split_launch(a, out, cfg, ws, sem, split, acc_name):
@@ -426,9 +425,9 @@ def _triton_ptx_sm90(kernel, sig: dict, const: dict, **options) -> str:
 
 _GEMV_SCRIPT = r"""
 import torch
-from cute_kernels.gemm.kernel import Epilogue
-from cute_kernels.gemm.gemv import GemvLaunch
-from cute_kernels.gemm.reference import linear_ref
+from cute_kernels.matmul.kernel import Epilogue
+from cute_kernels.matmul.gemv import GemvLaunch
+from cute_kernels.matmul.reference import linear_ref
 
 torch.manual_seed(0)
 n = 0
@@ -457,8 +456,8 @@ for (M, N, K) in [(1, 40, 300), (3, 17, 64), (8, 33, 513), (5, 16, 1)]:
             n += 1
 # LayerNorm prologue (layernorm_gemv): large-mean rows (GPT-2's residual stream), K not a
 # multiple of the tile, fp32 reference of LN -> linear.
-from cute_kernels.gemm.gemv import layernorm_gemv
-from cute_kernels.gemm.api import layernorm_linear_ref
+from cute_kernels.matmul.gemv import layernorm_gemv
+from cute_kernels.matmul.api import layernorm_linear_ref
 for (M, N, K, act) in [(1, 40, 300, "gelu_tanh"), (8, 17, 513, None)]:
     x = (torch.randn(M, K) * 3 + 50).half()
     g, bb = torch.randn(K).half(), torch.randn(K).half()
@@ -469,7 +468,7 @@ for (M, N, K, act) in [(1, 40, 300, "gelu_tanh"), (8, 17, 513, None)]:
     n += 1
 # The first FIRST_STEPS K steps' weights are loaded up front, the loop does the rest.
 import sys
-gv = sys.modules["cute_kernels.gemm.gemv"]
+gv = sys.modules["cute_kernels.matmul.gemv"]
 for steps in (1, 2):
     gv.FIRST_STEPS = steps
     x = torch.randn(1, 1300).half()
@@ -482,7 +481,7 @@ for steps in (1, 2):
 gv.FIRST_STEPS = 1
 # KV-cache append fused into the epilogue (c_attn at decode): caches [B, H, Smax, D] as a
 # transposed view of [B, Smax, H, D]; one position for every row, or one per row.
-from cute_kernels.gemm.gemv import skinny_gemm
+from cute_kernels.matmul.gemv import skinny_gemm
 for M, per_row in ((1, False), (3, True)):
     H, D, B, S = 2, 64, 4, 9
     C = H * D
@@ -507,8 +506,8 @@ print("OK", n)
 
 _WEIGHT_ONLY_SCRIPT = r"""
 import torch
-from cute_kernels.gemm.gemv import weight_only_gemv
-from cute_kernels.gemm.reference import linear_ref
+from cute_kernels.matmul.gemv import weight_only_gemv
+from cute_kernels.matmul.reference import linear_ref
 torch.manual_seed(0)
 for wdt in (torch.int8, torch.float8_e4m3fn):
     for (M, N, K) in [(1, 40, 300), (5, 17, 513)]:
@@ -545,7 +544,7 @@ def test_gemv_launch_arguments_by_name(monkeypatch):
     """The skinny kernel is launched with every parameter in order (TritonLaunch.all_args):
     matched against the kernel's own parameter names, each value lands where it belongs,
     with and without the LayerNorm / 8-bit scale / KV-append parameters."""
-    from cute_kernels.gemm import gemv
+    from cute_kernels.matmul import gemv
 
     seen = []
     monkeypatch.setattr(gemv._GEMV_LAUNCH, "all_args", lambda grid, args, **opt: seen.append((grid, args, opt)))
@@ -587,7 +586,7 @@ def test_gemv_launch_arguments_by_name(monkeypatch):
 def test_gemv_routing(monkeypatch):
     """On by default (CUTE_KERNELS_GEMV=0 turns it off): 16-bit, <= 8 rows, K-major operands,
     no 8-bit scales; a forced config wins."""
-    from cute_kernels.gemm.gemv import GEMV_ENV, GemvLaunch
+    from cute_kernels.matmul.gemv import GEMV_ENV, GemvLaunch
 
     a = torch.randn(4, 64, dtype=torch.bfloat16)
     w = torch.randn(32, 64, dtype=torch.bfloat16)
@@ -606,7 +605,7 @@ def test_gemv_routing(monkeypatch):
 def test_gemv_triton_compiles_for_sm90(block_m, block_n):
     """The skinny kernel through Triton's GPU pipeline (PTX for sm_90) on the CPU: the
     tl.dot form and the one-row FMA form."""
-    from cute_kernels.gemm.gemv import _gemv_kernel as K
+    from cute_kernels.matmul.gemv import _gemv_kernel as K
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
            "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
@@ -657,8 +656,9 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
     """The one-row GEMV for sm_90a on the CPU: bulk copies (cp.async.bulk), the bf16
     mma.sync, ldmatrix, programmatic dependent launch, no spills."""
     import glob
-    from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
-    from cute_kernels.gemm.kernel import Epilogue
+
+    from cute_kernels.matmul.gemv import _compile_gemv_sm90, gemv_sm90_config
+    from cute_kernels.matmul.kernel import Epilogue
 
     cfg = gemv_sm90_config(4800, 1600, ln)
     _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(**epi), ln, (torch.bfloat16, torch.int64) if kv else None,
@@ -676,8 +676,9 @@ def test_gemv_sm90_l2_prefetch_compiles(tmp_path):
     """With an L2 prefetch target (gemv.set_l2_prefetch) the one-row GEMV issues
     cp.async.bulk.prefetch.L2 before its PDL wait; no spills."""
     import glob
-    from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
-    from cute_kernels.gemm.kernel import Epilogue
+
+    from cute_kernels.matmul.gemv import _compile_gemv_sm90, gemv_sm90_config
+    from cute_kernels.matmul.kernel import Epilogue
 
     cfg = gemv_sm90_config(1600, 1600, False)
     _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(bias=True, residual=True), False, None, cfg,
@@ -689,7 +690,7 @@ def test_gemv_sm90_l2_prefetch_compiles(tmp_path):
 
 
 def test_set_l2_prefetch_registry():
-    from cute_kernels.gemm import gemv
+    from cute_kernels.matmul import gemv
 
     w, target = torch.zeros(8, 16), torch.zeros(4, 32)
     try:
@@ -710,8 +711,9 @@ def test_gemv_sm90_8bit_compiles(tmp_path, wdt):
     """The 8-bit weight-only one-row GEMV (c_attn with LayerNorm and KV append): bulk copies,
     the f16 mma.sync, the e4m3 hardware conversion or the int8 byte-permute conversion, no spills."""
     import glob
-    from cute_kernels.gemm.gemv import _compile_gemv_sm90, gemv_sm90_config
-    from cute_kernels.gemm.kernel import Epilogue
+
+    from cute_kernels.matmul.gemv import _compile_gemv_sm90, gemv_sm90_config
+    from cute_kernels.matmul.kernel import Epilogue
 
     cfg = gemv_sm90_config(4800, 1600, True, wbytes=1)
     _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(bias=True, col_scale="vector"), True,
@@ -727,7 +729,7 @@ def test_gemv_sm90_8bit_compiles(tmp_path, wdt):
 def test_gemv_sm90_config_and_routing():
     """Rows per CTA in multiples of 8 sized to ~96 KB of weights, at least one CTA per SM where
     N allows; what the one-row kernel takes (everything else stays on the Triton kernel)."""
-    from cute_kernels.gemm.gemv import gemv_sm90_applies, gemv_sm90_config
+    from cute_kernels.matmul.gemv import gemv_sm90_applies, gemv_sm90_config
 
     assert gemv_sm90_config(4800, 1600, True).rows == 32  # 150 CTAs, two per SM fit
     assert gemv_sm90_config(1600, 1600, False).rows == 8  # 200 CTAs (16 rows would leave SMs idle)
@@ -782,7 +784,7 @@ def test_tune_gemm_config_labels_round_trip():
     import dataclasses
 
     from benchmarks.tune_gemm import _label, parse_label
-    from cute_kernels.gemm.config import CANDIDATES, GemmConfig
+    from cute_kernels.matmul.config import CANDIDATES, GemmConfig
 
     cfgs = list(CANDIDATES) + [GemmConfig(128, 256, 1, 2, raster_m=False), GemmConfig(128, 256, 2, 1, group=16),
                                dataclasses.replace(CANDIDATES[0], split_k=3)]

@@ -8,12 +8,12 @@ import sys
 import pytest
 import torch
 
-from cute_kernels.gemm.config import GemmConfig
+from cute_kernels.matmul.config import GemmConfig
 
 
 def _gemm_entry(tile=(64, 64)):
-    from cute_kernels.gemm.api import _compile, _compile_key
-    from cute_kernels.gemm.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile, _compile_key
+    from cute_kernels.matmul.kernel import Epilogue
 
     cfg, epi = GemmConfig(*tile, 1, 1, pingpong=True), Epilogue(activation="gelu_tanh", bias=True)
     key = _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi)
@@ -40,7 +40,7 @@ def test_manifest_merge_and_stale_entries(tmp_path, capsys):
     assert save_manifest(path, [a, b]) == 2  # merged, no duplicates
     assert [k for k, _ in load_manifest(path)] == sorted([a[0], b[0]], key=lambda k: json.dumps(k.tile))
     data = json.loads(path.read_text())
-    data["kernels"][0]["recipe"]["fn"] = "cute_kernels.gemm.api:no_such_function"
+    data["kernels"][0]["recipe"]["fn"] = "cute_kernels.matmul.api:no_such_function"
     path.write_text(json.dumps(data))
     assert len(load_manifest(path)) == 1 and "stale manifest entry" in capsys.readouterr().err
 
@@ -95,7 +95,7 @@ def test_record_writes_the_kernels_a_process_used(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     (entry,) = json.loads((tmp_path / "rec.json").read_text())["kernels"]
-    assert entry["key"]["kernel"] == "gemm_sm90" and entry["recipe"]["fn"] == "cute_kernels.gemm.api:_compile"
+    assert entry["key"]["kernel"] == "gemm_sm90" and entry["recipe"]["fn"] == "cute_kernels.matmul.api:_compile"
 
 
 def test_every_dsl_kernel_lives_where_the_disk_cache_fingerprint_looks():

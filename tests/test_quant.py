@@ -358,7 +358,7 @@ def test_linear_matches_manual_dequantized_product(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_linear_fuses_activation_and_residual(kind):
     """`activation` and forward(x, residual=...) (the epilogue-fusion protocol patch_model uses)."""
-    from cute_kernels.gemm.reference import apply_activation
+    from cute_kernels.matmul.reference import apply_activation
 
     torch.manual_seed(2)
     lin = nn.Linear(256, 64)

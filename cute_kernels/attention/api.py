@@ -10,9 +10,10 @@ import functools
 
 import torch
 
-from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, num_sms
+from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, hardware, num_sms
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
-from .reference import flash_attn_ref  # noqa: F401
+from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
+from .reference import append_kv, flash_attn_ref  # noqa: F401  (public here)
 
 HEAD_DIMS = (64, 96, 128, 256)  # 96 and 256: correct, not tuned
 # Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
@@ -54,7 +55,7 @@ def mma_warpgroups(head_dim: int, seqlen_q: int) -> int:
     return wg if seqlen_q >= THREE_WG_MIN_SQ else min(wg, 2)
 
 
-H100_SMS = 132
+H100_SMS = hardware.H100_SXM.sms  # what the heuristics were tuned on (runtime/hardware.py)
 MAX_SPLITS = 16
 # Decode (S_q = 1) runs decode.py. Per head dim: how many query heads of one KV head share a
 # CTA at most (more would push the per-thread softmax state past the register budget), and
@@ -293,11 +294,6 @@ def decode_merges_in_cluster(ctas: int, splits: int) -> bool:
     return ctas * splits <= (MAX_CLUSTER_CTAS_WIDE if splits > 4 else MAX_CLUSTER_CTAS)
 
 
-# Splits per (batch, head group) at most: the decode kernels keep one merge weight per split
-# and head in shared memory.
-MAX_DECODE_SPLITS = 64
-# Split counts up to this merge inside a thread-block cluster (8: the portable cluster size).
-MAX_CLUSTER_SPLITS = 8
 # CTAs per launch at most for the cluster merge: clusters of 2-4, of 5-8.
 MAX_CLUSTER_CTAS = 128
 MAX_CLUSTER_CTAS_WIDE = 96
@@ -430,7 +426,7 @@ _FAST: dict = {}
 
 
 def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: bool, wg: int = 2):
-    # A flat-tuple front cache (as gemm/api.py has): building and hashing a CompileKey
+    # A flat-tuple front cache (as matmul/api.py has): building and hashing a CompileKey
     # on every call costs microseconds of host time.
     fast = (dtype, D, causal, lens_k, lens_q, split_kv, wg)
     fn = _FAST.get(fast)
@@ -474,7 +470,7 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
         # Persistent CTAs remove the per-tile launch/prologue/epilogue bubbles, which
         # dominate short tiles; long causal tiles balance better under the hardware's
         # dynamic CTA scheduler (one CTA per tile, longest first). Same-run A/B on the
-        # H100 (NOTES.md): persistent wins every non-causal shape and causal S <= 1024.
+        # H100 (docs/attention.md): persistent wins every non-causal shape and causal S <= 1024.
         sms = num_sms(q.device.index or 0) if (not causal or k.shape[1] <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30
         group = heads_per_group(k.shape[1], D, ratio)
         if split_kv:
@@ -506,18 +502,6 @@ def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         splits = _resolve_splits(num_splits, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
         out, lse = _run(q, k, v, causal, softmax_scale, num_splits=splits)
     return (out, lse) if return_lse else out
-
-
-def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
-    """Write k_new/v_new [B, S_new, Hkv, D] into the caches at rows cache_seqlens[b] + (0..S_new-1).
-
-    Pure device indexing (no host sync), so it can sit inside a captured CUDA graph.
-    """
-    B, S_new = k_new.shape[:2]
-    rows = cache_seqlens.long()[:, None] + torch.arange(S_new, device=k_new.device)[None, :]
-    bidx = torch.arange(B, device=k_new.device)[:, None].expand(B, S_new)
-    k_cache[bidx, rows] = k_new
-    v_cache[bidx, rows] = v_new
 
 
 def _compile_append(dtype, head_dim: int, keep_dir: str | None = None):

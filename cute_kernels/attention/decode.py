@@ -31,7 +31,7 @@ Rows with no keys give O = 0 and LSE = -inf. A NaN in K or V reaches only the he
 row it is in.
 
 Programmatic dependent launch: with `early_trigger` both kernels let the next kernel launch
-before their own griddepcontrol.wait (the decode chain runs ahead, see gemm/gemv.py; the
+before their own griddepcontrol.wait (the decode chain runs ahead, see matmul/gemv.py; the
 next kernel must read only constants before its own wait). inference/ asks for it: GPT-2 XL
 decode 1.661 -> 1.610 ms/token, same run. Without it the wait comes first: back-to-back
 attention calls ran 2-29% slower with the early trigger (B = 1 / 8k keys 8.0 -> 10.3 us,
@@ -56,7 +56,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 # The split limits live with the host heuristics that pick split counts on every call (api.py
 # imports this module lazily, so a function-level import there would cost each call).
-from .api import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
+from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
 
 _LN_2 = math.log(2.0)
 _SM90_SMEM_BYTES = 232448  # per block, opt-in maximum on sm_90
@@ -190,7 +190,7 @@ class FlashDecodeSm90:
         # every early slot whose row changed, and the newest row, is copied again.
         # With early_trigger the next kernel (the output projection) may launch at once: it
         # reads only constants (its weights) before its own wait, so its CTAs start loading
-        # them while this grid still waits (the decode chain runs ahead; see gemm/gemv_kernel.py).
+        # them while this grid still waits (the decode chain runs ahead; see matmul/gemv_kernel.py).
         early = cutlass.const_expr(self.seqlens)
         gK = mK[b, None, h_kv, None]  # [Sk, D]
         gV = mV[b, None, h_kv, None]

@@ -64,7 +64,7 @@ class FlashAttnFwdSm90:
                  exps_before_pv_wait: int | None = None, k_ahead: bool = False, release_v_early: bool = False,
                  rowsum_mma: bool = False):
         self.head_dim = head_dim
-        # Schedule options, off by default until measured (NOTES.md, twenty-third session):
+        # Schedule options, off by default until measured (docs/tried-and-not-kept.md):
         # k_ahead: the producer loads K_{j+1} before V_j (K_0 first), as FlashAttention-4 does, so
         #   K's load waits only for Q K^T_{j-1} to free its stage, not for V's later release.
         # release_v_early: V's stage is released as soon as P V has landed, before O's rescale.

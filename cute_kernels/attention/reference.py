@@ -35,8 +35,6 @@ def flash_attn_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, k_new=Non
                                 softmax_scale=None):
     """Reference: per sequence, attend to the filled cache (plus k_new/v_new, appended in place)."""
     if k_new is not None:
-        from .api import append_kv
-
         append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new)
     s_new = 0 if k_new is None else k_new.shape[1]
     outs = []
@@ -58,3 +56,15 @@ def flash_attn_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
         outs.append(flash_attn_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], causal=causal,
                                    softmax_scale=softmax_scale)[0])
     return torch.cat(outs) if outs else q.new_zeros((0, *q.shape[1:]))
+
+
+def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
+    """Write k_new/v_new [B, S_new, Hkv, D] into the caches at rows cache_seqlens[b] + (0..S_new-1).
+
+    Pure device indexing (no host sync), so it can sit inside a captured CUDA graph.
+    """
+    B, S_new = k_new.shape[:2]
+    rows = cache_seqlens.long()[:, None] + torch.arange(S_new, device=k_new.device)[None, :]
+    bidx = torch.arange(B, device=k_new.device)[:, None].expand(B, S_new)
+    k_cache[bidx, rows] = k_new
+    v_cache[bidx, rows] = v_new

@@ -11,8 +11,8 @@ import functools
 
 import torch
 
-from ..gemm.api import _alloc_out, _tma_ok, kernel_for, residual_for_kernel, run_gemm
-from ..gemm.reference import ACTIVATIONS
+from ..matmul.api import _alloc_out, _tma_ok, kernel_for, residual_for_kernel, run_gemm
+from ..matmul.reference import ACTIVATIONS
 from ..runtime import check_device
 from ..runtime.dtypes import FP8
 from .reference import int8_mm_ref, scaled_mm_blockwise_ref, scaled_mm_ref  # noqa: F401
@@ -161,7 +161,7 @@ def scaled_mm(
 
 
 def _scaled_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation, residual_in, use_fast_accum):
-    from ..gemm.kernel import Epilogue
+    from ..matmul.kernel import Epilogue
 
     _check_8bit_operands(a, b, FP8, "scaled_mm")
     if out_dtype not in _OUT_DTYPES:
@@ -198,7 +198,7 @@ def _promoted_config(M: int, N: int, K: int):
     (split in two); from 1024 rows up 128 x 128 stayed best (1024x7168x2048 880 vs 743).
     Decode sizes (1 and 8 rows): K = 6400 16.7 us unsplit, 14.3 split in two, 12.9 in
     four, 13.5 in eight; at K = 1600 any split was slower (1x4800x1600: 8.1 -> 10.1 us)."""
-    from ..gemm.config import H100_SMS, GemmConfig
+    from ..matmul.config import H100_SMS, GemmConfig
 
     tiles_n = -(-N // 128)
     if -(-M // 128) * tiles_n >= H100_SMS:
@@ -256,7 +256,7 @@ def scaled_mm_blockwise(
     sums are scaled and added into an fp32 accumulator in the main loop (the promoted
     "2xAcc" loop with scales).
     """
-    from ..gemm.kernel import Epilogue
+    from ..matmul.kernel import Epilogue
 
     if not isinstance(b, torch.Tensor):
         raise TypeError(f"b must be a torch.Tensor, got {type(b).__name__}")
@@ -321,7 +321,7 @@ def int8_mm(
 
 
 def _int8_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation, residual_in):
-    from ..gemm.kernel import Epilogue
+    from ..matmul.kernel import Epilogue
 
     _check_8bit_operands(a, b, (torch.int8,), "int8_mm")
     M, K = a.shape

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gemm.reference import apply_activation
+from ..matmul.reference import apply_activation
 
 
 def scaled_mm_ref(

@@ -21,7 +21,6 @@ time (a container build, a CPU box) or all at once on first use.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -32,26 +31,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import env
-from .arch import TARGET_ARCH
+from .key import CompileKey  # noqa: F401  (public here)
 
 _FUNCTION_NAME = "cute_kernel"
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileKey:
-    """What one compiled kernel is specialised on (everything but M, N, K and pointers)."""
-
-    kernel: str
-    dtypes: tuple[str, ...]
-    majors: tuple[str, ...]
-    tile: tuple[int, ...]
-    cluster: tuple[int, ...]
-    epilogue: tuple = ()
-    extra: tuple = ()
-    arch: str = TARGET_ARCH
-
-    def digest(self) -> str:
-        return hashlib.sha256(repr(self).encode()).hexdigest()[:24]
 
 
 @functools.lru_cache(maxsize=1)
@@ -215,7 +197,7 @@ RECORD_ENV = "CUTE_KERNELS_RECORD"  # a manifest file: the kernels this process 
 def _record_at_exit() -> None:
     path = env.get(RECORD_ENV)
     if path and KERNELS.used:
-        from ..precompile import save_manifest
+        from .manifest import save_manifest
 
         save_manifest(path, KERNELS.used.items())
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..runtime import hardware
+
 # Hopper: 227 KiB of shared memory per block (the opt-in maximum on sm_90).
 SM90_SMEM_BYTES = 232448
-H100_SMS = 132
+H100_SMS = hardware.H100_SXM.sms  # what the heuristics were tuned on (runtime/hardware.py)
 # Clusters of each size that can be resident at once (cudaOccupancyMaxActiveClusters on the
 # H100 SXM, one CTA per SM): the GPCs' SM counts are not multiples of 4 or 8, so clusters of
 # 4 cover 120 SMs and clusters of 8 cover 120, not 132. A persistent grid larger than this
@@ -189,8 +191,8 @@ _TILE_EFFICIENCY = {
     # same-run sweep, tune_gemm); 0.975 keeps it off every shape where it lost.
     (128, 160, False): 0.975,
     # Ping-pong tiles of 128 x 192 and 128 x 160 (192 / 160 accumulator registers per
-    # thread under setmaxnreg 232, no spills): big tiles *and* a hidden epilogue. Twentieth
-    # session, same-run sweeps on the H100 (`gemm_tuning.md`): 8192x768x3072 0.96x -> 1.01x
+    # thread under setmaxnreg 232, no spills): big tiles *and* a hidden epilogue. Same-run
+    # sweeps on the H100, 2026-11-23 (`gemm_tuning.md`): 8192x768x3072 0.96x -> 1.01x
     # cuBLAS (bf16), 8192x6400x1600 1.03x -> 1.07x; fp8 8192^3 0.99x -> 1.07x `_scaled_mm`,
     # 8192x14336x4096 0.93x -> 1.01x; int8 8192x14336x4096 1.53x -> 1.65x `_int_mm`.
     (128, 192, True): 0.96,
@@ -200,7 +202,7 @@ _TILE_EFFICIENCY = {
     (64, 64, True): 0.5,
     # With a 4 x 2 cluster, in one wave (see default_config): cuBLAS's pick (nvjet 64x128,
     # cluster 4x2) for M = 512 with long K, where 128-row tiles leave most SMs idle. Same-run
-    # sweeps on the H100 (nineteenth session): bf16 512x1600x6400 0.94x cuBLAS (128x128 split 2:
+    # sweeps on the H100 (2026-11-23, `gemm_tuning.md`): bf16 512x1600x6400 0.94x cuBLAS (128x128 split 2:
     # 0.82x); fp8 per-tensor 0.96x `_scaled_mm` (128x96: 0.79x), per-row 1.40x (1.17x).
     (64, 128, True): 0.75,
 }
@@ -210,8 +212,8 @@ _EPILOGUE_K = {False: 128, True: 16}
 
 
 # Few-tile shapes (too few output tiles to fill the GPU) are bound by the A/B panels' L2 -> SM
-# traffic, which multicast within a cluster cuts. Same-run sweeps on the H100 (nineteenth
-# session, `benchmarks/results/gemm_tuning.md`): 64 x 64 in 2 x 2 at 512x768x3072 (bf16) 0.81-0.83x
+# traffic, which multicast within a cluster cuts. Same-run sweeps on the H100 (2026-11-23,
+# `benchmarks/results/gemm_tuning.md`): 64 x 64 in 2 x 2 at 512x768x3072 (bf16) 0.81-0.83x
 # -> 0.87-0.92x cuBLAS, lost at K = 768 (0.90 -> 0.85x), at 48 tiles (0.82 -> 0.80x) and on every
 # 8-bit shape swept (1-6%); a held-out check of the new picks (78 shapes, M 128-2048) put them
 # 1.18x over the old ones, after excluding what still lost there: 2 x 2 at 128 rows (0.97-0.99x;
@@ -222,7 +224,7 @@ _CLUSTER_64_MIN_TILES = 64
 _TILE_64x128_MIN_K_8BIT = 1536
 # 8-bit inputs run the main loop twice as fast, so the 128 x 256 cooperative tile's epilogue
 # (the tensor cores idle while it runs) weighs twice as much: below this K a ping-pong tile
-# won or tied (within 1.5%) every 8-bit shape swept (twentieth session: fp8 8192x14336x4096
+# won or tied (within 1.5%) every 8-bit shape swept (2026-11-23: fp8 8192x14336x4096
 # 0.93x -> 1.01x with 128 x 160 ping-pong; doubling the epilogue's weight in the model mispicked
 # 128 x 128 ping-pong over 128 x 96 at short K, 1.07x -> 0.93x at fp8 512x3072x768).
 _TILE_128x256_MIN_K_8BIT = 4096

@@ -452,7 +452,7 @@ def layernorm_linear(
 ) -> torch.Tensor:
     """linear(LayerNorm(x), weight, bias, activation=...): GPT-2's ln_1 -> c_attn, ln_2 -> c_fc
     and ln_f -> lm_head. At decode sizes (<= 8 rows, 16-bit, dense) the LayerNorm runs as the
-    prologue of the skinny GEMM (gemm/gemv.py), one launch instead of two; otherwise it is
+    prologue of the skinny GEMM (matmul/gemv.py), one launch instead of two; otherwise it is
     F.layer_norm followed by `linear`.
     """
     import torch.nn.functional as F
