@@ -28,6 +28,7 @@ from cute_kernels.runtime import env
 from quant.nn import weight_only_eligible
 
 from . import ops
+from .adapters import adapter_for
 from .next_token import next_token, next_token_buffers, next_token_reference
 from .patch import CuteConv1D, CuteLMHead, apply_linear
 
@@ -36,26 +37,25 @@ GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
 
 
 class StaticDecoder:
-    """Greedy decoder over a GPT2LMHeadModel with a preallocated [B, H, max_len, D] cache per layer."""
+    """Greedy decoder over a causal LM (through its model adapter, adapters.py) with a
+    preallocated [B, H_kv, max_len, D] cache per layer."""
 
     def __init__(self, model, *, batch_size: int, max_len: int, cuda_graph: bool | None = None,
                  compile: bool | str = False):
         """compile: False, True (Inductor) or a torch.compile backend name; the step is compiled
         with fullgraph=True and then, on CUDA, captured in a CUDA graph like the eager one."""
-        cfg = model.config
-        if cfg.add_cross_attention:
-            raise ValueError("StaticDecoder supports decoder-only GPT-2 (no cross-attention)")
-        if max_len > cfg.n_positions:
-            raise ValueError(f"max_len {max_len} exceeds the model's {cfg.n_positions} positions")
-        self.model, self.gpt = model, model.transformer
+        self.adapter = ad = adapter_for(model)
+        if max_len > ad.max_positions:
+            raise ValueError(f"max_len {max_len} exceeds the model's {ad.max_positions} positions")
+        self.model = model
         self.batch_size, self.max_len = batch_size, max_len
-        self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-        w = self.gpt.wte.weight
+        self.n_head, self.head_dim = ad.n_heads, ad.head_dim
+        w = ad.token_embedding.weight
         dev, dt = w.device, w.dtype
-        shape = (batch_size, self.n_head, max_len, self.head_dim)
+        shape = (batch_size, ad.n_kv_heads, max_len, self.head_dim)
         # One tensor per layer (not slices of one big tensor): simpler aliasing for torch.compile.
-        self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in self.gpt.h]
-        self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in self.gpt.h]
+        self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in range(ad.n_layers)]
+        self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in range(ad.n_layers)]
         self._arange = torch.arange(max_len, device=dev)
         # Decode-step state, all on device at fixed addresses (what the CUDA graph reads/writes).
         self._tok = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
@@ -68,7 +68,7 @@ class StaticDecoder:
         # bookkeeping, the next step's embedding and attention lengths - is one launch
         # (next_token.py) writing _h and _seqlens, which the next step starts from.
         self._glue = self._flash_backend is not None and not compile and env.enabled(GLUE_ENV)
-        self._h = torch.zeros(batch_size, 1, cfg.n_embd, device=dev, dtype=dt)
+        self._h = torch.zeros(batch_size, 1, ad.hidden, device=dev, dtype=dt)
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
         self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None
         self.cuda_graph = (dev.type == "cuda" and max_len >= 3) if cuda_graph is None else cuda_graph
@@ -127,43 +127,43 @@ class StaticDecoder:
         return ops.ln_linear_kv(x2.contiguous(), ln.weight, ln.bias, float(ln.eps), w, bias, self.k[i], self.v[i],
                                 positions, backend, ws, xs).view(*x.shape[:-1], w.shape[0])
 
-    def _mlp(self, blk, h: torch.Tensor) -> torch.Tensor:
-        """h + mlp(ln_2(h)): c_fc with ln_2 in its prologue (at decode sizes), then c_proj with the residual."""
-        mlp = blk.mlp
-        return apply_linear(mlp.c_proj, mlp.act(self._ln_linear(blk.ln_2, mlp.c_fc, h)), h)
+    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
+        """h + mlp(norm(h)): mlp_in with the norm in its prologue (at decode sizes), then mlp_out
+        with the residual in its epilogue."""
+        return apply_linear(layer.mlp_out, layer.mlp_act(self._ln_linear(layer.mlp_norm, layer.mlp_in, h)), h)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]
         (None for a glued decode step, whose glue launch stored it and moved the counters on)."""
-        gpt = self.gpt
+        ad = self.adapter
         B, S = tokens.shape
         glued = decode and self._glue  # the previous step's glue left h and the lengths ready
-        h = self._h if glued else gpt.wte(tokens) + gpt.wpe(positions)
+        h = self._h if glued else ad.embed(tokens, positions)
         if glued:
             seqlens = self._seqlens
         elif decode:  # keys 0..pos are valid; everything after is stale or zero
             mask = (self._arange <= positions[-1]).view(1, 1, 1, -1)
             seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
-        for i, blk in enumerate(gpt.h):
-            attn = blk.attn
-            qkv = self._qkv_append(blk.ln_1, attn.c_attn, h, i, positions) if decode else None
+        for i, layer in enumerate(ad.layers()):
+            qkv = self._qkv_append(layer.attn_norm, layer.qkv, h, i, positions) if decode else None
             if qkv is not None:
                 q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0]
             else:
-                q, k, v = self._ln_linear(blk.ln_1, attn.c_attn, h).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+                q, k, v = self._ln_linear(layer.attn_norm, layer.qkv, h).view(B, S, 3, self.n_head,
+                                                                               self.head_dim).unbind(2)
                 self.k[i].index_copy_(2, positions, k.transpose(1, 2))
                 self.v[i].index_copy_(2, positions, v.transpose(1, 2))
             if decode and self._flash_backend is not None:  # our decode kernel on the first pos+1 keys
                 o = ops.attend_cache(q, self.k[i].transpose(1, 2), self.v[i].transpose(1, 2), seqlens,
-                                     float(attn.scaling), self._flash_backend)
+                                     layer.attn_scale, self._flash_backend)
             elif decode:  # masked SDPA over the whole buffer
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i], self.v[i], attn_mask=mask,
-                                                   scale=attn.scaling).transpose(1, 2)
+                                                   scale=layer.attn_scale).transpose(1, 2)
             else:
-                o = self._attend_prefill(q, k, v, attn.scaling)
-            h = apply_linear(attn.c_proj, o.reshape(B, S, -1), h)
-            h = self._mlp(blk, h)
-        logits = self._ln_linear(gpt.ln_f, self.model.lm_head, h[:, -1:])
+                o = self._attend_prefill(q, k, v, layer.attn_scale)
+            h = apply_linear(layer.out_proj, o.reshape(B, S, -1), h)
+            h = self._mlp(layer, h)
+        logits = self._ln_linear(ad.final_norm, ad.lm_head, h[:, -1:])
         if glued:
             self._next_token(logits[:, 0])
             return None
@@ -171,7 +171,7 @@ class StaticDecoder:
 
     def _next_token(self, logits: torch.Tensor) -> None:
         """The glue after the lm_head (next_token.py): token, counters, next h and lengths."""
-        wte, wpe = self.gpt.wte.weight, self.gpt.wpe.weight
+        wte, wpe = self.adapter.token_embedding.weight, self.adapter.position_embedding.weight
         args = (logits, wte, wpe, self._tok, self._out, self._pos, self._step, self._h, self._seqlens)
         if self._flash_backend == "cute" and logits.is_cuda:
             next_token(*args, self._glue_buffers)
@@ -181,7 +181,8 @@ class StaticDecoder:
     def _prime_glue(self, first: torch.Tensor, pos: int) -> None:
         """What the glue would have left after the prompt: h and lengths for position pos."""
         if self._glue:
-            self._h.copy_(self.gpt.wte(first) + self.gpt.wpe.weight[pos])
+            ad = self.adapter
+            self._h.copy_(ad.token_embedding(first) + ad.position_embedding.weight[pos])
             self._seqlens.fill_(pos + 1)
 
     def _decode_step(self):

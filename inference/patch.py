@@ -45,6 +45,7 @@ from transformers.masking_utils import causal_mask_function, sdpa_mask
 from transformers.models.gpt2 import modeling_gpt2 as _GPT2  # bound here: code Dynamo traces must not import
 
 from . import ops
+from .adapters import ADAPTERS
 from .models import PRECISIONS
 
 ATTENTIONS = ("sdpa", "cute")
@@ -417,8 +418,9 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
     if backend not in ops.BACKENDS:
         raise ValueError(f"backend must be one of {ops.BACKENDS}, got {backend!r}")
-    if getattr(model.config, "model_type", None) != "gpt2":
-        raise ValueError(f"patch_model supports GPT-2 models, got model_type={model.config.model_type!r}")
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in ADAPTERS:
+        raise ValueError(f"patch_model has no adapter for model_type={model_type!r}; supported: {', '.join(ADAPTERS)}")
     if backend == "cute":
         _check_cute_device(model)
         if attention == "cute":

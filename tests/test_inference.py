@@ -404,3 +404,20 @@ def test_patching_one_model_leaves_another_bit_identical(tmp_path):
         outs[mode] = torch.load(f)
     for a, b in zip(outs["plain"], outs["patch"]):
         assert torch.equal(a, b)
+
+
+def test_gpt2_adapter(model):
+    from inference import bench
+    from inference.adapters import adapter_for
+
+    ad = adapter_for(model)
+    cfg = model.config
+    assert (ad.n_layers, ad.n_heads, ad.head_dim, ad.hidden) == (cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head,
+                                                                 cfg.n_embd)
+    assert ad.matmul_params() == bench.matmul_params(cfg)
+    layers = ad.layers()
+    assert len(layers) == cfg.n_layer and layers[0].qkv is model.transformer.h[0].attn.c_attn
+    x, pos = ids(), torch.arange(ids().shape[1])
+    torch.testing.assert_close(ad.embed(x, pos), model.transformer.wte(x) + model.transformer.wpe(pos))
+    with pytest.raises(ValueError, match="no model adapter for model_type='bert'"):
+        adapter_for(type("M", (), {"config": type("C", (), {"model_type": "bert"})()})())
