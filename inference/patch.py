@@ -44,6 +44,8 @@ from torch import nn
 from transformers.masking_utils import causal_mask_function, sdpa_mask
 from transformers.models.gpt2 import modeling_gpt2 as _GPT2  # bound here: code Dynamo traces must not import
 
+from cute_kernels.activations import FROM_HF
+
 from . import ops
 from .adapters import ADAPTERS
 from .models import PRECISIONS
@@ -57,7 +59,7 @@ QUANT_SCHEMES = {
     "int8-smoothquant": "int8-smoothquant",
 }
 # transformers activation names we can run in the GEMM epilogue (exactly the same function)
-FUSABLE_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+FUSABLE_ACTIVATIONS = FROM_HF
 ATTN_NAMES = {"cute": "cute_attn", "reference": "cute_attn_ref"}
 SMOOTHQUANT_ALPHA = 0.5
 QUANT_BACKENDS = {"cute": "kernels", "reference": "reference"}  # our backend -> quant module `backend`

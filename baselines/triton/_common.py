@@ -14,7 +14,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 _INTERPRET = tl.constexpr(INTERPRET)
 
-ACTIVATIONS = (None, "none", "relu", "gelu", "gelu_tanh")
+from cute_kernels.activations import ACTIVATIONS  # noqa: E402  (the one list of epilogue activations)
 
 # int32 offsets keep the address arithmetic cheap; larger tensors are rejected up front.
 _MAX_OFFSET = 2**31 - 1

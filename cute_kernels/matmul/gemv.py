@@ -61,10 +61,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..activations import code as activation_code
 from ..runtime import env
 from ..runtime.triton_launch import TritonLaunch
-
-_ACT_CODE = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
 GEMV_ENV = "CUTE_KERNELS_GEMV"
 GEMV_MAX_M = 8
@@ -353,7 +352,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
         (x, w_nk, out, bias if bias is not None else out, residual if residual is not None else out,
          float(alpha), float(beta), M, N, K, x.stride(0), w_nk.stride(0), out.stride(0),
          residual.stride(0) if residual is not None else 0,
-         _ACT_CODE[activation or "none"], bias is not None, residual is not None,
+         activation_code(activation), bias is not None, residual is not None,
          alpha != 1.0, residual is not None and beta != 1.0, block_m, block_n, block_k,
          ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None else 16,
          w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-ACTIVATIONS = (None, "none", "relu", "gelu", "gelu_tanh")
-
-
-def apply_activation(x: torch.Tensor, activation: str | None) -> torch.Tensor:
-    if activation in (None, "none"):
-        return x
-    if activation == "relu":
-        return torch.relu(x)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(x)
-    if activation == "gelu_tanh":  # GPT-2's gelu_new
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+from ..activations import ACTIVATIONS  # noqa: F401  (public here)
+from ..activations import apply as apply_activation  # noqa: F401
 
 
 def gemm_ref(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
