@@ -41,6 +41,7 @@ import torch
 
 from cute_kernels.runtime import hardware
 
+from .adapters import adapter_for
 from .device import cute_device_problem
 from .models import RANDOM_BANNER, UserError, check_positions
 
@@ -70,14 +71,11 @@ class Result:
 # --------------------------------------------------------------------------- model arithmetic
 
 
-def matmul_params(cfg) -> int:
-    e, inner = cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd
-    return cfg.n_layer * (3 * e * e + e * e + 2 * e * inner) + cfg.vocab_size * e
-
-
-def prefill_flops(cfg, batch: int, seq: int) -> float:
-    """2 FLOPs per weight per token, plus QK^T and PV under a causal mask (half of 4*B*S^2*E per layer)."""
-    return 2.0 * batch * seq * matmul_params(cfg) + cfg.n_layer * 2.0 * batch * seq * seq * cfg.n_embd
+def prefill_flops(ad, batch: int, seq: int) -> float:
+    """2 FLOPs per matmul weight per token (ad: the model's adapter), plus QK^T and PV under a
+    causal mask (half of 4*B*S^2*H*D per layer)."""
+    qk = ad.n_heads * ad.head_dim
+    return 2.0 * batch * seq * ad.matmul_params() + ad.n_layers * 2.0 * batch * seq * seq * qk
 
 
 def weight_bytes(model) -> int:
@@ -92,8 +90,9 @@ def weight_bytes(model) -> int:
     return total
 
 
-def decode_bytes(model, cfg, batch: int, ctx: float) -> float:
-    return weight_bytes(model) + 2.0 * cfg.n_layer * batch * ctx * cfg.n_embd * 2  # k and v, bf16
+def decode_bytes(model, ad, batch: int, ctx: float) -> float:
+    """Weights once plus the valid K and V rows (16-bit) a decode step reads."""
+    return weight_bytes(model) + 2.0 * ad.n_layers * batch * ctx * ad.n_kv_heads * ad.head_dim * 2
 
 
 # --------------------------------------------------------------------------- timing and profiling
@@ -358,7 +357,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
         res.prefill_ms, res.prefill_tok_s = ms, batch * seq / ms * 1e3
         peak = hardware.current().peak_tflops("bf16" if precision == "bf16" else "8bit")
         if cuda:  # the peaks are H100's: meaningless for a CPU smoke run
-            res.mfu_pct = 100 * prefill_flops(cfg, batch, seq) / (ms * 1e-3) / (peak * 1e12)
+            res.mfu_pct = 100 * prefill_flops(adapter_for(model), batch, seq) / (ms * 1e-3) / (peak * 1e12)
         if not args.no_profile:
             res.breakdown["prefill"] = profile_breakdown(prefill, cuda=cuda)
         if backend == "tensorrt" and trt_decoder is None:
@@ -366,7 +365,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
         elif backend == "tensorrt":
             dms = _decode_ms(trt_decoder, ids, max(gen - 1, 1), cuda)
             res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
-            res.mbu_pct = 100 * decode_bytes(model, cfg, batch, seq + gen / 2) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
+            res.mbu_pct = 100 * decode_bytes(model, adapter_for(model), batch, seq + gen / 2) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
             res.note = "; ".join(n for n in ("decode: static-cache engine", trt_decoder.graph_note) if n)
         elif gen == 0:
             res.note = "prefill only (--gen-len 0)"
@@ -376,7 +375,7 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
             res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
             ctx = seq + gen / 2  # average valid context over the generation
             if cuda:
-                res.mbu_pct = 100 * decode_bytes(model, cfg, batch, ctx) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
+                res.mbu_pct = 100 * decode_bytes(model, adapter_for(model), batch, ctx) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
             if not args.no_profile and gen >= 6:  # 1 warm-up + 3 profiled steps must fit in the cache
                 dec.prefill(ids)
                 res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3, cuda=cuda)

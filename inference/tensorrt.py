@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .adapters import adapter_for
+
 OPSET = 19  # QuantizeLinear/DequantizeLinear-19 added float8e4m3fn
 QMAX = {"int8": 127.0, "fp8": 448.0}
 
@@ -87,34 +89,33 @@ class StaticCacheStep(nn.Module):
                 or getattr(cfg, "reorder_and_upcast_attn", False):
             raise ValueError("StaticCacheStep covers GPT-2's default attention only")
         self.model = model
-        self.n_head = cfg.n_head
-        self.head_dim = cfg.n_embd // cfg.n_head
-        self.scale = self.head_dim ** -0.5 if cfg.scale_attn_weights else 1.0
+        self.adapter = adapter_for(model)
+        self.n_head, self.head_dim = self.adapter.n_heads, self.adapter.head_dim
 
     def forward(self, input_ids, position, k_cache, v_cache):
-        gpt = self.model.transformer
+        ad = self.adapter
         B = input_ids.shape[0]
         H, D = self.n_head, self.head_dim
         Smax = k_cache.shape[3]
-        h = gpt.wte(input_ids) + gpt.wpe(position[:, None])  # [B, 1, E]
+        h = ad.embed(input_ids, position[:, None])  # [B, 1, E]
         valid = torch.arange(Smax, device=position.device)[None, :] < position[:, None]  # [B, Smax]
         valid = valid[:, None, None, :]  # [B, 1, 1, Smax]
         k_rows, v_rows = [], []
-        for layer, block in enumerate(gpt.h):
-            x = block.ln_1(h)
-            q, k, v = block.attn.c_attn(x).split(H * D, dim=2)
+        for i, layer in enumerate(ad.layers()):
+            x = layer.attn_norm(h)
+            q, k, v = layer.qkv(x).split(H * D, dim=2)
             q, k, v = (t.reshape(B, 1, H, D).transpose(1, 2) for t in (q, k, v))  # [B, H, 1, D]
-            s_cache = (q.float() @ k_cache[layer].float().transpose(-1, -2)) * self.scale  # [B, H, 1, Smax]
+            s_cache = (q.float() @ k_cache[i].float().transpose(-1, -2)) * layer.attn_scale  # [B, H, 1, Smax]
             s_cache = torch.where(valid, s_cache, torch.finfo(torch.float32).min)
-            s_self = (q.float() * k.float()).sum(-1, keepdim=True) * self.scale  # [B, H, 1, 1]
+            s_self = (q.float() * k.float()).sum(-1, keepdim=True) * layer.attn_scale  # [B, H, 1, 1]
             p = torch.softmax(torch.cat([s_cache, s_self], dim=-1), dim=-1)
-            o = p[..., :Smax] @ v_cache[layer].float() + p[..., Smax:] * v.float()  # [B, H, 1, D]
+            o = p[..., :Smax] @ v_cache[i].float() + p[..., Smax:] * v.float()  # [B, H, 1, D]
             o = o.to(h.dtype).transpose(1, 2).reshape(B, 1, H * D)
-            h = h + block.attn.c_proj(o)
-            h = h + block.mlp(block.ln_2(h))
+            h = h + layer.out_proj(o)
+            h = h + layer.mlp_out(layer.mlp_act(layer.mlp_in(layer.mlp_norm(h))))
             k_rows.append(k)
             v_rows.append(v)
-        logits = self.model.lm_head(gpt.ln_f(h))[:, -1].float()
+        logits = ad.lm_head(ad.final_norm(h))[:, -1].float()
         return logits, torch.stack(k_rows), torch.stack(v_rows)
 
 
@@ -139,13 +140,13 @@ def static_cache_from_past(past_key_values, max_len: int) -> tuple[torch.Tensor,
 def export_decode_onnx(model, path, *, batch: int, max_len: int) -> Path:
     """Export StaticCacheStep(model) with fixed shapes (batch, max_len) to ONNX."""
     step = StaticCacheStep(model).eval()
-    cfg = model.config
-    if not 1 <= max_len <= cfg.n_positions:
-        raise ValueError(f"max_len must be in [1, {cfg.n_positions}], got {max_len}")
+    ad = step.adapter
+    if not 1 <= max_len <= ad.max_positions:
+        raise ValueError(f"max_len must be in [1, {ad.max_positions}], got {max_len}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     p = next(model.parameters())
-    shape = (cfg.n_layer, batch, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
+    shape = (ad.n_layers, batch, ad.n_kv_heads, max_len, ad.head_dim)
     example = (torch.zeros(batch, 1, dtype=torch.long, device=p.device),
                torch.ones(batch, dtype=torch.long, device=p.device),
                torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device))

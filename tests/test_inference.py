@@ -330,8 +330,11 @@ def test_bench_helpers_on_cpu(model, tmp_path):
 
     cfg = model.config
     e, v, L = cfg.n_embd, cfg.vocab_size, cfg.n_layer
-    assert bench.matmul_params(cfg) == L * 12 * e * e + v * e
-    assert bench.prefill_flops(cfg, 2, 10) == 2 * 2 * 10 * bench.matmul_params(cfg) + L * 2 * 2 * 100 * e
+    from inference.adapters import adapter_for
+
+    ad = adapter_for(model)
+    assert ad.matmul_params() == L * 12 * e * e + v * e
+    assert bench.prefill_flops(ad, 2, 10) == 2 * 2 * 10 * ad.matmul_params() + L * 2 * 2 * 100 * e
     # tied wte/lm_head counted once, wpe left out
     n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name)
     assert bench.weight_bytes(model) == 4 * n
@@ -407,14 +410,13 @@ def test_patching_one_model_leaves_another_bit_identical(tmp_path):
 
 
 def test_gpt2_adapter(model):
-    from inference import bench
     from inference.adapters import adapter_for
 
     ad = adapter_for(model)
     cfg = model.config
     assert (ad.n_layers, ad.n_heads, ad.head_dim, ad.hidden) == (cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head,
                                                                  cfg.n_embd)
-    assert ad.matmul_params() == bench.matmul_params(cfg)
+    assert ad.matmul_params() == cfg.n_layer * 12 * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd
     layers = ad.layers()
     assert len(layers) == cfg.n_layer and layers[0].qkv is model.transformer.h[0].attn.c_attn
     x, pos = ids(), torch.arange(ids().shape[1])
