@@ -162,7 +162,14 @@ def _start_precompile(args):
     if name is None or not manifest_path(name).exists():
         return None
     stats: dict = {}
-    thread = threading.Thread(target=lambda: stats.update(ensure_manifest(name) or {}), daemon=True)
+
+    def run():
+        try:
+            stats.update(ensure_manifest(name) or {})
+        except Exception as e:  # noqa: BLE001 - the kernels then compile on first use, as without a manifest
+            stats["error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, stats
 
@@ -210,6 +217,8 @@ def run_generate(args) -> int:
         thread.join()
         if stats.get("compiled"):
             kernels_note = f"{stats['compiled']} kernels compiled in parallel ({stats['wall_s']:.1f} s)"
+        if stats.get("error"):
+            print(f"note: building the model's kernels ahead failed ({stats['error']}); they compile on first use")
         phases("kernels")
     patch_model(model, precision=args.precision, attention=args.attention, backend=args.backend,
                 calibration=calibration)
