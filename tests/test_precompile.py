@@ -107,3 +107,37 @@ def test_every_dsl_kernel_lives_where_the_disk_cache_fingerprint_looks():
     outside = [p.relative_to(root).as_posix() for pkg in ("inference", "quant", "baselines", "benchmarks")
                for p in (root / pkg).rglob("*.py") if "@cute.kernel" in p.read_text() or "KERNELS.get(" in p.read_text()]
     assert not outside, outside
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2
+    if isinstance(value, str):
+        return {"none": "relu", "vector": "scalar"}.get(value, "none")
+    raise TypeError(value)
+
+
+def test_every_gemm_config_and_epilogue_field_changes_the_compile_key():
+    """A compile-time field missing from the key lets two kernels shadow each other in every
+    cache. GemmConfig.split_k is the one runtime value: only "split or not" is compiled in."""
+    import dataclasses
+
+    from cute_kernels.matmul.api import _compile_key
+    from cute_kernels.matmul.kernel import Epilogue
+
+    cfg, epi = GemmConfig(128, 128, 1, 1, split_k=2), Epilogue()
+    base = _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi)
+    for f in dataclasses.fields(cfg):
+        if f.name == "split_k":
+            continue
+        other = dataclasses.replace(cfg, **{f.name: _changed(getattr(cfg, f.name))})
+        assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", other,
+                            epi) != base, f.name
+    for f in dataclasses.fields(epi):
+        other = dataclasses.replace(epi, **{f.name: _changed(getattr(epi, f.name))})
+        assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg,
+                            other) != base, f.name
+    unsplit = dataclasses.replace(cfg, split_k=1)
+    assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", unsplit, epi) != base
