@@ -141,3 +141,36 @@ def test_every_gemm_config_and_epilogue_field_changes_the_compile_key():
                             other) != base, f.name
     unsplit = dataclasses.replace(cfg, split_k=1)
     assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", unsplit, epi) != base
+
+
+def _recipe_id(rec):
+    return (rec.func, rec.args, tuple(sorted(rec.keywords.items())))
+
+
+def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(monkeypatch):
+    """Whatever the host code varies, two different compile recipes must not get one key (they
+    would shadow each other in every cache). Recorded without compiling anything."""
+    import itertools
+
+    from cute_kernels.attention import api as attn
+    from cute_kernels.matmul import gemv
+    from cute_kernels.runtime import cache
+
+    seen: dict = {}
+
+    def record(key, recipe):
+        prev = seen.setdefault(key, _recipe_id(recipe))
+        assert prev == _recipe_id(recipe), f"two builds share {key}"
+        return object()
+
+    monkeypatch.setattr(cache.KERNELS, "get", record)
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    for w_dt, (N, K), act, bias, res, alpha, ln, kv, pf in itertools.product(
+            (bf16, fp8), ((2304, 768), (3072, 768), (768, 3072), (50257, 1600)), (None, "gelu_tanh"), (False, True),
+            (False, True), (False, True), (False, True), (None, (torch.bfloat16,)), (False, True)):
+        gemv._gemv_sm90_kernel(torch.bfloat16, w_dt, torch.bfloat16, N, K, act, bias, res, alpha, False, ln, kv, pf)
+    monkeypatch.setattr(attn, "_FAST", {})
+    for dt, D, causal, lk, lq, split, wg in itertools.product(
+            (bf16, torch.float16), attn.HEAD_DIMS, (False, True), (False, True), (False, True), (False, True), (2, 3)):
+        attn._kernel(dt, D, causal, lk, lq, split, wg)
+    assert len(seen) > 100
