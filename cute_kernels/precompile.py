@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .runtime import recipe as _recipe
-from .runtime.cache import CompileKey, build_to_disk, object_path
+from .runtime.cache import CompileKey, build_to_disk, cache_dir, object_path
 from .runtime.manifest import _key_from_json, _key_json, load_manifest, save_manifest  # noqa: F401  (public here)
 
 MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
@@ -90,7 +90,7 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
 def ensure_manifest(name: str, jobs: int | None = None) -> dict | None:
     """Replay the shipped manifest `name` if there is one (None otherwise)."""
     path = manifest_path(name)
-    if not path.exists() or object_path(CompileKey("probe", (), (), (), ())) is None:
+    if not path.exists() or cache_dir() is None:
         return None
     return precompile(load_manifest(path), jobs)
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     if not path.exists():
         print(f"error: no manifest {path} (shipped: {', '.join(available_manifests()) or 'none'})", file=sys.stderr)
         return 2
-    if object_path(CompileKey("probe", (), (), (), ())) is None:
+    if cache_dir() is None:
         print("error: the disk cache is off (CUTE_KERNELS_DISK_CACHE=0): nothing to precompile into", file=sys.stderr)
         return 2
     entries = load_manifest(path)

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, hardware, num_sms
+from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, env, hardware, num_sms
 from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
 from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
 from .reference import append_kv, flash_attn_ref  # noqa: F401  (public here)
@@ -302,9 +302,9 @@ MAX_CLUSTER_CTAS_WIDE = 96
 # merge in global memory (A/B runs).
 def decode_cluster_merge() -> bool:
     """Whether split decode attention may merge inside a cluster (CUTE_KERNELS_DECODE_CLUSTER)."""
-    from ..runtime import env
-
     return env.enabled("CUTE_KERNELS_DECODE_CLUSTER")
+
+
 # Cluster-merged splits: each reads at least MIN_CLUSTER_SPLIT_WORK, and a CTA splits only
 # when its whole range is at least MIN_CLUSTER_SPLIT_TOTAL. Standalone (H100), 25 heads at
 # 448 keys (112 KB) in 4 splits won (4.1 vs 4.6 us), 192 keys (48 KB) lost in 2, 3 or 4; in
