@@ -22,8 +22,7 @@ import re
 import torch
 
 from cute_kernels.matmul.api import _alloc_out, _pick_config, run_gemm
-from cute_kernels.matmul.config import CANDIDATES, GemmConfig
-from cute_kernels.matmul.kernel import Epilogue
+from cute_kernels.matmul.config import CANDIDATES, Epilogue, GemmConfig
 
 from .common import require_hopper, rotation_count, time_ms
 from .gemm import SUITE

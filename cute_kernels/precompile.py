@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .runtime import recipe as _recipe
 from .runtime.cache import CompileKey, build_to_disk, cache_dir, object_path
-from .runtime.manifest import _key_from_json, _key_json, load_manifest, save_manifest  # noqa: F401  (public here)
+from .runtime.manifest import load_manifest, save_manifest  # noqa: F401  (public here)
 
 MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
 
@@ -41,7 +41,7 @@ def available_manifests() -> list[str]:
 def _build(entry: dict, directory: str) -> tuple[str, str, float]:
     """Worker process: compile one manifest entry into the disk cache at `directory`."""
     t0 = time.perf_counter()
-    key = _key_from_json(entry["key"])
+    key = CompileKey.of(entry["kernel"], entry["recipe"])
     status = build_to_disk(key, _recipe.from_json(entry["recipe"]), Path(directory))
     return key.kernel, status, time.perf_counter() - t0
 
@@ -69,7 +69,7 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
 
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     t0 = time.perf_counter()
-    payload = [{"key": _key_json(k), "recipe": _recipe.to_json(r)} for k, r in todo]
+    payload = [{"kernel": k.kernel, "recipe": r if isinstance(r, dict) else _recipe.to_json(r)} for k, r in todo]
     # spawn, not fork: the parent may hold a CUDA context, which a forked child must not touch.
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         directory = str(object_path(todo[0][0]).parent)
@@ -92,7 +92,8 @@ def ensure_manifest(name: str, jobs: int | None = None) -> dict | None:
     path = manifest_path(name)
     if not path.exists() or cache_dir() is None:
         return None
-    return precompile(load_manifest(path), jobs)
+    # Unresolved recipes: this process only checks the disk cache; the workers import the kernels.
+    return precompile(load_manifest(path, resolve=False), jobs)
 
 
 def main(argv=None) -> int:

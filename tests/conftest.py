@@ -43,3 +43,55 @@ def skip_if_interpreter_numpy_error(output: str) -> None:
     if INTERPRETER_NUMPY_ERROR in output:
         pytest.skip(f"Triton {triton.__version__}'s interpreter cannot run on NumPy {numpy.__version__} "
                     "(int() of a 1-element array); the compiled kernels are checked on the GPU")
+
+
+class RecordedBuilds(dict):
+    """{CompileKey: recipe} of every kernel asked for; `last` is the latest key."""
+
+    last = None
+
+
+@pytest.fixture
+def recorded_builds(monkeypatch):
+    """KERNELS with nothing compiled: every kernel the host code asks for is recorded and
+    answered with a placeholder. The front dict is emptied on every ask (so each one reaches
+    the recorder) and restored afterwards, so no placeholder outlives the test."""
+    from cute_kernels.runtime import KERNELS
+
+    seen = RecordedBuilds()
+
+    def record(key, recipe):
+        seen.setdefault(key, recipe)
+        seen.last = key
+        KERNELS._fast.clear()
+        return object()
+
+    monkeypatch.setattr(KERNELS, "_fast", {})
+    monkeypatch.setattr(KERNELS, "get", record)
+    return seen
+
+
+@pytest.fixture
+def gemm_keys(recorded_builds):
+    """The CompileKey that matmul.api.get_kernel uses for (cfg, epilogue), nothing compiled."""
+    import torch
+
+    from cute_kernels.matmul.api import get_kernel
+    from cute_kernels.matmul.config import Epilogue
+
+    def key(cfg, epi=None, c_dt=torch.float32):
+        get_kernel("gemm_sm90", torch.bfloat16, torch.bfloat16, c_dt, "k", "k", cfg, epi or Epilogue())
+        return recorded_builds.last
+
+    return key
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory_between_tests(request):
+    # Under pytest-xdist several workers share one GPU: cached blocks one test leaves behind
+    # must not starve the next test of another worker.
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER") and "gpu" in request.keywords:
+        import torch
+
+        torch.cuda.empty_cache()

@@ -14,12 +14,12 @@ from cute_kernels.matmul.config import (
     CANDIDATES,
     H100_SMS,
     MIN_SPLIT_K_TILES,
+    Epilogue,
     GemmConfig,
     default_config,
     split_config,
     splitk_k_tiles,
 )
-from cute_kernels.matmul.kernel import Epilogue
 from cute_kernels.matmul.reference import linear_ref
 from tests.ptx_check import assert_ptxas_no_spills
 
@@ -425,7 +425,7 @@ def _triton_ptx_sm90(kernel, sig: dict, const: dict, **options) -> str:
 
 _GEMV_SCRIPT = r"""
 import torch
-from cute_kernels.matmul.kernel import Epilogue
+from cute_kernels.matmul.config import Epilogue
 from cute_kernels.matmul.gemv import GemvLaunch
 from cute_kernels.matmul.reference import linear_ref
 
@@ -572,15 +572,6 @@ def test_gemv_launch_arguments_by_name(monkeypatch):
     assert p["col_scale_ptr"] is ws and p["COL_SCALE"] == 2 and p["xs_ptr"] is None
     assert p["KV"] is True and p["k_cache_ptr"] is kc and p["v_cache_ptr"] is vc and p["pos_ptr"] is pos
     assert (p["pos_stride"], p["kv_c"], p["kv_sb"], p["kv_sh"], p["kv_ss"], p["KV_D"]) == (1, 32, 256, 128, 16, 16)
-    assert p["PF"] is False and p["pf_ptr"] is None
-    target = torch.zeros(1000, dtype=torch.bfloat16)
-    gemv.set_l2_prefetch(wq, target)
-    try:
-        gemv.skinny_gemm(x, wq, w_scale=ws)
-    finally:
-        gemv.set_l2_prefetch(wq, None)
-    p = dict(zip(names, seen[-1][1]))
-    assert p["PF"] is True and p["pf_bytes"] == 2000 and p["pf_ptr"].data_ptr() == target.data_ptr()
 
 
 def test_gemv_routing(monkeypatch):
@@ -612,19 +603,18 @@ def test_gemv_triton_compiles_for_sm90(block_m, block_n):
            "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
            "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32",
            "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i32", "pos_stride": "i32", "kv_c": "i32",
-           "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32", "pf_ptr": "*u8", "pf_bytes": "i32"}
+           "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32"}
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True,
-                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2, PF=True)  # every option
+                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2)  # every option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
-    # PDL: the first weight tile is loaded (and the L2 prefetch hint issued) before the wait,
+    # PDL: the first weight tile is loaded before the wait,
     # nothing is stored before it, and the next kernel may launch before it too (the decode
     # chain runs ahead).
     i_wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert "ld.global" in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
-    assert "prefetch.global.L2" in ptx[:i_wait]
 
 
 def test_layernorm_linear_validates():
@@ -657,8 +647,8 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
     mma.sync, ldmatrix, programmatic dependent launch, no spills."""
     import glob
 
+    from cute_kernels.matmul.config import Epilogue
     from cute_kernels.matmul.gemv import _compile_gemv_sm90, gemv_sm90_config
-    from cute_kernels.matmul.kernel import Epilogue
 
     cfg = gemv_sm90_config(4800, 1600, ln)
     _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(**epi), ln, (torch.bfloat16, torch.int64) if kv else None,
@@ -672,48 +662,14 @@ def test_gemv_sm90_compiles(tmp_path, epi, ln, kv):
 
 
 @pytest.mark.compile
-def test_gemv_sm90_l2_prefetch_compiles(tmp_path):
-    """With an L2 prefetch target (gemv.set_l2_prefetch) the one-row GEMV issues
-    cp.async.bulk.prefetch.L2 before its PDL wait; no spills."""
-    import glob
-
-    from cute_kernels.matmul.gemv import _compile_gemv_sm90, gemv_sm90_config
-    from cute_kernels.matmul.kernel import Epilogue
-
-    cfg = gemv_sm90_config(1600, 1600, False)
-    _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(bias=True, residual=True), False, None, cfg,
-                       keep_dir=str(tmp_path), prefetch=True)
-    path = glob.glob(str(tmp_path / "*.ptx"))[0]
-    ptx = open(path).read()
-    assert 0 <= ptx.find("cp.async.bulk.prefetch.L2.global") < ptx.find("griddepcontrol.wait")
-    assert_ptxas_no_spills(path)
-
-
-def test_set_l2_prefetch_registry():
-    from cute_kernels.matmul import gemv
-
-    w, target = torch.zeros(8, 16), torch.zeros(4, 32)
-    try:
-        gemv.set_l2_prefetch(w.t(), target)  # keyed by the data pointer: views of w share it
-        assert gemv._L2_PREFETCH[w.data_ptr()].dtype == torch.uint8
-        assert gemv._L2_PREFETCH[w.data_ptr()].numel() == target.numel() * 4
-        with pytest.raises(ValueError, match="contiguous"):
-            gemv.set_l2_prefetch(w, target.t())
-        gemv.set_l2_prefetch(w, None)
-        assert w.data_ptr() not in gemv._L2_PREFETCH
-    finally:
-        gemv._L2_PREFETCH.pop(w.data_ptr(), None)
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
 def test_gemv_sm90_8bit_compiles(tmp_path, wdt):
     """The 8-bit weight-only one-row GEMV (c_attn with LayerNorm and KV append): bulk copies,
     the f16 mma.sync, the e4m3 hardware conversion or the int8 byte-permute conversion, no spills."""
     import glob
 
+    from cute_kernels.matmul.config import Epilogue
     from cute_kernels.matmul.gemv import _compile_gemv_sm90, gemv_sm90_config
-    from cute_kernels.matmul.kernel import Epilogue
 
     cfg = gemv_sm90_config(4800, 1600, True, wbytes=1)
     _compile_gemv_sm90(torch.bfloat16, torch.bfloat16, Epilogue(bias=True, col_scale="vector"), True,

@@ -12,13 +12,13 @@ from cute_kernels.matmul.config import GemmConfig
 
 
 def _gemm_entry(tile=(64, 64)):
-    from cute_kernels.matmul.api import _compile, _compile_key
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.config import Epilogue
+    from cute_kernels.runtime import CompileKey
 
     cfg, epi = GemmConfig(*tile, 1, 1, pingpong=True), Epilogue(activation="gelu_tanh", bias=True)
-    key = _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi)
-    return key, functools.partial(_compile, torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi,
-                                  "Float32")
+    rec = functools.partial(_compile, torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi, "Float32")
+    return CompileKey.of("gemm_sm90", rec), rec
 
 
 def test_recipe_json_round_trip():
@@ -38,7 +38,8 @@ def test_manifest_merge_and_stale_entries(tmp_path, capsys):
     a, b = _gemm_entry((64, 64)), _gemm_entry((128, 128))
     assert save_manifest(path, [a]) == 1
     assert save_manifest(path, [a, b]) == 2  # merged, no duplicates
-    assert [k for k, _ in load_manifest(path)] == sorted([a[0], b[0]], key=lambda k: json.dumps(k.tile))
+    assert sorted(k.digest() for k, _ in load_manifest(path)) == sorted(k.digest() for k in (a[0], b[0]))
+    assert [k for k, _ in load_manifest(path, resolve=False)] == [k for k, _ in load_manifest(path)]
     data = json.loads(path.read_text())
     data["kernels"][0]["recipe"]["fn"] = "cute_kernels.matmul.api:no_such_function"
     path.write_text(json.dumps(data))
@@ -95,7 +96,7 @@ def test_record_writes_the_kernels_a_process_used(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     (entry,) = json.loads((tmp_path / "rec.json").read_text())["kernels"]
-    assert entry["key"]["kernel"] == "gemm_sm90" and entry["recipe"]["fn"] == "cute_kernels.matmul.api:_compile"
+    assert entry["kernel"] == "gemm_sm90" and entry["recipe"]["fn"] == "cute_kernels.matmul.api:_compile"
 
 
 def test_every_dsl_kernel_lives_where_the_disk_cache_fingerprint_looks():
@@ -119,58 +120,65 @@ def _changed(value):
     raise TypeError(value)
 
 
-def test_every_gemm_config_and_epilogue_field_changes_the_compile_key():
+def test_every_gemm_config_and_epilogue_field_changes_the_compile_key(gemm_keys):
     """A compile-time field missing from the key lets two kernels shadow each other in every
     cache. GemmConfig.split_k is the one runtime value: only "split or not" is compiled in."""
     import dataclasses
 
-    from cute_kernels.matmul.api import _compile_key
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     cfg, epi = GemmConfig(128, 128, 1, 1, split_k=2), Epilogue()
-    base = _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, epi)
+    base = gemm_keys(cfg, epi)
     for f in dataclasses.fields(cfg):
         if f.name == "split_k":
             continue
-        other = dataclasses.replace(cfg, **{f.name: _changed(getattr(cfg, f.name))})
-        assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", other,
-                            epi) != base, f.name
+        assert gemm_keys(dataclasses.replace(cfg, **{f.name: _changed(getattr(cfg, f.name))}), epi) != base, f.name
     for f in dataclasses.fields(epi):
-        other = dataclasses.replace(epi, **{f.name: _changed(getattr(epi, f.name))})
-        assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg,
-                            other) != base, f.name
-    unsplit = dataclasses.replace(cfg, split_k=1)
-    assert _compile_key("gemm_sm90", torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", unsplit, epi) != base
+        assert gemm_keys(cfg, dataclasses.replace(epi, **{f.name: _changed(getattr(epi, f.name))})) != base, f.name
+    assert gemm_keys(dataclasses.replace(cfg, split_k=1), epi) != base
+    assert gemm_keys(dataclasses.replace(cfg, split_k=7), epi) == base
 
 
-def _recipe_id(rec):
-    return (rec.func, rec.args, tuple(sorted(rec.keywords.items())))
+def test_compile_key_is_the_recipe():
+    """The key is derived from the compile function and every argument: equal recipes give
+    one key (also through JSON), any changed argument another."""
+    from cute_kernels.runtime import CompileKey, recipe
+
+    key, rec = _gemm_entry()
+    assert CompileKey.of("gemm_sm90", recipe.to_json(rec)) == key
+    assert CompileKey.of("gemm_sm90", recipe.from_json(json.loads(json.dumps(recipe.to_json(rec))))) == key
+    other = functools.partial(rec.func, *rec.args[:-1], "Int32")
+    assert CompileKey.of("gemm_sm90", other) != key and CompileKey.of("gemm_other", rec) != key
 
 
-def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(monkeypatch):
+def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(recorded_builds, monkeypatch):
     """Whatever the host code varies, two different compile recipes must not get one key (they
     would shadow each other in every cache). Recorded without compiling anything."""
     import itertools
 
     from cute_kernels.attention import api as attn
     from cute_kernels.matmul import gemv
-    from cute_kernels.runtime import cache
 
-    seen: dict = {}
-
-    def record(key, recipe):
-        prev = seen.setdefault(key, _recipe_id(recipe))
-        assert prev == _recipe_id(recipe), f"two builds share {key}"
-        return object()
-
-    monkeypatch.setattr(cache.KERNELS, "get", record)
     bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
-    for w_dt, (N, K), act, bias, res, alpha, ln, kv, pf in itertools.product(
+    seen: dict = {}
+    monkeypatch.setattr(attn, "_FAST", {})  # its placeholders must not outlive the test
+
+    def check():
+        rid = _recipe_id(recorded_builds[recorded_builds.last])
+        assert seen.setdefault(recorded_builds.last, rid) == rid, f"two builds share {recorded_builds.last}"
+
+    for w_dt, (N, K), act, bias, res, alpha, ln, kv in itertools.product(
             (bf16, fp8), ((2304, 768), (3072, 768), (768, 3072), (50257, 1600)), (None, "gelu_tanh"), (False, True),
-            (False, True), (False, True), (False, True), (None, (torch.bfloat16,)), (False, True)):
-        gemv._gemv_sm90_kernel(torch.bfloat16, w_dt, torch.bfloat16, N, K, act, bias, res, alpha, False, ln, kv, pf)
-    monkeypatch.setattr(attn, "_FAST", {})
+            (False, True), (False, True), (False, True), (None, (torch.bfloat16,))):
+        gemv._gemv_sm90_kernel(torch.bfloat16, w_dt, torch.bfloat16, N, K, act, bias, res, alpha, False, ln, kv)
+        check()
     for dt, D, causal, lk, lq, split, wg in itertools.product(
             (bf16, torch.float16), attn.HEAD_DIMS, (False, True), (False, True), (False, True), (False, True), (2, 3)):
+        attn._FAST.clear()
         attn._kernel(dt, D, causal, lk, lq, split, wg)
+        check()
     assert len(seen) > 100
+
+
+def _recipe_id(rec):
+    return (rec.func, rec.args, tuple(sorted(rec.keywords.items())))

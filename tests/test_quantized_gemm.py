@@ -35,7 +35,7 @@ CASES = [
 @pytest.mark.parametrize("cfg,epi,in_dt,out_dt,acc", CASES, ids=["fp8-e4m3-rowcol-bias", "fp8-e5m2-tensor-pp", "int8-raw", "int8-dequant", "fp8-promoted", "fp8-pp-rowcol-bias-gelu", "fp8-160-rowcol-bias-residual", "fp8-blockwise-bias-gelu-residual", "fp8-blockwise-64", "fp8-blockwise-64-split"])
 def test_8bit_compiles_for_sm90a(tmp_path, cfg, epi, in_dt, out_dt, acc):
     from cute_kernels.matmul.api import _compile
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     _compile(in_dt, in_dt, out_dt, "k", "k", cfg, Epilogue(**epi), acc, keep_dir=str(tmp_path))
     ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
@@ -60,7 +60,7 @@ SPLIT_CASES = [
 def test_8bit_split_k_compiles_for_sm90a(tmp_path, cfg, in_dt, ws_dt, acc):
     """Split-K for 8-bit inputs (used when a config asks for it): int32 / fp32 partials and outputs."""
     from cute_kernels.matmul.api import _compile
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     _compile(in_dt, in_dt, ws_dt, "k", "k", cfg, Epilogue(), acc, keep_dir=str(tmp_path))
     with open(glob.glob(str(tmp_path / "*.ptx"))[0]) as f:
@@ -313,7 +313,7 @@ def test_scaled_mm_blockwise_edge_cases():
 @pytest.mark.parametrize("shape", [(1, 1600, 6400), (17, 768, 768), (300, 520, 1024)])
 def test_int8_forced_split_k_bit_exact(split, shape):
     from cute_kernels.matmul.api import run_gemm
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     M, N, K = shape
     a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
@@ -332,7 +332,7 @@ def test_int8_forced_split_k_bit_exact(split, shape):
 def test_fp8_forced_split_k(promote, shape):
     import cute_kernels as ck
     from cute_kernels.matmul.api import _alloc_out, run_gemm
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     M, N, K = shape
     a, sa = _quant_fp8(torch.randn(M, K, device="cuda"), 1)
@@ -359,7 +359,7 @@ def test_int8_raw_every_config_bit_exact(cfg):
     """The per-warp 32-bit TMA epilogue under every tile shape (ragged M and N edges)."""
     import cute_kernels as ck
     from cute_kernels.matmul.api import run_gemm
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     M, N, K = 333, 1000, 384
     a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
@@ -375,7 +375,7 @@ def test_int8_raw_every_config_bit_exact(cfg):
 def test_fp32_output_fused_epilogue_every_config(cfg):
     """fp32 output with bias, gelu_tanh and a residual, under every tile shape."""
     from cute_kernels.matmul.api import run_gemm
-    from cute_kernels.matmul.kernel import Epilogue
+    from cute_kernels.matmul.config import Epilogue
 
     M, N, K = 333, 1000, 384
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

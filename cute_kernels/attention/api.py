@@ -7,11 +7,12 @@ key/query lengths, head dim) from the compile cache, launch on the current strea
 from __future__ import annotations
 
 import functools
+import json
 
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, env, hardware, num_sms
-from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
+from ..runtime.dtypes import SIXTEEN_BIT
 from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
 from .reference import append_kv, flash_attn_ref  # noqa: F401  (public here)
 
@@ -402,13 +403,10 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     fn = _FAST_DECODE.get(fast)
     if fn is None:
         cfg = DECODE_MMA_CONFIG if mma else decode_config(D, variant)
-        key = CompileKey("flash_decode_mma_sm90" if mma else "flash_decode_sm90", (dtype_name(q.dtype),), ("bshd",),
-                         (heads, D), (cluster, 1), epilogue=(("split", split), ("seqlens_k", lens), ("key_mask", masked),
-                                                      ("early_trigger", early_trigger)),
-                         extra=(D, *sorted(cfg.items())))
-        fn = _FAST_DECODE[fast] = KERNELS.get(key, functools.partial(
-            _compile_decode, q.dtype, D, heads, split, lens, masked=masked, mma=mma, cluster=cluster,
-            cfg=None if mma else cfg, early_trigger=early_trigger))
+        rec = functools.partial(_compile_decode, q.dtype, D, heads, split, lens, masked=masked, mma=mma,
+                                cluster=cluster, cfg=None if mma else cfg, early_trigger=early_trigger)
+        name = "flash_decode_mma_sm90" if mma else "flash_decode_sm90"
+        fn = _FAST_DECODE[fast] = KERNELS.get(_key(name, rec, cfg), rec)
     scale = softmax_scale_log2(D, softmax_scale)
     if cluster > 1:  # partials merge in rank 0's shared memory: no buffers, no counters
         fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, splits)
@@ -425,19 +423,21 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
 _FAST: dict = {}
 
 
+def _key(name: str, rec, tables) -> CompileKey:
+    # The module tables that the compile functions read join the recipe in the key.
+    return CompileKey(name, json.dumps([CompileKey.of(name, rec).recipe, repr(tables)]))
+
+
 def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: bool, wg: int = 2):
     # A flat-tuple front cache (as matmul/api.py has): building and hashing a CompileKey
     # on every call costs microseconds of host time.
     fast = (dtype, D, causal, lens_k, lens_q, split_kv, wg)
     fn = _FAST.get(fast)
     if fn is None:
-        key = CompileKey("flash_fwd_sm90", (dtype_name(dtype),), ("bshd",), (128, 128), (1, 1),
-                         epilogue=(("causal", causal), ("seqlens_k", lens_k), ("seqlens_q", lens_q),
-                                   ("split_kv", split_kv)), extra=(D, pingpong_for(D, wg), "persistent", wg,
-                                                                     EXPS_BEFORE_PV_WAIT.get(D),
-                                                                     tuple(sorted(SCHEDULE.get(D, {}).items()))))
-        fn = _FAST[fast] = KERNELS.get(key, functools.partial(_compile, dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q,
-                                                               split_kv=split_kv, num_mma_wg=wg))
+        rec = functools.partial(_compile, dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q, split_kv=split_kv,
+                                num_mma_wg=wg)
+        fn = _FAST[fast] = KERNELS.get(_key("flash_fwd_sm90", rec, (pingpong_for(D, wg), EXPS_BEFORE_PV_WAIT.get(D),
+                                                                   sorted(SCHEDULE.get(D, {}).items()))), rec)
     return fn
 
 
@@ -536,8 +536,7 @@ def append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new) -> torch.Tens
     D = k_new.shape[3]
     fn = _FAST_APPEND.get((k_new.dtype, D))
     if fn is None:
-        key = CompileKey("append_kv_sm90", (dtype_name(k_new.dtype),), ("bshd",), (D,), (1, 1))
-        fn = _FAST_APPEND[(k_new.dtype, D)] = KERNELS.get(key, functools.partial(_compile_append, k_new.dtype, D))
+        fn = _FAST_APPEND[(k_new.dtype, D)] = KERNELS.compiled("append_kv_sm90", _compile_append, k_new.dtype, D)
     lens_out = torch.empty_like(cache_seqlens)
     fn(k_cache, v_cache, k_new, v_new, cache_seqlens.contiguous(), lens_out)
     return lens_out

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, env
-from ..runtime.dtypes import SIXTEEN_BIT, dtype_name
+from ..runtime import KERNELS, TARGET_ARCH, check_device, env
+from ..runtime.dtypes import SIXTEEN_BIT
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
@@ -36,19 +36,6 @@ def _tma_ok(t: torch.Tensor, major: str) -> bool:
         return False
     lead = t.stride(0) if major == "k" else t.stride(1)
     return (lead * es) % 16 == 0 and lead >= 1
-
-
-def _compile_key(kernel, a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name="Float32",
-                 b_kn=False) -> CompileKey:
-    return CompileKey(
-        kernel=kernel,
-        dtypes=(dtype_name(a_dt), dtype_name(b_dt), dtype_name(c_dt)),
-        majors=(a_major, b_major, "n"),
-        tile=cfg.tile_mn,
-        cluster=cfg.cluster_mn,
-        epilogue=tuple(sorted(vars(epi).items())),
-        extra=(cfg.group, cfg.raster_m, cfg.pingpong, cfg.promote, acc_name, cfg.split_k > 1) + (("b_kn",) if b_kn else ()),
-    )
 
 
 def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name: str, keep_dir: str | None = None,
@@ -111,19 +98,16 @@ def epi_bias_dtype(c_dt: torch.dtype) -> torch.dtype:
     return torch.float32 if c_dt in (torch.float32, torch.int32) else c_dt
 
 
-_FAST: dict = {}
-
-
 def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32", b_kn=False):
-    # A flat-tuple front cache: building and hashing a CompileKey costs microseconds.
-    fast = (kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn)
-    fn = _FAST.get(fast)
-    if fn is None:
-        key = _compile_key(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn)
-        fn = KERNELS.get(key, functools.partial(_compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name,
-                                                    b_kn=b_kn))
-        _FAST[fast] = fn
-    return fn
+    if cfg.split_k > 2:
+        cfg = _compiled_split(cfg)
+    return KERNELS.compiled(kernel_name, _compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn=b_kn)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_split(cfg: GemmConfig) -> GemmConfig:
+    # The split count is a runtime value: every split-K config compiles as split_k = 2.
+    return dataclasses.replace(cfg, split_k=2)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -352,7 +336,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
 
 
 def _gemm_slow(a, b, out_dtype, out, plan_key):
-    from .kernel import Epilogue
+    from .config import Epilogue
 
     _check_16bit_operands(a, b, "a", "b")
     if a.dim() != 2 or b.dim() != 2:
@@ -489,7 +473,7 @@ def layernorm_linear_ref(x, ln_weight, ln_bias, weight, bias=None, *, eps=1e-5, 
 
 
 def _linear_slow(x, weight, bias, activation, residual, alpha, beta, plan_key):
-    from .kernel import Epilogue
+    from .config import Epilogue
 
     _check_16bit_operands(x, weight, "x", "weight")
     if weight.dim() != 2:

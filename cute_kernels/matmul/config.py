@@ -355,3 +355,48 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
                 cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn))
                 best, best_us = GemmConfig(tm, tn, cm, cn, pingpong=pp, split_k=s), us
     return best
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Compile-time description of the fused epilogue."""
+
+    activation: str = "none"  # none | relu | gelu | gelu_tanh
+    row_scale: str = "none"  # none | scalar | vector | block  (per-row of A: per token)
+    col_scale: str = "none"  # none | scalar | vector | block  (per-column of B: per channel)
+    bias: bool = False
+    residual: bool = False
+    alpha: bool = False  # multiply by the runtime scalar alpha
+    beta: bool = False  # multiply the residual by the runtime scalar beta
+
+    @property
+    def is_identity(self) -> bool:
+        return self == Epilogue()
+
+    @property
+    def block_scaled(self) -> bool:
+        """DeepSeek-V3-style block scales: row_scale "block" is A's [M, K/128] (1 x 128
+        groups), col_scale "block" is B's [N/128, K/128] (128 x 128 blocks). They apply
+        per k-tile inside the promoted main loop, not in the epilogue."""
+        return self.row_scale == "block"
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Static shape of one compiled GEMV: weight rows per CTA (a multiple of 8, the MMA's
+    n), the longest K it takes (shared-memory rows are k_max + 8 elements apart), warps."""
+
+    rows: int = 16
+    k_max: int = 2048
+    warps: int = 4
+    wbytes: int = 2  # weight element bytes: 2 (bf16/fp16) or 1 (fp8 e4m3 / int8, weight-only)
+
+    @property
+    def row_stride(self) -> int:
+        # 16 bytes of padding per row (in elements): the 8 rows one k-step reads start in 8
+        # different bank groups (k_max is a multiple of 64).
+        return self.k_max + 16 // self.wbytes
+
+    def smem_bytes(self, ln: bool) -> int:
+        return self.wbytes * self.rows * self.row_stride + 2 * (3 if ln else 1) * self.k_max + 8 * (self.rows + 1) \
+            + 4 * self.warps * self.rows + 512

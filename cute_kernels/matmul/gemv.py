@@ -54,7 +54,6 @@ comparison). In the GPT-2 XL decode step (48 layers x 4 GEMVs in one CUDA graph)
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 
 import torch
@@ -164,7 +163,6 @@ def _gemv_kernel(
     PDL: tl.constexpr = False, FIRST_STEPS: tl.constexpr = 1,
     KV: tl.constexpr = False, k_cache_ptr=None, v_cache_ptr=None, pos_ptr=None, pos_stride=0,
     kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64,
-    PF: tl.constexpr = False, pf_ptr=None, pf_bytes=0,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -179,15 +177,6 @@ def _gemv_kernel(
     w0 = tl.load(w_ptrs, mask=(ks < K)[:, None] & cmask[None, :], other=0.0)
     if FIRST_STEPS == 2:
         w1 = tl.load(w_ptrs + BLOCK_K, mask=((BLOCK_K + ks) < K)[:, None] & cmask[None, :], other=0.0)
-    if PF:
-        # L2 prefetch hint (set_l2_prefetch): this program's share of pf_ptr's bytes, one
-        # prefetch.global.L2 per 128-byte line, issued before the wait like the w0/w1 loads.
-        share = ((pf_bytes + tl.num_programs(0) - 1) // tl.num_programs(0) + 127) // 128 * 128
-        lines = tl.arange(0, PF_LINES) * 128
-        for off in range(0, share, PF_LINES * 128):
-            o = tl.minimum(pid.to(tl.int64) * share + off + lines, pf_bytes - 1)  # past the end: re-hint the last line
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [pf_ptr + o],
-                                      dtype=tl.int32, is_pure=False, pack=1)
     if PDL:
         # Programmatic dependent launch: this grid may be resident before the previous
         # kernel has finished. Nothing before gdc_wait may read what an earlier kernel
@@ -248,8 +237,6 @@ def _gemv_kernel(
         tl.store(v_cache_ptr + off, yk, mask=live & (part == 2)[None, :])
 
 
-# 128-byte lines per L2 prefetch step of the skinny kernel (one per thread at 4 warps).
-PF_LINES = tl.constexpr(128)
 
 # K steps of weights (1 or 2) loaded before the PDL wait. Same-run A/B on the H100: 2 took
 # the GPT-2 XL decode step from 1.84 to 1.81 ms; one tile of the whole row (up to 16 steps)
@@ -338,8 +325,6 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
     kv_args = (False, None, None, None, 0, 1, 0, 0, 0, 64)
-    pf = _L2_PREFETCH.get(w_nk.data_ptr()) if _L2_PREFETCH else None
-    pf_args = (False, None, 0) if pf is None else (True, pf, pf.numel())
     if kv is not None:
         k_cache, v_cache, pos = kv
         _check_kv(k_cache, v_cache, pos, M, N)
@@ -356,7 +341,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
          alpha != 1.0, residual is not None and beta != 1.0, block_m, block_n, block_k,
          ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None else 16,
          w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,
-         pdl, FIRST_STEPS if K > block_k else 1, *kv_args, *pf_args),
+         pdl, FIRST_STEPS if K > block_k else 1, *kv_args),
         num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
@@ -502,56 +487,31 @@ def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None, w
     several CTAs per SM, of this GEMV and of the next one (whose copies then start while
     this one finishes); at least one CTA per SM where N allows. Rows come in multiples of 8
     (the MMA's n) and k_max in multiples of 64, so a handful of variants serve all shapes."""
-    from .config import H100_SMS
-    from .gemv_kernel import GemvConfig
+    from .config import H100_SMS, GemvConfig
 
     rows = round((slice_bytes or GEMV_SLICE_BYTES) / (wbytes * K) / 8) * 8
     rows = max(8, min(GEMV_MAX_ROWS, rows, N // H100_SMS // 8 * 8))
     return GemvConfig(rows=rows, k_max=-(-K // 64) * 64, warps=GEMV_WARPS, wbytes=wbytes)
 
 
+# Decode plans: the per-call values of a one-row GEMV -> its compiled kernel (config and
+# epilogue built once per shape; the JIT cache below it is KERNELS.compiled).
 _FAST_GEMV: dict = {}
-# L2 prefetch hints for decode chains: weight data_ptr -> a flat uint8 view of bytes that the
-# skinny GEMV for that weight prefetches into L2, its CTAs / programs sharing them evenly,
-# before its PDL wait (the CuTe DSL one-row kernel right after its own weight copies, the
-# Triton kernel after its first weight tiles). Empty unless a caller asks (set_l2_prefetch);
-# nothing in the package sets one. Not measured.
-_L2_PREFETCH: dict = {}
 
 
-def set_l2_prefetch(w_nk: torch.Tensor, target: torch.Tensor | None) -> None:
-    """From now on, the skinny GEMV that reads `w_nk` also prefetches `target` (a contiguous
-    tensor, e.g. the next GEMV's weights) into L2; target None removes the hint. The hint
-    changes no result. Keyed by w_nk's data pointer: register the tensor the GEMV is given."""
-    if target is None:
-        _L2_PREFETCH.pop(w_nk.data_ptr(), None)
-        return
-    if not target.is_contiguous() or target.data_ptr() % 16:
-        raise ValueError("set_l2_prefetch: the target must be contiguous and 16-byte aligned")
-    _L2_PREFETCH[w_nk.data_ptr()] = target.view(-1).view(torch.uint8)
-
-
-def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alpha, beta, ln, kv_key,
-                      prefetch=False):
+def _gemv_sm90_kernel(x_dt, w_dt, out_dt, N, K, activation, bias, residual, alpha, beta, ln, kv_key):
     """The compiled one-row GEMV for a _FAST_GEMV key (memory / disk cache, compile on a miss)."""
-    from ..runtime import KERNELS, CompileKey
-    from ..runtime.dtypes import dtype_name
-    from .kernel import Epilogue
+    from ..runtime import KERNELS
+    from .config import Epilogue
 
     w8 = w_dt in GEMV_SM90_8BIT
     cfg = gemv_sm90_config(N, K, ln, wbytes=1 if w8 else 2)
     epi = Epilogue(activation=activation or "none", bias=bias, residual=residual, alpha=alpha, beta=beta,
                    col_scale="vector" if w8 else "none")
-    dts = (x_dt, w_dt, out_dt) + (kv_key or ())
-    key = CompileKey("gemv_sm90", tuple(dtype_name(d) for d in dts), ("k",),
-                     (cfg.rows, cfg.k_max, cfg.warps, cfg.wbytes), (1, 1), tuple(sorted(vars(epi).items())),
-                     (ln,) + (("l2_prefetch",) if prefetch else ()))
-    return KERNELS.get(key, functools.partial(_compile_gemv_sm90, x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt,
-                                                        prefetch=prefetch))
+    return KERNELS.compiled("gemv_sm90", _compile_gemv_sm90, x_dt, out_dt, epi, ln, kv_key, cfg, w_dt=w_dt)
 
 
-def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None, w_dt=None,
-                       prefetch: bool = False):
+def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | None = None, w_dt=None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -578,10 +538,9 @@ def _compile_gemv_sm90(x_dt, out_dt, epi, ln: bool, kv, cfg, keep_dir: str | Non
                                      (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1), assumed_align=2)
                     for _ in range(2))
         fpos = make_fake_tensor(to_cutlass(pos_dt), (cute.sym_int32(),), (1,), assumed_align=4)
-    fpf = make_fake_tensor(cutlass.Uint8, (cute.sym_int32(),), (1,), assumed_align=16) if prefetch else None
     f32 = cutlass.Float32
-    kernel = GemvSm90(cfg, epi, ln, kv is not None, GEMV_SM90_8BIT.get(w_dt), prefetch=prefetch)
-    return cute.compile(kernel, fx, fw, fo, fbias, fres, *fln, fkc, fvc, fpos, fws, fpf, f32(1.0), f32(1.0), f32(1e-5),
+    kernel = GemvSm90(cfg, epi, ln, kv is not None, GEMV_SM90_8BIT.get(w_dt))
+    return cute.compile(kernel, fx, fw, fo, fbias, fres, *fln, fkc, fvc, fpos, fws, f32(1.0), f32(1.0), f32(1e-5),
                         make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
@@ -598,9 +557,8 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
         kv_key = (k_cache.dtype, pos.dtype)
     # Decode calls this once per linear per token: one dict lookup on plain values, the
     # config, epilogue and compile key are built on a miss only.
-    pf = _L2_PREFETCH.get(w_nk.data_ptr()) if _L2_PREFETCH else None
     fkey = (x.dtype, w_nk.dtype, out.dtype, N, K, activation, bias is not None, residual is not None, alpha != 1.0,
-            residual is not None and beta != 1.0, ln is not None, kv_key, pf is not None)
+            residual is not None and beta != 1.0, ln is not None, kv_key)
     fn = _FAST_GEMV.get(fkey)
     if fn is None:
         fn = _FAST_GEMV[fkey] = _gemv_sm90_kernel(*fkey)
@@ -608,5 +566,5 @@ def gemv_sm90(x, w_nk, out, bias=None, activation=None, residual=None, alpha=1.0
     kc = vc = pos = None
     if kv is not None:
         kc, vc, pos = kv
-    fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, w_scale, pf, float(alpha), float(beta), float(eps))
+    fn(x, w_nk, out, bias, residual, lw, lb, kc, vc, pos, w_scale, float(alpha), float(beta), float(eps))
     return out

@@ -24,10 +24,6 @@ cvt.rn.f16x2.e4m3x2, int8 exactly by a byte permute into 1024 + u and one subtra
 the MMA is f16 with x converted to f16 once after staging, and the per-channel weight scale
 is the epilogue's column scale.
 
-With `prefetch`, lane 0 of warp 0 then issues one cp.async.bulk.prefetch.L2 of this CTA's share
-of another buffer (gemv.set_l2_prefetch: e.g. the next GEMV's weights, while the kernel ahead
-of this one leaves HBM idle), still before the wait. A hint: nothing waits on it.
-
 Warp roles: none are specialised; warp 0's lanes initialise the row barriers and issue the
 bulk copies (lane r % 32 for row r, lane 31 also LayerNorm's gamma and beta). Pipelines:
 none; each row barrier completes once (phase 0) and nothing is refilled, which is why a
@@ -36,36 +32,14 @@ CTA's rows must fit its shared memory (the host picks `rows`, see gemv.gemv_sm90
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp as warp_ops
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .kernel import Epilogue, epilogue_activation
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    """Static shape of one compiled GEMV: weight rows per CTA (a multiple of 8, the MMA's
-    n), the longest K it takes (shared-memory rows are k_max + 8 elements apart), warps."""
-
-    rows: int = 16
-    k_max: int = 2048
-    warps: int = 4
-    wbytes: int = 2  # weight element bytes: 2 (bf16/fp16) or 1 (fp8 e4m3 / int8, weight-only)
-
-    @property
-    def row_stride(self) -> int:
-        # 16 bytes of padding per row (in elements): the 8 rows one k-step reads start in 8
-        # different bank groups (k_max is a multiple of 64).
-        return self.k_max + 16 // self.wbytes
-
-    def smem_bytes(self, ln: bool) -> int:
-        return self.wbytes * self.rows * self.row_stride + 2 * (3 if ln else 1) * self.k_max + 8 * (self.rows + 1) \
-            + 4 * self.warps * self.rows + 512
+from .config import Epilogue, GemvConfig
+from .kernel import epilogue_activation
 
 
 @dsl_user_op
@@ -79,21 +53,6 @@ def bulk_copy_g2s(dst, src, nbytes, bar, *, loc=None, ip=None):
          cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip), bar.toint(loc=loc, ip=ip).ir_value()],
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
         "r,l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-@dsl_user_op
-def prefetch_l2(src, nbytes, *, loc=None, ip=None):
-    """cp.async.bulk.prefetch.L2 of `nbytes` (a multiple of 16, 16-byte aligned) from global
-    memory: a hint with no completion to wait for."""
-    llvm.inline_asm(
-        None,
-        [src.toint(loc=loc, ip=ip).ir_value(), cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.prefetch.L2.global [$0], $1;",
-        "l,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -122,48 +81,38 @@ class GemvSm90:
     Warp roles: warp 0 also issues the bulk copies (one lane per row); every warp stages
     the activation row and then reduces whole weight rows. Pipelines: one single-use
     mbarrier per weight row (see the module docstring).
+    """
 
-    Subclasses extend the kernel through hooks, in launch order: row_base (which weight rows
-    a CTA takes), setup (extra shared memory, pre-PDL-wait work), after_product (the ring is
-    free), after_epilogue (every output row done); `tail` carries their own arguments. They
-    are no-ops here (the fusions built on them did not beat the separate kernels: docs)."""
-
-    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None,
-                 prefetch: bool = False):
+    def __init__(self, cfg: GemvConfig, epi: Epilogue, ln: bool, kv: bool, w_fmt: str | None = None):
         # w_fmt "e4m3" / "s8": 8-bit weights with a per-output-channel scale (col_scale
         # "vector"), converted to f16 in registers; x is staged as f16 for the f16 MMA.
         assert epi.row_scale == "none" and (epi.col_scale == "vector") == (w_fmt is not None)
         assert w_fmt in (None, "e4m3", "s8") and cfg.wbytes == (1 if w_fmt else 2)
         assert cfg.rows % 8 == 0 and cfg.k_max % 64 == 0
         self.cfg, self.epi, self.ln, self.kv, self.w_fmt = cfg, epi, ln, kv, w_fmt
-        # prefetch: mPf (bytes, e.g. the next GEMV's weights) is prefetched into L2, the CTAs
-        # sharing it evenly, right after this CTA's own weight copies and before the PDL wait.
-        self.prefetch = prefetch
         self.num_threads = cfg.warps * 32
         assert cfg.rows <= self.num_threads  # the epilogue runs one row per thread
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mBias, mRes, mLnW, mLnB,
-                 mKc, mVc, mPos, mWs, mPf, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32,
+                 mKc, mVc, mPos, mWs, alpha: cutlass.Float32, beta: cutlass.Float32, eps: cutlass.Float32,
                  stream):
         grid = (mW.shape[0] + self.cfg.rows - 1) // self.cfg.rows
         mma_dt = cutlass.Float16 if cutlass.const_expr(self.w_fmt is not None) else mW.element_type
         tiled_mma = cute.make_tiled_mma(warp_ops.MmaF16BF16Op(mma_dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1))
-        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, mPf, alpha, beta, eps,
-                    tiled_mma, None).launch(
+        self.kernel(mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
+                    tiled_mma).launch(
             grid=(grid, 1, 1), block=(self.num_threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
-    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, mPf, alpha, beta, eps,
-               tiled_mma: cute.TiledMma, tail):
-        # tail: None here; a subclass's own arguments (a tuple), handed to its hooks row_base,
-        # setup, after_product and after_epilogue.
+    def kernel(self, mX, mW, mO, mBias, mRes, mLnW, mLnB, mKc, mVc, mPos, mWs, alpha, beta, eps,
+               tiled_mma: cute.TiledMma):
         cfg = self.cfg
         tid, _, _ = cute.arch.thread_idx()
         warp, lane = tid // 32, tid % 32
         N, K = mW.shape[0], mW.shape[1]
         R = cfg.rows
-        row0 = self.row_base(R, N)
+        row0 = cute.arch.block_idx()[0] * R
         nrows = cutlass.min(R, N - row0)
         w_bytes = mW.element_type.width // 8
         row_bytes = K * w_bytes
@@ -173,8 +122,6 @@ class GemvSm90:
         partial = smem.allocate_tensor(cutlass.Float32, cute.make_layout((cfg.warps, R), stride=(R, 1)),
                                        byte_alignment=16)
         red = smem.allocate_tensor(cutlass.Float32, cute.make_layout(2 * cfg.warps), byte_alignment=16)
-        # xs (and xh, gs, bs) are contiguous and dead once the product is done: after_product
-        # gets them as scratch.
         xs = smem.allocate_tensor(mX.element_type, cute.make_layout((cfg.k_max // 8, 8), stride=(8, 1)),
                                   byte_alignment=16)
         # 8-bit weights multiply in f16: x (LayerNorm applied) is staged in x's dtype first,
@@ -190,7 +137,6 @@ class GemvSm90:
         KS = cfg.row_stride
         ring = smem.allocate_tensor(mW.element_type, cute.make_layout((R, cfg.k_max), stride=(KS, 1)),
                                     byte_alignment=128)
-        extra = self.setup(smem, ring, xs, mKc, mVc, mPos, tail)
 
         # Issue every weight row of this CTA first (lane r % 32 owns row r's barrier and copy,
         # so its init and its copy are in program order on one thread); LayerNorm's gamma and
@@ -211,9 +157,6 @@ class GemvSm90:
                     cute.arch.mbarrier_arrive_and_expect_tx(ln_bar, 2 * K * (mX.element_type.width // 8))
                     bulk_copy_g2s(gs.iterator, mLnW.iterator, K * (mX.element_type.width // 8), ln_bar)
                     bulk_copy_g2s(bs.iterator, mLnB.iterator, K * (mX.element_type.width // 8), ln_bar)
-            if cutlass.const_expr(self.prefetch):
-                if lane == 0:
-                    self.prefetch_share(mPf)
         # No warp may wait on a row barrier before warp 0 has initialised it: shared memory
         # still holds the barriers of the CTA that ran here before, whose phase 0 completed
         # (without this, multi-wave grids read rows before they landed, and faulted).
@@ -266,50 +209,13 @@ class GemvSm90:
         else:
             self.product_16bit(ring, xs, partial, K, warp, lane, thr_mma, tiled_mma, mX.element_type)
         cute.arch.sync_threads()
-        self.after_product(ring, extra, tail)
         total = cutlass.Float32(0.0)
         if own:
             for w in cutlass.range_constexpr(cfg.warps):
                 total = total + partial[w, tid]
         # One thread per output column: the epilogue's loads were issued long ago.
-        y = cutlass.Float32(0.0)
         if own:
-            y = self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
-        self.after_epilogue(y, own, tid, extra, N, mX, mKc, mVc, mPos, tail)
-
-    @cute.jit
-    def prefetch_share(self, mPf):
-        """This CTA's even share (16-byte multiples) of mPf's bytes into L2."""
-        total = cute.size(mPf) * (mPf.element_type.width // 8)
-        grid = cute.arch.grid_dim()[0]
-        chunk = ((total + grid - 1) // grid + 15) // 16 * 16
-        start = cute.arch.block_idx()[0] * chunk
-        n = cutlass.min(chunk, total - start) // 16 * 16
-        if n > 0:
-            prefetch_l2(mPf.iterator + start, n)
-
-    @cute.jit
-    def row_base(self, R, N):
-        """The first of this CTA's R consecutive weight rows."""
-        return cute.arch.block_idx()[0] * R
-
-    def setup(self, smem, ring, scratch, mKc, mVc, mPos, tail):
-        """A subclass's kernel-start work: shared memory beyond the GEMV's (from the same
-        allocator; the weight ring, and the activation buffers from `scratch` on (2 * k_max
-        bytes, 6 * k_max with LayerNorm), are free for reuse once the product is done) and anything
-        else that must come first, before the PDL wait (so: constants only, or reads that
-        after_epilogue checks again); returns what the later hooks get as `extra`."""
-        return None
-
-    def after_product(self, ring, extra, tail):
-        """Runs on every thread after the product's CTA barrier (the ring and the activation
-        buffers are free from here on)."""
-        pass
-
-    @cute.jit
-    def after_epilogue(self, y, own, tid, extra, N, mX, mKc, mVc, mPos, tail):
-        """Runs after thread t < rows finished output row t (value y); nothing here."""
-        pass
+            self.epilogue(total, bias, cs, res, n_own, N, mO, mKc, mVc, mPos, alpha, beta)
 
     @cute.jit
     def product_16bit(self, ring, xs, partial, K, warp, lane, thr_mma, tiled_mma, x_dt):
@@ -465,4 +371,3 @@ class GemvSm90:
                 mKc[0, h, pos, d] = x.to(mKc.element_type)
             if part == 2:
                 mVc[0, h, pos, d] = x.to(mVc.element_type)
-        return x

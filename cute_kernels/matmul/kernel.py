@@ -11,8 +11,6 @@ its absence is compiled in, so a plain GEMM carries no epilogue cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -25,6 +23,7 @@ from .config import (
     RES_SLOTS,
     SM90_SMEM_BYTES,
     VEC_STAGES,
+    Epilogue,  # noqa: F401  (public here: the kernel's compile-time epilogue)
     GemmConfig,
     block_scale_smem_bytes,
     epi_buffers,
@@ -48,30 +47,6 @@ def epilogue_activation(x, act: cutlass.Constexpr):
         inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
         x = 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
     return x
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """Compile-time description of the fused epilogue."""
-
-    activation: str = "none"  # none | relu | gelu | gelu_tanh
-    row_scale: str = "none"  # none | scalar | vector | block  (per-row of A: per token)
-    col_scale: str = "none"  # none | scalar | vector | block  (per-column of B: per channel)
-    bias: bool = False
-    residual: bool = False
-    alpha: bool = False  # multiply by the runtime scalar alpha
-    beta: bool = False  # multiply the residual by the runtime scalar beta
-
-    @property
-    def is_identity(self) -> bool:
-        return self == Epilogue()
-
-    @property
-    def block_scaled(self) -> bool:
-        """DeepSeek-V3-style block scales: row_scale "block" is A's [M, K/128] (1 x 128
-        groups), col_scale "block" is B's [N/128, K/128] (128 x 128 blocks). They apply
-        per k-tile inside the promoted main loop, not in the epilogue."""
-        return self.row_scale == "block"
 
 
 class GemmSm90:

@@ -161,7 +161,7 @@ def scaled_mm(
 
 
 def _scaled_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation, residual_in, use_fast_accum):
-    from ..matmul.kernel import Epilogue
+    from ..matmul.config import Epilogue
 
     _check_8bit_operands(a, b, FP8, "scaled_mm")
     if out_dtype not in _OUT_DTYPES:
@@ -256,7 +256,7 @@ def scaled_mm_blockwise(
     sums are scaled and added into an fp32 accumulator in the main loop (the promoted
     "2xAcc" loop with scales).
     """
-    from ..matmul.kernel import Epilogue
+    from ..matmul.config import Epilogue
 
     if not isinstance(b, torch.Tensor):
         raise TypeError(f"b must be a torch.Tensor, got {type(b).__name__}")
@@ -321,7 +321,7 @@ def int8_mm(
 
 
 def _int8_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation, residual_in):
-    from ..matmul.kernel import Epilogue
+    from ..matmul.config import Epilogue
 
     _check_8bit_operands(a, b, (torch.int8,), "int8_mm")
     M, K = a.shape
