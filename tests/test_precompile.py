@@ -1,5 +1,6 @@
 """Compile recipes, manifests and parallel precompilation (CPU: the compile tier)."""
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -122,8 +123,6 @@ def _changed(value):
 def test_every_gemm_config_and_epilogue_field_changes_the_compile_key():
     """A compile-time field missing from the key lets two kernels shadow each other in every
     cache. GemmConfig.split_k is the one runtime value: only "split or not" is compiled in."""
-    import dataclasses
-
     from cute_kernels.matmul.api import _compile_key
     from cute_kernels.matmul.kernel import Epilogue
 
@@ -170,7 +169,57 @@ def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(monkeypatc
             (False, True), (False, True), (False, True), (None, (torch.bfloat16,)), (False, True)):
         gemv._gemv_sm90_kernel(torch.bfloat16, w_dt, torch.bfloat16, N, K, act, bias, res, alpha, False, ln, kv, pf)
     monkeypatch.setattr(attn, "_FAST", {})
-    for dt, D, causal, lk, lq, split, wg in itertools.product(
-            (bf16, torch.float16), attn.HEAD_DIMS, (False, True), (False, True), (False, True), (False, True), (2, 3)):
-        attn._kernel(dt, D, causal, lk, lq, split, wg)
-    assert len(seen) > 100
+    monkeypatch.setattr(attn, "_FAST_DECODE", {})
+    configs = {attn.prefill_config(D, sq) for D in attn.HEAD_DIMS for sq in (1024, 4096)}
+    configs |= {dataclasses.replace(c, **{opt: True}) for c in configs if c.head_dim in (64, 128)
+                for opt in ("k_ahead", "release_v_early", "rowsum_mma")}
+    for dt, cfg, causal, lk, lq, split in itertools.product(
+            (bf16, torch.float16), configs, (False, True), (False, True), (False, True), (False, True)):
+        attn._kernel(dt, cfg, causal, lk, lq, split)
+    decode = [attn.decode_config(D) for D in attn.HEAD_DIMS] + [attn.decode_config(64, 1 << 20, s) for s in (0, 8192)]
+    decode += [attn.decode_mma_config(D) for D in (64, 128)]
+    for cfg, heads, split, lens, masked, cluster, et in itertools.product(
+            decode, (1, 2, 4), (False, True), (False, True), (False, True), (1, 4), (False, True)):
+        if cluster == 1 or split:
+            attn._decode_kernel(bf16, cfg, heads, split, lens, masked, cluster, et)
+    assert len(seen) > 1000
+
+
+def _changed_attn(value):
+    return 16 if value is None else _changed(value)
+
+
+def test_every_attention_config_field_changes_the_compile_key():
+    """Every field of PrefillConfig, DecodeConfig and DecodeMmaConfig is compiled into the
+    kernel: each must change its compile key."""
+    from cute_kernels.attention.api import _decode_compile_key, _prefill_compile_key
+    from cute_kernels.attention.config import decode_config, decode_mma_config, prefill_config
+
+    bf16 = torch.bfloat16
+    for cfg in (prefill_config(64, 1024), prefill_config(128, 1024)):  # exps_before_pv_wait set / None
+        base = _prefill_compile_key(bf16, cfg, True, False, False, False)
+        for f in dataclasses.fields(cfg):
+            other = dataclasses.replace(cfg, **{f.name: _changed_attn(getattr(cfg, f.name))})
+            assert other != cfg and _prefill_compile_key(bf16, other, True, False, False, False) != base, f.name
+    for cfg in (decode_config(64), decode_mma_config(128)):
+        base = _decode_compile_key(bf16, cfg, 4, True, True, False, 1, False)
+        for f in dataclasses.fields(cfg):
+            other = dataclasses.replace(cfg, **{f.name: _changed_attn(getattr(cfg, f.name))})
+            assert _decode_compile_key(bf16, other, 4, True, True, False, 1, False) != base, f.name
+
+
+def test_shipped_attention_entries_match_their_recipes():
+    """A manifest entry whose key differs from the one its recipe's arguments give would be
+    built ahead of time and never asked for."""
+    from cute_kernels.attention import api
+    from cute_kernels.precompile import available_manifests, load_manifest, manifest_path
+
+    key_for = {api._compile: api._prefill_compile_key, api._compile_decode: api._decode_compile_key}
+    checked = 0
+    for name in available_manifests():
+        for key, rec in load_manifest(manifest_path(name)):
+            if rec.func in key_for:
+                assert not rec.keywords and key_for[rec.func](*rec.args) == key, (name, key)
+                rec.args[1].validate()
+                checked += 1
+    assert checked
