@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import itertools
 import math
@@ -12,7 +13,7 @@ import torch
 
 from cute_kernels.attention.reference import flash_attn_ref
 
-# api.SCHEDULE's candidate kernel options (all off by default; kernel.py says what each does).
+# PrefillConfig's candidate schedule options (all off by default; kernel.py says what each does).
 SCHEDULES = [dict(k_ahead=True), dict(release_v_early=True), dict(rowsum_mma=True),
              dict(rowsum_mma=True, k_ahead=True, release_v_early=True)]
 SCHEDULE_IDS = ["k_ahead", "release_v_early", "rowsum_mma", "all"]
@@ -23,8 +24,11 @@ SCHEDULE_IDS = ["k_ahead", "release_v_early", "rowsum_mma", "all"]
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
     from cute_kernels.attention.api import _compile
+    from cute_kernels.attention.config import prefill_config
 
-    _compile(torch.bfloat16, head_dim, causal, keep_dir=str(tmp_path), num_mma_wg=wg)
+    cfg = prefill_config(head_dim, 4096 if wg == 3 else 1024)
+    assert cfg.num_mma_wg == wg
+    _compile(torch.bfloat16, cfg, causal, False, False, False, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
@@ -45,9 +49,12 @@ def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
 @pytest.mark.parametrize("head_dim,wg", [(64, 2), (64, 3), (128, 2)])
 def test_attention_schedule_options_compile(tmp_path, schedule, head_dim, wg):
     from cute_kernels.attention.api import _compile
+    from cute_kernels.attention.config import prefill_config
     from tests.test_gemm import _ptxas_report
 
-    _compile(torch.bfloat16, head_dim, True, keep_dir=str(tmp_path), num_mma_wg=wg, schedule=schedule)
+    cfg = dataclasses.replace(prefill_config(head_dim, 4096 if wg == 3 else 1024), **schedule)
+    assert cfg.num_mma_wg == wg
+    _compile(torch.bfloat16, cfg, True, False, False, False, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     # P x ones: one m64n8k16 wgmma per 16 keys at each of the two P V issue points.
@@ -97,26 +104,30 @@ def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
                          ids=SCHEDULE_IDS + ["stages3"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attn_schedule_options(monkeypatch, schedule, head_dim, causal):
-    """api.SCHEDULE's candidate options (off by default) against the same reference bound."""
-    from cute_kernels.attention import api
-
+def test_flash_attn_schedule_options(schedule, head_dim, causal):
+    """PrefillConfig's candidate schedule options (off by default) on top of the tuned config,
+    against the same reference bound."""
     if head_dim == 64 and schedule.get("stages") == 3:
         pytest.skip("three stages is a D = 128 option (D = 64 runs four)")
-    monkeypatch.setitem(api.SCHEDULE, head_dim, schedule)
-    monkeypatch.setattr(api, "_FAST", {})  # the front cache does not key on SCHEDULE
     for seqlens in [(17, 17), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)]:
-        _check_flash_attn(causal, (32, 8), seqlens, head_dim)
+        _check_flash_attn(causal, (32, 8), seqlens, head_dim, schedule=schedule)
 
 
-def _check_flash_attn(causal, heads, seqlens, head_dim):
+def _check_flash_attn(causal, heads, seqlens, head_dim, schedule=None):
+    """schedule: PrefillConfig options set on top of the tuned config (through api._run)."""
     import cute_kernels as ck
+    from cute_kernels.attention import api
 
     (hq, hkv), (sq, sk) = heads, seqlens
     q = torch.randn(2, sq, hq, head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, sk, hkv, head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, sk, hkv, head_dim, device="cuda", dtype=torch.bfloat16)
-    out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
+    if schedule is None:
+        out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
+    else:
+        cfg = dataclasses.replace(api.prefill_config(head_dim, sq), **schedule)
+        splits = api._resolve_splits(None, 2, hq, sq, sk)
+        out, lse = api._run(q, k, v, causal, None, num_splits=splits, config=cfg)
     ref, ref_lse = flash_attn_ref(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
     # torch's bf16 SDPA on the same inputs (bottom-right causal via an explicit mask).
     rep = hq // hkv
@@ -300,30 +311,90 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
     assert decode_splits_heuristic(1, 25, 1, 1024, 64) == 2
     assert decode_splits_heuristic(1, 32, 4, 1024, 128) == 16  # 4 heads per CTA: more work per key
     monkeypatch.setenv("CUTE_KERNELS_DECODE_CLUSTER", "1")
-    from cute_kernels.attention.api import DECODE_CONFIG, _decode_kernel_obj
+    from cute_kernels.attention.api import HEAD_DIMS, _decode_kernel_obj
+    from cute_kernels.attention.config import DecodeMmaConfig, decode_config, decode_mma_config
 
     monkeypatch.setattr(attn_api, "MIN_SPLIT_WORK", 1)
-    for D, cfg in DECODE_CONFIG.items():  # the heuristic's block_n formula is the kernel's
-        n = _decode_kernel_obj(D, 1, True, True).block_n
+    for D in HEAD_DIMS:  # the configs' block_n (the heuristic's unit) is the kernel's
+        n = _decode_kernel_obj(decode_config(D), 1, True, True).block_n
+        assert n == decode_config(D).block_n
         assert decode_splits_heuristic(1, 1, 1, 64 * n, D) == 64 and decode_splits_heuristic(1, 1, 1, n, D) == 1
-        if D % 64 == 0:  # the tensor-core kernel's head dims (decode_uses_mma)
-            assert _decode_kernel_obj(D, 4, True, True, mma=True).block_n == attn_api._decode_block_n(D, True)
+        if D in DecodeMmaConfig.HEAD_DIMS:
+            assert _decode_kernel_obj(decode_mma_config(D), 4, True, True).block_n == decode_mma_config(D).block_n
 
 
-def test_pingpong_choice():
-    from cute_kernels.attention.api import pingpong_for
+def test_prefill_config_choices():
+    from cute_kernels.attention.config import prefill_config
 
-    assert not pingpong_for(64, 2) and pingpong_for(64, 3) and pingpong_for(128, 2)
+    assert [prefill_config(D, 1024).pingpong for D in (64, 96, 128, 256)] == [False, True, True, True]
+    assert prefill_config(64, 4096).num_mma_wg == 3 and prefill_config(64, 4096).pingpong
+    assert prefill_config(64, 2047).num_mma_wg == 2 and prefill_config(128, 4096).num_mma_wg == 2
+    assert prefill_config(256, 1024).n_block == 64 and prefill_config(128, 1024).n_block == 128
+    assert prefill_config(64, 1024).exps_before_pv_wait == 32 and prefill_config(128, 1024).exps_before_pv_wait is None
+    assert prefill_config(64, 1024).stages == 4 and prefill_config(128, 1024).stages == 2
+
+
+def test_unsupported_head_dim_is_a_value_error():
+    from cute_kernels.attention.config import decode_config, decode_mma_config, prefill_config
+
+    for fn in (lambda: prefill_config(80, 1024), lambda: decode_config(80), lambda: decode_mma_config(96)):
+        with pytest.raises(ValueError, match="64"):
+            fn()
+    with pytest.raises(ValueError, match=r"supported: \(64, 96, 128, 256\)"):
+        prefill_config(512, 1024)
+
+
+def test_validate_rejects_configs_that_cannot_work():
+    from cute_kernels.attention.config import DecodeConfig, DecodeMmaConfig, PrefillConfig
+
+    for cfg, why in [
+        (PrefillConfig(128, stages=4), "shared memory"),  # 32 KB of Q + 4 x 64 KB of K and V
+        (PrefillConfig(64, stages=8, num_mma_wg=3), "shared memory"),
+        (PrefillConfig(256), "registers"),  # D = 256 needs 64-key blocks
+        (PrefillConfig(128, num_mma_wg=3), "registers"),
+        (PrefillConfig(64, num_mma_wg=4), "num_mma_wg"),
+        (PrefillConfig(64, n_block=96), "n_block"),
+        (PrefillConfig(64, exps_before_pv_wait=65), "exps_before_pv_wait"),
+        (PrefillConfig(64, stages=0), "stages"),
+        (DecodeConfig(96, vec=1), "divides a warp"),  # 12 threads a row
+        (DecodeConfig(64, vec=3), "divides a warp"),
+        (DecodeConfig(64, threads=100), "multiple of 32"),
+        (DecodeConfig(64, threads=64, max_heads=4), "one warp"),
+        (DecodeConfig(64, stages=1), "stages"),
+        (DecodeConfig(96, vec=3, max_heads=4, unroll=1), "registers"),  # spilled at D = 96
+        (DecodeConfig(64, unroll=16, stages=8), "shared memory"),
+        (DecodeMmaConfig(256), "D in"),
+        (DecodeMmaConfig(128, max_heads=32), "max_heads"),
+        (DecodeMmaConfig(128, bn=24), "bn"),
+        (DecodeMmaConfig(128, stages=8), "shared memory"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            cfg.validate()
+    # The tuned picks and the stages-3 schedule option are valid.
+    PrefillConfig(128, stages=3, k_ahead=True, release_v_early=True).validate()
+
+
+def test_configs_are_frozen_and_hashable():
+    from cute_kernels.attention.config import DecodeConfig, DecodeMmaConfig, PrefillConfig
+
+    for cfg in (PrefillConfig(64), DecodeConfig(64), DecodeMmaConfig(64)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.head_dim = 128
+        assert hash(cfg) == hash(dataclasses.replace(cfg)) and cfg == dataclasses.replace(cfg)
+        assert all(isinstance(getattr(cfg, f.name), (int, bool, type(None))) for f in dataclasses.fields(cfg))
+    assert PrefillConfig(64) == PrefillConfig(64, stages=4)  # None resolves to the head dim's default
+    assert len({PrefillConfig(64), PrefillConfig(64, k_ahead=True), PrefillConfig(128)}) == 3
 
 
 def test_decode_mma_configs_fit():
     """Every head packing of the tensor-core decode kernel fits shared memory, with the
     partial O overlaying the K/V ring."""
     from cute_kernels.attention.api import _decode_kernel_obj
+    from cute_kernels.attention.config import decode_mma_config
 
     for D in (64, 128):
         for heads in (1, 4, 8, 12, 16):
-            k = _decode_kernel_obj(D, heads, True, True, mma=True)
+            k = _decode_kernel_obj(decode_mma_config(D), heads, True, True)
             assert k.smem_bytes() <= 227 * 1024 and k.num_warps * heads * D * 4 <= k.ring_bytes()
 
 
@@ -343,22 +414,25 @@ def test_decode_mma_choice():
 
 
 def test_decode_many_wave_config():
-    """Launches of many waves (never split) take DECODE_CONFIG_MANY's steps, by cache length."""
-    from cute_kernels.attention.api import DECODE_CONFIG, decode_config, decode_config_variant
+    """Launches of many waves (never split) stream more keys per step, by cache length."""
+    from cute_kernels.attention.config import decode_config
 
-    assert decode_config_variant(64, 64 * 12, 8192) == 0 and decode_config(64, 0)["unroll"] == 8
-    assert decode_config_variant(64, 64 * 12, 1024) == 1 and decode_config(64, 1)["unroll"] == 4
-    assert decode_config_variant(64, 8 * 12, 8192) == -1 and decode_config(64) is DECODE_CONFIG[64]
-    assert decode_config_variant(128, 64 * 12, 8192) == -1  # swept at D = 64 only
+    assert (decode_config(64, 64 * 12, 8192).unroll, decode_config(64, 64 * 12, 8192).stages) == (8, 2)
+    assert (decode_config(64, 64 * 12, 1024).unroll, decode_config(64, 64 * 12, 1024).stages) == (4, 4)
+    assert decode_config(64, 8 * 12, 8192) is decode_config(64)
+    assert decode_config(128, 64 * 12, 8192) is decode_config(128)  # swept at D = 64 only
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("variant", [0, 1])
-def test_decode_many_wave_config_compiles(tmp_path, variant):
-    from cute_kernels.attention.api import _compile_decode, decode_config
+@pytest.mark.parametrize("seqlen_k", [8192, 1024])
+def test_decode_many_wave_config_compiles(tmp_path, seqlen_k):
+    from cute_kernels.attention.api import _compile_decode
+    from cute_kernels.attention.config import decode_config
     from tests.test_gemm import _ptxas_report
 
-    _compile_decode(torch.bfloat16, 64, 1, False, True, keep_dir=str(tmp_path), cfg=decode_config(64, variant))
+    cfg = decode_config(64, 64 * 12, seqlen_k)
+    assert cfg != decode_config(64)
+    _compile_decode(torch.bfloat16, cfg, 1, False, True, False, 1, False, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     assert "cp.async.cg.shared.global" in open(ptx_path).read()
     report = _ptxas_report(ptx_path)
@@ -388,11 +462,12 @@ def test_decode_cluster_merge_choice(monkeypatch):
     (128, 4, True, False, True, 1), (128, 16, False, True, True, 1), (64, 8, True, False, True, 1)])
 def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma, cluster):
     from cute_kernels.attention.api import _compile_decode
+    from cute_kernels.attention.config import decode_config, decode_mma_config
     from tests.test_gemm import _ptxas_report
 
     early_trigger = heads > 1  # both orders are compiled across the parameter set
-    _compile_decode(torch.bfloat16, head_dim, heads, split, True, keep_dir=str(tmp_path), masked=masked, mma=mma,
-                    cluster=cluster, early_trigger=early_trigger)
+    cfg = decode_mma_config(head_dim) if mma else decode_config(head_dim)
+    _compile_decode(torch.bfloat16, cfg, heads, split, True, masked, cluster, early_trigger, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     # The GQA kernel runs Q K^T and P V as warp MMAs on ldmatrix'd K and V^T tiles.
@@ -423,9 +498,10 @@ def test_decode_compiles_for_sm90a(tmp_path, head_dim, heads, split, masked, mma
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_split_kv_compiles_for_sm90a(tmp_path, head_dim):
     from cute_kernels.attention.api import _compile
+    from cute_kernels.attention.config import prefill_config
     from tests.test_gemm import _ptxas_report
 
-    _compile(torch.bfloat16, head_dim, True, keep_dir=str(tmp_path), seqlens=True, split_kv=True)
+    _compile(torch.bfloat16, prefill_config(head_dim, 1024), True, True, False, True, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
@@ -535,11 +611,11 @@ def test_decode_many_waves(longest):
     """Batch 48 x 12 heads (576 CTAs, >= 4 per SM): the many-wave configs (4 or 8 rows per
     thread and step) on ragged and empty caches, against the fp32 reference."""
     import cute_kernels as ck
-    from cute_kernels.attention.api import decode_config_variant
+    from cute_kernels.attention.config import decode_config
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
     B, hq, D, Smax = 48, 12, 64, longest + 3
-    assert decode_config_variant(D, B * hq, Smax) == (0 if longest > 4096 else 1)
+    assert decode_config(D, B * hq, Smax).unroll == (8 if longest > 4096 else 4)
     kc, vc = (torch.randn(B, Smax, hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.randint(0, longest + 1, (B,), dtype=torch.int32, device="cuda")
     lens[0], lens[1], lens[2] = 0, 1, longest

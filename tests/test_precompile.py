@@ -1,5 +1,6 @@
 """Compile recipes, manifests and parallel precompilation (CPU: the compile tier)."""
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -123,8 +124,6 @@ def _changed(value):
 def test_every_gemm_config_and_epilogue_field_changes_the_compile_key(gemm_keys):
     """A compile-time field missing from the key lets two kernels shadow each other in every
     cache. GemmConfig.split_k is the one runtime value: only "split or not" is compiled in."""
-    import dataclasses
-
     from cute_kernels.matmul.config import Epilogue
 
     cfg, epi = GemmConfig(128, 128, 1, 1, split_k=2), Epilogue()
@@ -151,7 +150,7 @@ def test_compile_key_is_the_recipe():
     assert CompileKey.of("gemm_sm90", other) != key and CompileKey.of("gemm_other", rec) != key
 
 
-def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(recorded_builds, monkeypatch):
+def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(recorded_builds):
     """Whatever the host code varies, two different compile recipes must not get one key (they
     would shadow each other in every cache). Recorded without compiling anything."""
     import itertools
@@ -161,7 +160,6 @@ def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(recorded_b
 
     bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
     seen: dict = {}
-    monkeypatch.setattr(attn, "_FAST", {})  # its placeholders must not outlive the test
 
     def check():
         rid = _recipe_id(recorded_builds[recorded_builds.last])
@@ -172,13 +170,51 @@ def test_distinct_gemv_and_attention_builds_never_share_a_compile_key(recorded_b
             (False, True), (False, True), (False, True), (None, (torch.bfloat16,))):
         gemv._gemv_sm90_kernel(torch.bfloat16, w_dt, torch.bfloat16, N, K, act, bias, res, alpha, False, ln, kv)
         check()
-    for dt, D, causal, lk, lq, split, wg in itertools.product(
-            (bf16, torch.float16), attn.HEAD_DIMS, (False, True), (False, True), (False, True), (False, True), (2, 3)):
-        attn._FAST.clear()
-        attn._kernel(dt, D, causal, lk, lq, split, wg)
+    configs = {attn.prefill_config(D, sq) for D in attn.HEAD_DIMS for sq in (1024, 4096)}
+    configs |= {dataclasses.replace(c, **{opt: True}) for c in configs if c.head_dim in (64, 128)
+                for opt in ("k_ahead", "release_v_early", "rowsum_mma")}
+    for dt, cfg, causal, lk, lq, split in itertools.product(
+            (bf16, torch.float16), configs, (False, True), (False, True), (False, True), (False, True)):
+        attn._kernel(dt, cfg, causal, lk, lq, split)
         check()
-    assert len(seen) > 100
+    decode = [attn.decode_config(D) for D in attn.HEAD_DIMS] + [attn.decode_config(64, 1 << 20, s) for s in (0, 8192)]
+    decode += [attn.decode_mma_config(D) for D in (64, 128)]
+    for cfg, heads, split, lens, masked, cluster, et in itertools.product(
+            decode, (1, 2, 4), (False, True), (False, True), (False, True), (1, 4), (False, True)):
+        if cluster == 1 or split:
+            attn._decode_kernel(bf16, cfg, heads, split, lens, masked, cluster, et)
+            check()
+    assert len(seen) > 1000
 
 
 def _recipe_id(rec):
     return (rec.func, rec.args, tuple(sorted(rec.keywords.items())))
+
+
+def _changed_attn(value):
+    return 16 if value is None else _changed(value)
+
+
+def test_every_attention_config_field_changes_the_compile_key(recorded_builds):
+    """Every field of PrefillConfig, DecodeConfig and DecodeMmaConfig is compiled into the
+    kernel: each must change its compile key."""
+    from cute_kernels.attention import api
+    from cute_kernels.attention.config import decode_config, decode_mma_config, prefill_config
+
+    def prefill_key(cfg):
+        api._kernel(torch.bfloat16, cfg, True, False, False, False)
+        return recorded_builds.last
+
+    def decode_key(cfg):
+        api._decode_kernel(torch.bfloat16, cfg, 4, True, True, False, 1, False)
+        return recorded_builds.last
+
+    for cfg in (prefill_config(64, 1024), prefill_config(128, 1024)):  # exps_before_pv_wait set / None
+        base = prefill_key(cfg)
+        for f in dataclasses.fields(cfg):
+            other = dataclasses.replace(cfg, **{f.name: _changed_attn(getattr(cfg, f.name))})
+            assert other != cfg and prefill_key(other) != base, f.name
+    for cfg in (decode_config(64), decode_mma_config(128)):
+        base = decode_key(cfg)
+        for f in dataclasses.fields(cfg):
+            assert decode_key(dataclasses.replace(cfg, **{f.name: _changed_attn(getattr(cfg, f.name))})) != base, f.name

@@ -1,76 +1,33 @@
 """flash_attn: FlashAttention forward on Hopper (prefill, KV-cache decode, varlen).
 
-Thin host layer over kernel.py: validate, pick the compiled variant (causal, per-sequence
-key/query lengths, head dim) from the compile cache, launch on the current stream.
+Thin host layer over kernel.py and decode.py: validate, pick the kernel's config
+(config.py) and the compiled variant (causal, per-sequence key/query lengths, splits) from
+the compile cache, launch on the current stream.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-
 import torch
 
-from ..runtime import KERNELS, TARGET_ARCH, CompileKey, check_device, env, hardware, num_sms
+from ..runtime import KERNELS, TARGET_ARCH, check_device, env, num_sms
 from ..runtime.dtypes import SIXTEEN_BIT
-from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
+from .config import (  # noqa: F401  (HEAD_DIMS: public here)
+    H100_SMS,
+    HEAD_DIMS,
+    MAX_CLUSTER_SPLITS,
+    MAX_DECODE_SPLITS,
+    DecodeConfig,
+    DecodeMmaConfig,
+    PrefillConfig,
+    check_head_dim,
+    decode_config,
+    decode_mma_config,
+    prefill_config,
+    softmax_scale_log2,
+)
 from .reference import append_kv, flash_attn_ref  # noqa: F401  (public here)
 
-HEAD_DIMS = (64, 96, 128, 256)  # 96 and 256: correct, not tuned
-# Warpgroup ping-pong (kernel.py): part of the compile key, so it can be turned off here.
-PINGPONG = True
-
-
-def pingpong_for(head_dim: int, num_mma_wg: int) -> bool:
-    """Ping-pong turns between the consumer warpgroups, except at D = 64 with two of them:
-    there the turn barriers cost more than the overlap buys (same-run A/B on the H100:
-    16x12x1024x64 359 -> 369 TFLOP/s, causal 250 -> 257, 8x25x1024x64 348
-    -> 360, causal 239 -> 249; D = 128 and three warpgroups were even or mixed, so they keep it)."""
-    return PINGPONG and not (head_dim == 64 and num_mma_wg == 2)
-
-# Consumer warpgroups per CTA (64 query rows each). At D = 64 the softmax's exp2s take as
-# many cycles as the two GEMMs, and a third warpgroup (192-row tiles, as FlashAttention-3
-# uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
-# causal); S = 1024: -1% (-9% causal: 1024 rows make 5.3 tiles of 192, and causal tiles
-# balance worse). Part of the compile key.
-MMA_WARPGROUPS = {64: 3, 96: 2, 128: 2, 256: 2}
-# Keys per block (the S tile's width) where 128 does not fit: at D = 256 a warpgroup's O
-# accumulator is 64 x 256 fp32 (128 registers a thread), and S at 64 x 128 would push ptxas
-# past the 168 registers it compiles the whole kernel to (spills); 64-wide S fits.
-N_BLOCK = {256: 64}
-# Exp2s per thread (of 64) issued before a consumer waits for the previous P V; the rest are
-# interleaved with O's rescale (kernel.py). D = 64, same-run A/B on the H100 (two runs, bit-
-# identical outputs): 32 before the wait vs all of them, +1.8% geomean over the suite's six
-# D = 64 shapes (causal S = 1024 +3%, 8x25x1024 non-causal -1%); D = 128 moved +-2% either
-# way with 4, 8 or 32 and keeps the wait after all of them. Part of the compile key.
-EXPS_BEFORE_PV_WAIT = {64: 32}
-# Further schedule options of FlashAttnFwdSm90 per head dim (k_ahead, release_v_early,
-# rowsum_mma, stages; kernel.py says what each does). None is on by default: none has been
-# measured against the default schedule yet. Part of the compile key.
-SCHEDULE: dict[int, dict] = {}
-THREE_WG_MIN_SQ = 2048
-
-
-def mma_warpgroups(head_dim: int, seqlen_q: int) -> int:
-    wg = MMA_WARPGROUPS[head_dim]
-    return wg if seqlen_q >= THREE_WG_MIN_SQ else min(wg, 2)
-
-
-H100_SMS = hardware.H100_SXM.sms  # what the heuristics were tuned on (runtime/hardware.py)
 MAX_SPLITS = 16
-# Decode (S_q = 1) runs decode.py. Per head dim: how many query heads of one KV head share a
-# CTA at most (more would push the per-thread softmax state past the register budget), and
-# how many 16-byte chunks of a row each thread loads (vec). Part of the compile key.
-DECODE_CONFIG = {64: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
-                 # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp);
-                 # q and the accumulator (heads x 24 fp32 each per thread): 2 heads fit.
-                 96: {"max_heads": 2, "vec": 3, "unroll": 1, "stages": 4, "threads": 256},
-                 128: {"max_heads": 4, "vec": 1, "unroll": 2, "stages": 4, "threads": 256},
-                 256: {"max_heads": 2, "vec": 2, "unroll": 1, "stages": 4, "threads": 256}}
-# GQA decode with at least `min_gqa` query heads per KV head runs the tensor-core kernel
-# (FlashDecodeMmaSm90): up to 16 packed heads per CTA (the mma tile's M rows), `warps` warps
-# of `bn` keys per step, a `stages`-deep cp.async ring per warp.
-DECODE_MMA_CONFIG = {"min_gqa": 4, "max_heads": 16, "warps": 4, "bn": 16, "stages": 3}
 
 
 def _tma_aligned(t: torch.Tensor) -> bool:
@@ -96,15 +53,15 @@ def _validate(q, k, v):
         raise ValueError(f"k and v must be [B={B}, Sk, Hkv, D={D}], got {tuple(k.shape)} and {tuple(v.shape)}")
     if Hq % k.shape[2]:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({k.shape[2]})")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head dim {D} is not supported; supported: {HEAD_DIMS}")
+    check_head_dim(D)
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         if not _tma_aligned(t):
             raise ValueError(f"{n} needs a 16-byte aligned base and 16-byte aligned strides (TMA)")
 
 
-def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, seqlens: bool = False,
-             seqlens_q: bool = False, split_kv: bool = False, num_mma_wg: int = 2, schedule: dict | None = None):
+def _compile(dtype, cfg: PrefillConfig, causal: bool, seqlens_k: bool, seqlens_q: bool, split_kv: bool,
+             keep_dir: str | None = None):
+    cfg.validate()
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -113,6 +70,7 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
     from .kernel import FlashAttnFwdSm90
 
     dt = to_cutlass(dtype)
+    head_dim = cfg.head_dim
     b, sq, sk, hq, hkv = (cute.sym_int32() for _ in range(5))
 
     def bshd(s, h):
@@ -127,12 +85,9 @@ def _compile(dtype, head_dim: int, causal: bool, keep_dir: str | None = None, se
                               tuple(cute.sym_int64() for _ in range(4)) + (1,), assumed_align=16)
         flse = make_fake_tensor(cutlass.Float32, (ns, b, hq, sq), tuple(cute.sym_int64() for _ in range(3)) + (1,),
                                 assumed_align=4)
-    fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
+    fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_k else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
-    kernel = FlashAttnFwdSm90(head_dim, causal, n_block=N_BLOCK.get(head_dim, 128),
-                              pingpong=pingpong_for(head_dim, num_mma_wg), split_kv=split_kv, num_mma_wg=num_mma_wg,
-                              exps_before_pv_wait=EXPS_BEFORE_PV_WAIT.get(head_dim),
-                              **(SCHEDULE.get(head_dim, {}) if schedule is None else schedule))
+    kernel = FlashAttnFwdSm90(cfg, causal, split_kv=split_kv)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
                         cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
@@ -178,10 +133,18 @@ def _resolve_splits(num_splits, B, Hq, Sq, Sk) -> int:
 
 # ----------------------------------------------------------------------------- decode (S_q = 1)
 
+def _decode_cfg(head_dim: int, mma: bool) -> DecodeConfig | DecodeMmaConfig:
+    """The per-head-dim config of either decode kernel (what the split heuristics plan with)."""
+    return decode_mma_config(head_dim) if mma else decode_config(head_dim)
+
+
+def _heads_per_cta(qheads_per_kvhead: int, cfg: DecodeConfig | DecodeMmaConfig) -> int:
+    return max(h for h in range(1, cfg.max_heads + 1) if qheads_per_kvhead % h == 0)
+
+
 def decode_heads_per_cta(qheads_per_kvhead: int, head_dim: int = 64, mma: bool = False) -> int:
     """The largest divisor of the GQA ratio within the kernel's max_heads."""
-    cap = DECODE_MMA_CONFIG["max_heads"] if mma else DECODE_CONFIG[head_dim]["max_heads"]
-    return max(h for h in range(1, cap + 1) if qheads_per_kvhead % h == 0)
+    return _heads_per_cta(qheads_per_kvhead, _decode_cfg(head_dim, mma))
 
 
 def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head_dim: int, *,
@@ -190,58 +153,18 @@ def decode_uses_mma(batch: int, q_heads: int, kv_heads: int, seqlen_k: int, head
     still give every SM a CTA: at batch 1 with 8 KV heads and 1k keys it makes 64 one-step
     CTAs and lost to the SIMT kernel's 128 (8.9 vs 7.4 us, H100, same run)."""
     G = q_heads // kv_heads
-    # Its swizzled ring holds 64-wide rows, and at D = 256 the ring would not fit shared memory.
-    if G < DECODE_MMA_CONFIG["min_gqa"] or head_dim % 64 or head_dim > 128:
+    if head_dim not in DecodeMmaConfig.HEAD_DIMS or G < decode_mma_config(head_dim).min_gqa:
         return False
     ctas = batch * (q_heads // decode_heads_per_cta(G, head_dim, mma=True))
-    return ctas * -(-seqlen_k // _decode_block_n(head_dim, True)) >= num_sms
+    return ctas * -(-seqlen_k // decode_mma_config(head_dim).block_n) >= num_sms
 
 
-def decode_config_variant(head_dim: int, ctas: int, seqlen_k: int, *, num_sms: int = H100_SMS) -> int:
-    """Which SIMT decode config a launch uses: -1 for DECODE_CONFIG, or for launches of many
-    waves (batch x heads >= 4 CTAs per SM, so never split) the index of the first
-    DECODE_CONFIG_MANY entry whose minimum cache length seqlen_k reaches."""
-    if ctas >= 4 * num_sms:
-        for i, (min_len, _) in enumerate(DECODE_CONFIG_MANY.get(head_dim, ())):
-            if seqlen_k >= min_len:
-                return i
-    return -1
-
-
-def decode_config(head_dim: int, variant: int = -1) -> dict:
-    """The SIMT decode kernel's config for a decode_config_variant."""
-    if variant < 0:
-        return DECODE_CONFIG[head_dim]
-    return {**DECODE_CONFIG[head_dim], **DECODE_CONFIG_MANY[head_dim][variant][1]}
-
-
-# Many-wave MHA decode (see decode_config_variant), by cache length. Same-run H100 sweep, batch 64 x
-# 12 heads, D = 64 (us; this / DECODE_CONFIG's / cuDNN): 8k keys 521.5 / 552.3 / 536.6 with 8
-# rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 / 70.1 with
-# 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost to the default.
-DECODE_CONFIG_MANY = {64: [(4096, {"unroll": 8, "stages": 2}), (0, {"unroll": 4, "stages": 4})]}
-
-
-def _decode_kernel_obj(head_dim: int, heads: int, split: bool, seqlens: bool, masked: bool = False,
-                       mma: bool = False, cluster: int = 1, cfg: dict | None = None, early_trigger: bool = False):
+def _decode_kernel_obj(cfg: DecodeConfig | DecodeMmaConfig, heads: int, split: bool, seqlens: bool,
+                       masked: bool = False, cluster: int = 1, early_trigger: bool = False):
     from .decode import FlashDecodeMmaSm90, FlashDecodeSm90
 
-    if mma:
-        cfg = DECODE_MMA_CONFIG
-        return FlashDecodeMmaSm90(head_dim, heads, split, seqlens, num_warps=cfg["warps"], bn=cfg["bn"],
-                                  stages=cfg["stages"], masked=masked, cluster=cluster, early_trigger=early_trigger)
-    cfg = cfg or DECODE_CONFIG[head_dim]
-    return FlashDecodeSm90(head_dim, heads, split, seqlens, num_threads=cfg["threads"], vec=cfg["vec"],
-                           unroll=cfg["unroll"], stages=cfg["stages"], masked=masked, cluster=cluster,
-                           early_trigger=early_trigger)
-
-
-def _decode_block_n(head_dim: int, mma: bool) -> int:
-    """Keys per CTA step of the decode kernel (= its block_n)."""
-    if mma:
-        return DECODE_MMA_CONFIG["warps"] * DECODE_MMA_CONFIG["bn"]
-    cfg = DECODE_CONFIG[head_dim]
-    return cfg["threads"] // (head_dim // (8 * cfg["vec"])) * cfg["unroll"]
+    kernel = FlashDecodeMmaSm90 if isinstance(cfg, DecodeMmaConfig) else FlashDecodeSm90
+    return kernel(cfg, heads, split, seqlens, masked=masked, cluster=cluster, early_trigger=early_trigger)
 
 
 def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen_k: int, head_dim: int, *,
@@ -269,7 +192,7 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     global / cuDNN): B = 8 h32/8 1k keys 9.3 / 11.3 / 11.6, 8k 89.8 / 91.8 / 95.2; B = 1 at 8k
     keys a cluster of 8 (64 CTAs) lost to 16 global splits (15.0 vs 11.5)."""
     ctas = batch * (q_heads // heads_per_cta)
-    block_n = _decode_block_n(head_dim, mma)
+    block_n = _decode_cfg(head_dim, mma).block_n
     n_blocks = -(-seqlen_k // block_n)
     work = seqlen_k * 4 * head_dim * heads_per_cta  # K + V, 2 bytes each
     splits = min(MAX_DECODE_SPLITS, num_sms // ctas, n_blocks, work // MIN_SPLIT_WORK)
@@ -322,9 +245,9 @@ MIN_SPLIT_WORK = 128 << 10
 MAX_MERGE_BYTES = 128 << 10
 
 
-def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool, keep_dir: str | None = None,
-                    masked: bool = False, mma: bool = False, cluster: int = 1, cfg: dict | None = None,
-                    early_trigger: bool = False):
+def _compile_decode(dtype, cfg: DecodeConfig | DecodeMmaConfig, heads: int, split: bool, seqlens: bool,
+                    masked: bool, cluster: int, early_trigger: bool, keep_dir: str | None = None):
+    cfg.validate()
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -332,6 +255,7 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
     from ..runtime.dtypes import to_cutlass
 
     dt = to_cutlass(dtype)
+    head_dim = cfg.head_dim
     b, sk, hq, hkv, ns = (cute.sym_int32() for _ in range(5))
 
     def bshd(s, h):
@@ -350,16 +274,19 @@ def _compile_decode(dtype, head_dim: int, heads: int, split: bool, seqlens: bool
         fsem = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens else None
     fmask = make_fake_tensor(cutlass.Uint8, (b, sk), (cute.sym_int64(), 1), assumed_align=1) if masked else None
-    kernel = _decode_kernel_obj(head_dim, heads, split, seqlens, masked, mma, cluster, cfg, early_trigger)
+    kernel = _decode_kernel_obj(cfg, heads, split, seqlens, masked, cluster, early_trigger)
     return cute.compile(kernel, fq, fk, fv, fo, flse, fop, flp, fsem, fseq, fmask, f32(1.0), cutlass.Int32(1),
                         cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-# Flat-tuple front cache, like the prefill kernel's _FAST (DECODE_CONFIG is in the CompileKey, not here: a
-# sweep that edits DECODE_CONFIG clears this dict).
-_FAST_DECODE: dict = {}
+def _decode_kernel(dtype, cfg: DecodeConfig | DecodeMmaConfig, heads: int, split: bool, seqlens: bool,
+                   masked: bool, cluster: int, early_trigger: bool):
+    name = "flash_decode_mma_sm90" if isinstance(cfg, DecodeMmaConfig) else "flash_decode_sm90"
+    return KERNELS.compiled(name, _compile_decode, dtype, cfg, heads, split, seqlens, masked, cluster, early_trigger)
+
+
 # Split-merge arrival counters, one per (batch, head group), zero between launches (the last
 # CTA of each group resets its own). Grown on demand, one buffer per device, never inside a
 # CUDA-graph capture (its memory would belong to that graph). Limitation: split decode
@@ -378,15 +305,19 @@ def _semaphores(n: int, device) -> torch.Tensor:
     return buf
 
 
-def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mask=None, early_trigger=False):
+def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mask=None, early_trigger=False,
+                config: DecodeConfig | DecodeMmaConfig | None = None):
     """q [B, 1, Hq, D] against k/v [B, Sk, Hkv, D] (the first seqlens_k[b] keys, those of them
-    where key_mask [B, Sk] (uint8) is nonzero) -> O, LSE."""
-    from .kernel import softmax_scale_log2
+    where key_mask [B, Sk] (uint8) is nonzero) -> O, LSE. config: build this kernel config
+    instead of the tuned pick (the split heuristics still plan with the tuned one)."""
 
     B, _, Hq, D = q.shape
     G = Hq // k.shape[2]
-    mma = decode_uses_mma(B, Hq, k.shape[2], k.shape[1], D)
-    heads = decode_heads_per_cta(G, D, mma=mma)
+    if config is None:
+        mma = decode_uses_mma(B, Hq, k.shape[2], k.shape[1], D)
+    else:
+        mma = isinstance(config, DecodeMmaConfig)
+    heads = _heads_per_cta(G, config or _decode_cfg(D, mma))
     splits = num_splits if num_splits is not None else decode_splits_heuristic(B, Hq, heads, k.shape[1], D, mma=mma)
     splits = min(splits, MAX_DECODE_SPLITS)
     out = torch.empty((B, 1, Hq, D), dtype=q.dtype, device=q.device)
@@ -394,19 +325,12 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     if out.numel() == 0:
         return out, lse
     split = splits > 1
-    lens = seqlens_k is not None
-    masked = key_mask is not None
     ctas = B * (Hq // heads)
     cluster = splits if decode_merges_in_cluster(ctas, splits) else 1
-    variant = -1 if mma else decode_config_variant(D, ctas, k.shape[1])
-    fast = (q.dtype, D, heads, split, lens, masked, mma, cluster, variant, early_trigger)
-    fn = _FAST_DECODE.get(fast)
-    if fn is None:
-        cfg = DECODE_MMA_CONFIG if mma else decode_config(D, variant)
-        rec = functools.partial(_compile_decode, q.dtype, D, heads, split, lens, masked=masked, mma=mma,
-                                cluster=cluster, cfg=None if mma else cfg, early_trigger=early_trigger)
-        name = "flash_decode_mma_sm90" if mma else "flash_decode_sm90"
-        fn = _FAST_DECODE[fast] = KERNELS.get(_key(name, rec, cfg), rec)
+    if config is None:
+        config = decode_mma_config(D) if mma else decode_config(D, ctas, k.shape[1])
+    fn = _decode_kernel(q.dtype, config, heads, split, seqlens_k is not None, key_mask is not None, cluster,
+                        early_trigger)
     scale = softmax_scale_log2(D, softmax_scale)
     if cluster > 1:  # partials merge in rank 0's shared memory: no buffers, no counters
         fn(q, k, v, out, lse, None, None, None, seqlens_k, key_mask, scale, G, splits)
@@ -420,25 +344,8 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     return out, lse
 
 
-_FAST: dict = {}
-
-
-def _key(name: str, rec, tables) -> CompileKey:
-    # The module tables that the compile functions read join the recipe in the key.
-    return CompileKey(name, json.dumps([CompileKey.of(name, rec).recipe, repr(tables)]))
-
-
-def _kernel(dtype, D: int, causal: bool, lens_k: bool, lens_q: bool, split_kv: bool, wg: int = 2):
-    # A flat-tuple front cache (as matmul/api.py has): building and hashing a CompileKey
-    # on every call costs microseconds of host time.
-    fast = (dtype, D, causal, lens_k, lens_q, split_kv, wg)
-    fn = _FAST.get(fast)
-    if fn is None:
-        rec = functools.partial(_compile, dtype, D, causal, seqlens=lens_k, seqlens_q=lens_q, split_kv=split_kv,
-                                num_mma_wg=wg)
-        fn = _FAST[fast] = KERNELS.get(_key("flash_fwd_sm90", rec, (pingpong_for(D, wg), EXPS_BEFORE_PV_WAIT.get(D),
-                                                                   sorted(SCHEDULE.get(D, {}).items()))), rec)
-    return fn
+def _kernel(dtype, cfg: PrefillConfig, causal: bool, seqlens_k: bool, seqlens_q: bool, split_kv: bool):
+    return KERNELS.compiled("flash_fwd_sm90", _compile, dtype, cfg, causal, seqlens_k, seqlens_q, split_kv)
 
 
 # K and V of the (batch, head) pairs that the tiles in flight share should stay in L2
@@ -454,8 +361,9 @@ def heads_per_group(seqlen_k: int, head_dim: int, qheads_per_kvhead: int, itemsi
     return max(1, L2_GROUP_BYTES * qheads_per_kvhead // kv_bytes)
 
 
-def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_splits=1):
-    from .kernel import softmax_scale_log2
+def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_splits=1,
+         config: PrefillConfig | None = None):
+    """config: build this kernel config instead of prefill_config's pick."""
 
     B, Sq, Hq, D = q.shape
     splits = num_splits
@@ -464,7 +372,7 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
     if out.numel():
         lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
         split_kv = splits > 1
-        fn = _kernel(q.dtype, D, bool(causal), lens_k, lens_q, split_kv, mma_warpgroups(D, Sq))
+        fn = _kernel(q.dtype, config or prefill_config(D, Sq), bool(causal), lens_k, lens_q, split_kv)
         scale = softmax_scale_log2(D, softmax_scale)
         ratio = Hq // k.shape[2]
         # Persistent CTAs remove the per-tile launch/prologue/epilogue bubbles, which
@@ -527,16 +435,11 @@ def _compile_append(dtype, head_dim: int, keep_dir: str | None = None):
                         + (f" --keep-ptx --dump-dir {keep_dir}" if keep_dir else ""))
 
 
-_FAST_APPEND: dict = {}
-
-
 def append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new) -> torch.Tensor:
     """append_kv in one launch (append.py); returns the new lengths min(cache_seqlens + S_new,
     Smax) as a fresh int32 tensor. Needs 16-byte aligned rows in k_new/v_new."""
     D = k_new.shape[3]
-    fn = _FAST_APPEND.get((k_new.dtype, D))
-    if fn is None:
-        fn = _FAST_APPEND[(k_new.dtype, D)] = KERNELS.compiled("append_kv_sm90", _compile_append, k_new.dtype, D)
+    fn = KERNELS.compiled("append_kv_sm90", _compile_append, k_new.dtype, D)
     lens_out = torch.empty_like(cache_seqlens)
     fn(k_cache, v_cache, k_new, v_new, cache_seqlens.contiguous(), lens_out)
     return lens_out

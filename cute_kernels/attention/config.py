@@ -1,8 +1,313 @@
-"""Limits that the attention kernels and their host code share (kernels import this module,
-never the api module)."""
+"""What the attention kernels are built with: one frozen config per kernel, its validity check,
+and the choices per head dim and launch shape.
 
+`PrefillConfig` specialises FlashAttnFwdSm90 (kernel.py), `DecodeConfig` the SIMT decode
+kernel and `DecodeMmaConfig` the tensor-core decode kernel (decode.py). A config is plain,
+hashable data: every field is compiled into the kernel and part of its compile key, so two
+configs never share a compiled kernel. `prefill_config`, `decode_config` and
+`decode_mma_config` are the tuned picks; any other valid config can be built and passed to
+the compile functions directly. Kernels import this module, never the api module.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+from ..runtime import hardware
+
+HEAD_DIMS = (64, 96, 128, 256)  # 96 and 256: correct, not tuned
+# Hopper: 227 KiB of shared memory per block (the opt-in maximum on sm_90).
+SM90_SMEM_BYTES = 232448
+H100_SMS = hardware.H100_SXM.sms  # what the heuristics were tuned on (runtime/hardware.py)
 # Splits per (batch, head group) at most: the decode kernels keep one merge weight per split
 # and head in shared memory.
 MAX_DECODE_SPLITS = 64
 # Split counts up to this merge inside a thread-block cluster (8: the portable cluster size).
 MAX_CLUSTER_SPLITS = 8
+_IN_BYTES = 2  # bf16 / fp16: the only input types
+
+
+def check_head_dim(head_dim: int) -> None:
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported; supported: {HEAD_DIMS}")
+
+
+# ----------------------------------------------------------------------------- prefill
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Static shape and schedule of one FlashAttnFwdSm90 build (kernel.py says what each
+    schedule option does).
+
+    A tile is m_block = 64 x num_mma_wg query rows (64 per consumer warpgroup) by n_block
+    keys per step; K and V each stream through a `stages`-deep ring (None: 4 stages at
+    D = 64, 2 above, where two already fill ~160 KB of shared memory with Q at D = 128).
+    exps_before_pv_wait: exp2s per thread issued before a consumer waits for the previous
+    P V (None: all of them).
+    """
+
+    head_dim: int
+    num_mma_wg: int = 2
+    n_block: int = 128
+    stages: int | None = None
+    pingpong: bool = True
+    exps_before_pv_wait: int | None = None
+    k_ahead: bool = False
+    release_v_early: bool = False
+    rowsum_mma: bool = False
+
+    ROWS_PER_WG = 64  # a consumer warpgroup's query rows (the wgmma M): not a field
+
+    def __post_init__(self):
+        if self.stages is None:
+            object.__setattr__(self, "stages", 4 if self.head_dim <= 64 else 2)
+
+    @property
+    def m_block(self) -> int:
+        return self.ROWS_PER_WG * self.num_mma_wg
+
+    def smem_bytes(self, in_bytes: int = _IN_BYTES) -> int:
+        """Q, the K and V rings, the rowsum_mma ones tile (8 x n_block), and 1 KB for the
+        pipeline barriers (each buffer is 1024-byte aligned)."""
+        kv = self.stages * self.n_block * self.head_dim * in_bytes
+        ones = 8 * self.n_block * in_bytes if self.rowsum_mma else 0
+        return 1024 + self.m_block * self.head_dim * in_bytes + 2 * kv + ones
+
+    def validate(self) -> None:
+        """The one validity check for a config; raises ValueError with the reason."""
+        check_head_dim(self.head_dim)
+        if self.num_mma_wg not in (2, 3):
+            raise ValueError(f"num_mma_wg must be 2 or 3 (128- or 192-row tiles), got {self.num_mma_wg}")
+        if self.n_block not in (64, 128):
+            raise ValueError(f"n_block must be 64 or 128, got {self.n_block}")
+        if not isinstance(self.stages, int) or self.stages < 1:
+            raise ValueError(f"stages must be an int >= 1, got {self.stages!r}")
+        # ptxas compiles the whole kernel under the launch's register cap, before setmaxnreg:
+        # 168 a thread at 384 threads, 128 at 512. A consumer's fp32 O (D / 2 registers a
+        # thread) and S (n_block / 2) must leave room under it: D = 256 with 128-key blocks
+        # (192) spilled, with 64-key blocks (160) it compiles clean.
+        acc = (self.head_dim + self.n_block) // 2
+        limit = 160 if self.num_mma_wg == 2 else 120
+        if acc > limit:
+            raise ValueError(f"{self}: the O and S accumulators take {acc} registers a thread, over the {limit} "
+                             f"that {self.num_mma_wg} consumer warpgroups leave (D = 256 needs n_block = 64 and 2 of them)")
+        if self.exps_before_pv_wait is not None and not 0 <= self.exps_before_pv_wait <= self.n_block // 2:
+            raise ValueError(f"exps_before_pv_wait must be None or 0..{self.n_block // 2} (a thread's scores per "
+                             f"block), got {self.exps_before_pv_wait}")
+        if self.smem_bytes() > SM90_SMEM_BYTES:
+            raise ValueError(f"{self} needs {self.smem_bytes()} bytes of shared memory, over the "
+                             f"{SM90_SMEM_BYTES} of an sm_90 CTA (fewer stages or a smaller n_block)")
+
+
+# Consumer warpgroups per CTA (64 query rows each). At D = 64 the softmax's exp2s take as
+# many cycles as the two GEMMs, and a third warpgroup (192-row tiles, as FlashAttention-3
+# uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
+# causal); S = 1024: -1% (-9% causal: 1024 rows make 5.3 tiles of 192, and causal tiles
+# balance worse). So three only from THREE_WG_MIN_SQ query rows on.
+THREE_WG_MIN_SQ = 2048
+
+
+def prefill_config(head_dim: int, seqlen_q: int) -> PrefillConfig:
+    """The prefill kernel's config for a head dim and query length."""
+    check_head_dim(head_dim)
+    return _prefill_config(head_dim, seqlen_q >= THREE_WG_MIN_SQ)
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_config(head_dim: int, long_q: bool) -> PrefillConfig:
+    num_mma_wg = 3 if head_dim == 64 and long_q else 2
+    cfg = PrefillConfig(
+        head_dim,
+        num_mma_wg=num_mma_wg,
+        # 64-key blocks at D = 256: see validate (a warpgroup's O is 64 x 256 fp32).
+        n_block=64 if head_dim == 256 else 128,
+        # Ping-pong turns between the consumer warpgroups, except at D = 64 with two of them:
+        # there the turn barriers cost more than the overlap buys (same-run A/B on the H100:
+        # 16x12x1024x64 359 -> 369 TFLOP/s, causal 250 -> 257, 8x25x1024x64 348 -> 360,
+        # causal 239 -> 249; D = 128 and three warpgroups were even or mixed, so they keep it).
+        pingpong=not (head_dim == 64 and num_mma_wg == 2),
+        # D = 64 issues 32 of its 64 exp2s a thread before the P V wait and interleaves the
+        # rest with O's rescale. Same-run A/B on the H100 (two runs, bit-identical outputs):
+        # +1.8% geomean over the suite's six D = 64 shapes (causal S = 1024 +3%, 8x25x1024
+        # non-causal -1%); D = 128 moved +-2% either way with 4, 8 or 32 and keeps the wait
+        # after all of them.
+        exps_before_pv_wait=32 if head_dim == 64 else None,
+        # k_ahead, release_v_early, rowsum_mma and other stage counts stay at the defaults:
+        # none has been measured against the default schedule yet.
+    )
+    cfg.validate()
+    return cfg
+
+
+# ----------------------------------------------------------------------------- decode (S_q = 1)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One build of the SIMT decode kernel (FlashDecodeSm90).
+
+    Each of `threads` threads loads `vec` 16-byte chunks (8 x vec columns) of a K and a V row,
+    so D / (8 vec) threads share a row and the CTA covers `rows` rows at once, `unroll` times
+    per step (block_n keys), through a `stages`-deep cp.async ring. max_heads: the most query
+    heads of one KV head that share a CTA (the host packs a divisor of the GQA ratio).
+    """
+
+    head_dim: int
+    max_heads: int = 4
+    vec: int = 1
+    unroll: int = 2
+    stages: int = 4
+    threads: int = 256
+
+    @property
+    def threads_per_row(self) -> int:
+        return self.head_dim // (8 * self.vec)
+
+    @property
+    def block_n(self) -> int:
+        """Keys per CTA step (the split heuristic's unit)."""
+        return self.threads // self.threads_per_row * self.unroll
+
+    def smem_bytes(self, heads: int | None = None, cluster: int = MAX_CLUSTER_SPLITS, in_bytes: int = _IN_BYTES) -> int:
+        """The cp.async ring, the row groups' (max, sum, O) for the merge, split weights and
+        a cluster merge's landing buffers, for `heads` packed heads (default max_heads)."""
+        h, d = heads or self.max_heads, self.head_dim
+        rows = self.threads // self.threads_per_row
+        ring = 2 * self.stages * self.unroll * self.vec * self.threads * 8 * in_bytes
+        merge = rows * h * (2 + d) * 4 + h * MAX_DECODE_SPLITS * 4 + 16
+        partials = cluster * h * (d + 1) * 4 if cluster > 1 else 0
+        return ring + merge + partials + 1024  # + alignment slack
+
+    def validate(self) -> None:
+        """The one validity check for a config; raises ValueError with the reason."""
+        check_head_dim(self.head_dim)
+        for name in ("max_heads", "vec", "unroll"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_dim % (8 * self.vec) or 32 % self.threads_per_row:
+            raise ValueError(f"vec = {self.vec} at D = {self.head_dim}: a row's threads (D / (8 vec)) must be a whole "
+                             "number that divides a warp")
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"threads must be a multiple of 32 in 32..1024, got {self.threads}")
+        if self.threads // 32 < self.max_heads:
+            raise ValueError(f"max_heads = {self.max_heads} needs {32 * self.max_heads} threads (the split merge "
+                             f"gives each head one warp), got {self.threads}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2 (the ring runs stages - 1 steps ahead), got {self.stages}")
+        # Each thread keeps q and its output columns per packed head in fp32: 2 x heads x 8 vec
+        # registers. At D = 96 (vec 3) 2 heads (96) fit, 4 heads (192) spilled.
+        state = 2 * self.max_heads * 8 * self.vec
+        if state > 128:
+            raise ValueError(f"{self}: q and the accumulators take {state} registers a thread (max_heads x vec "
+                             "too large; at most 128)")
+        if self.smem_bytes() > SM90_SMEM_BYTES:
+            raise ValueError(f"{self} needs {self.smem_bytes()} bytes of shared memory, over the "
+                             f"{SM90_SMEM_BYTES} of an sm_90 CTA")
+
+
+@dataclass(frozen=True)
+class DecodeMmaConfig:
+    """One build of the tensor-core decode kernel (FlashDecodeMmaSm90) for GQA: up to
+    max_heads packed query heads (the M rows of the mma tile), `warps` warps of `bn` keys per
+    step, each through its own `stages`-deep cp.async ring. GQA ratios of at least min_gqa
+    run it (decode_uses_mma)."""
+
+    head_dim: int
+    min_gqa: int = 4
+    max_heads: int = 16
+    warps: int = 4
+    bn: int = 16
+    stages: int = 3
+
+    # Its swizzled ring holds 64-wide rows, and at D = 256 the ring would not fit shared memory.
+    HEAD_DIMS = (64, 128)
+
+    @property
+    def block_n(self) -> int:
+        """Keys per CTA step (the split heuristic's unit)."""
+        return self.warps * self.bn
+
+    def ring_bytes(self, in_bytes: int = _IN_BYTES) -> int:
+        return self.warps * self.stages * 2 * self.bn * self.head_dim * in_bytes
+
+    def smem_bytes(self, heads: int | None = None, cluster: int = MAX_CLUSTER_SPLITS, in_bytes: int = _IN_BYTES) -> int:
+        """Ring + Q tile + per-warp (max, sum) + split weights + a cluster merge's landing
+        buffers + alignment slack, for `heads` packed heads (default max_heads)."""
+        h = heads or self.max_heads
+        merge = self.warps * h * 2 * 4 + h * MAX_DECODE_SPLITS * 4 + cluster * h * (self.head_dim + 1) * 4
+        return self.ring_bytes(in_bytes) + 16 * self.head_dim * in_bytes + merge + 1024
+
+    def validate(self) -> None:
+        """The one validity check for a config; raises ValueError with the reason."""
+        check_head_dim(self.head_dim)
+        if self.head_dim not in self.HEAD_DIMS:
+            raise ValueError(f"the tensor-core decode kernel takes D in {self.HEAD_DIMS} (its swizzled ring holds "
+                             f"64-wide rows; D = 256 would not fit shared memory), got {self.head_dim}")
+        if not 1 <= self.max_heads <= 16:
+            raise ValueError(f"max_heads must be 1..16 (the mma tile's M rows), got {self.max_heads}")
+        if self.min_gqa < 1:
+            raise ValueError(f"min_gqa must be >= 1, got {self.min_gqa}")
+        if self.warps < 1 or self.bn < 16 or self.bn % 16:
+            raise ValueError(f"warps must be >= 1 and bn a multiple of 16 (the mma's K), got {self.warps}, {self.bn}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2 (the ring runs stages - 1 steps ahead), got {self.stages}")
+        if self.warps * self.max_heads * self.head_dim * 4 > self.ring_bytes():
+            raise ValueError(f"{self}: the warps' fp32 partial O (overlaid on the K/V ring) does not fit in it")
+        if self.smem_bytes() > SM90_SMEM_BYTES:
+            raise ValueError(f"{self} needs {self.smem_bytes()} bytes of shared memory, over the "
+                             f"{SM90_SMEM_BYTES} of an sm_90 CTA")
+
+
+# Many-wave launches (batch x head groups >= MANY_WAVES_PER_SM CTAs per SM, never split) of
+# MHA decode at D = 64 stream more keys per step, by cache length. Same-run H100 sweep,
+# batch 64 x 12 heads (us; this / the default config / cuDNN): 8k keys 521.5 / 552.3 / 536.6
+# with 8 rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 /
+# 70.1 with 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost
+# to the default.
+MANY_WAVES_PER_SM = 4
+MANY_WAVES_LONG_CACHE = 4096
+
+
+def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, num_sms: int = H100_SMS) -> DecodeConfig:
+    """The SIMT decode kernel's config for a launch of `ctas` CTAs (batch x head groups,
+    before any split) over seqlen_k keys; the defaults give the per-head-dim config."""
+    check_head_dim(head_dim)
+    many_waves = ctas >= MANY_WAVES_PER_SM * num_sms and head_dim == 64  # swept at D = 64 only
+    return _decode_config(head_dim, many_waves, many_waves and seqlen_k >= MANY_WAVES_LONG_CACHE)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_config(head_dim: int, many_waves: bool, long_cache: bool) -> DecodeConfig:
+    if head_dim == 96:
+        # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp); q and the
+        # accumulator (heads x 24 fp32 each per thread): 2 heads fit.
+        cfg = DecodeConfig(96, max_heads=2, vec=3, unroll=1)
+    elif head_dim == 256:
+        cfg = DecodeConfig(256, max_heads=2, vec=2, unroll=1)
+    else:
+        # 4 heads: more would push the per-thread softmax state past the register budget.
+        cfg = DecodeConfig(head_dim, max_heads=4, vec=1, unroll=2)
+    if many_waves:
+        cfg = replace(cfg, unroll=8, stages=2) if long_cache else replace(cfg, unroll=4, stages=4)
+    cfg.validate()
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def decode_mma_config(head_dim: int) -> DecodeMmaConfig:
+    """The tensor-core decode kernel's config (4 warps x 16 keys x 3 stages was best at every
+    GQA point swept: docs/attention.md)."""
+    cfg = DecodeMmaConfig(head_dim)
+    cfg.validate()
+    return cfg
+
+
+_LOG2_E = 1.4426950408889634
+
+
+def softmax_scale_log2(head_dim: int, softmax_scale: float | None) -> float:
+    """The kernels' softmax runs in base 2: scores are scaled by softmax_scale * log2(e)."""
+    return (softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2_E

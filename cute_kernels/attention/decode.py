@@ -54,12 +54,9 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
 
-# The split limits live with the host heuristics that pick split counts on every call (api.py
-# imports this module lazily, so a function-level import there would cost each call).
-from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS
+from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS, SM90_SMEM_BYTES, DecodeConfig, DecodeMmaConfig
 
 _LN_2 = math.log(2.0)
-_SM90_SMEM_BYTES = 232448  # per block, opt-in maximum on sm_90
 
 
 @dsl_user_op
@@ -84,9 +81,9 @@ class FlashDecodeSm90:
     arrive/wait around the partials' stores) or an acq_rel atomic counter in global memory.
     """
 
-    def __init__(self, head_dim: int, heads: int, split: bool, seqlens: bool, num_threads: int = 256,
-                 unroll: int = 2, vec: int = 1, stages: int = 4, masked: bool = False, cluster: int = 1,
-                 early_trigger: bool = False):
+    def __init__(self, cfg: DecodeConfig, heads: int, split: bool, seqlens: bool, masked: bool = False,
+                 cluster: int = 1, early_trigger: bool = False):
+        head_dim, vec, num_threads = cfg.head_dim, cfg.vec, cfg.threads
         assert head_dim % (8 * vec) == 0 and 32 % (head_dim // (8 * vec)) == 0
         assert num_threads // 32 >= heads  # the split merge gives each head one warp
         # cluster > 1: exactly `cluster` splits, one thread-block cluster per (batch, head
@@ -102,16 +99,16 @@ class FlashDecodeSm90:
         self.seqlens = seqlens
         self.masked = masked  # a [B, Sk] byte mask of the keys each sequence may attend to
         self.num_threads = num_threads
-        self.unroll = unroll
+        self.unroll = cfg.unroll
         # K/V rows go through a cp.async ring in shared memory, stages - 1 steps ahead, so the
         # bytes in flight cost no registers. (Loading straight into registers, `unroll` rows
         # ahead, measured 48-78% of HBM bandwidth at D = 128 with 4 GQA heads per CTA, the
         # ring 84-92%: the softmax state left too few registers for loads in flight.)
-        assert stages >= 2
-        self.stages = stages
+        assert cfg.stages >= 2
+        self.stages = cfg.stages
         self.tpr = head_dim // self.cols  # threads per key row
         self.rows = num_threads // self.tpr  # key rows in flight per unrolled step
-        self.block_n = self.rows * unroll
+        self.block_n = self.rows * self.unroll
 
     @cute.jit
     def pdl_wait(self):
@@ -556,10 +553,12 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
     read with ldmatrix, V with ldmatrix.trans (the B operand of P V is V^T's K-major view).
     """
 
-    def __init__(self, head_dim: int, heads: int, split: bool, seqlens: bool, num_warps: int = 4,
-                 bn: int = 16, stages: int = 4, masked: bool = False, cluster: int = 1, early_trigger: bool = False):
+    def __init__(self, cfg: DecodeMmaConfig, heads: int, split: bool, seqlens: bool, masked: bool = False,
+                 cluster: int = 1, early_trigger: bool = False):
+        head_dim, num_warps, bn, stages = cfg.head_dim, cfg.warps, cfg.bn, cfg.stages
         assert heads <= 16 and bn % 16 == 0 and stages >= 2 and head_dim % 64 == 0
         assert 1 <= cluster <= MAX_CLUSTER_SPLITS and (cluster == 1 or split)
+        self.cfg = cfg
         self.early_trigger = early_trigger
         self.head_dim = head_dim
         self.heads = heads
@@ -575,16 +574,13 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         self.block_n = num_warps * bn  # keys per CTA step (the split heuristic's unit)
         # The warps' fp32 partial O overlays the K/V ring after the key loop.
         assert num_warps * heads * head_dim * 4 <= self.ring_bytes(), "partial O does not fit in the ring"
-        assert self.smem_bytes() <= _SM90_SMEM_BYTES, f"{self.smem_bytes()} bytes of smem"
+        assert self.smem_bytes() <= SM90_SMEM_BYTES, f"{self.smem_bytes()} bytes of smem"
 
     def ring_bytes(self, dtype_bytes: int = 2) -> int:
-        return self.num_warps * self.stages * 2 * self.bn * self.head_dim * dtype_bytes
+        return self.cfg.ring_bytes(dtype_bytes)
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        """Ring + Q tile + per-warp (max, sum) + split weights + alignment slack."""
-        merge = self.rows * self.heads * 2 * 4 + self.heads * MAX_DECODE_SPLITS * 4 \
-            + self.cluster * self.heads * (self.head_dim + 1) * 4
-        return self.ring_bytes(dtype_bytes) + 16 * self.head_dim * dtype_bytes + merge + 1024
+        return self.cfg.smem_bytes(self.heads, self.cluster, dtype_bytes)
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask,

@@ -10,14 +10,14 @@ does; key blocks that are fully masked are never loaded.
 
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
+
+from .config import PrefillConfig
 
 _LOG2_E = 1.4426950408889634
 # Named barriers _TURN_BARRIER + w (w < num_mma_wg): warpgroup w's turn to issue wgmma.
@@ -59,38 +59,32 @@ class FlashAttnFwdSm90:
     writes its own normalised fp32 O and LSE; api.combine_splits merges them.
     """
 
-    def __init__(self, head_dim: int, causal: bool, m_block: int | None = None, n_block: int = 128,
-                 stages: int | None = None, pingpong: bool = True, split_kv: bool = False, num_mma_wg: int = 2,
-                 exps_before_pv_wait: int | None = None, k_ahead: bool = False, release_v_early: bool = False,
-                 rowsum_mma: bool = False):
-        self.head_dim = head_dim
+    def __init__(self, cfg: PrefillConfig, causal: bool, split_kv: bool = False):
+        self.head_dim = cfg.head_dim
         # Schedule options, off by default until measured (docs/tried-and-not-kept.md):
         # k_ahead: the producer loads K_{j+1} before V_j (K_0 first), as FlashAttention-4 does, so
         #   K's load waits only for Q K^T_{j-1} to free its stage, not for V's later release.
         # release_v_early: V's stage is released as soon as P V has landed, before O's rescale.
         # rowsum_mma: the softmax row sums come from the tensor cores (P x ones, an m64n8 wgmma
         #   per 16 keys beside P V) instead of two 32-long FADD chains per thread and block.
-        self.k_ahead, self.release_v_early, self.rowsum_mma = k_ahead, release_v_early, rowsum_mma
+        self.k_ahead, self.release_v_early, self.rowsum_mma = cfg.k_ahead, cfg.release_v_early, cfg.rowsum_mma
         # How many of a thread's exp2s run before it waits for the previous P V (None: all).
         # The rest follow the wait, where ptxas interleaves them with O's rescale and P's
         # conversion (the MUFU-bound exp2s leave issue slots free for the FMULs).
-        self.exps_before_pv_wait = exps_before_pv_wait
+        self.exps_before_pv_wait = cfg.exps_before_pv_wait
         self.causal = causal
-        # K and V rings: at D = 128 two stages of each already fill ~160 KB of smem with Q.
-        stages = stages or (2 if head_dim > 64 else 4)
         # Each consumer warpgroup owns 64 query rows of the tile.
-        self.num_mma_wg = num_mma_wg
-        m_block = m_block or 64 * num_mma_wg
-        assert m_block == 64 * num_mma_wg and num_mma_wg in (2, 3)
-        self.m_block, self.n_block, self.stages = m_block, n_block, stages
-        self.pingpong = pingpong
+        self.num_mma_wg = cfg.num_mma_wg
+        assert cfg.m_block == 64 * cfg.num_mma_wg and cfg.num_mma_wg in (2, 3)
+        self.m_block, self.n_block, self.stages = cfg.m_block, cfg.n_block, cfg.stages
+        self.pingpong = cfg.pingpong
         # Split-KV (decode): the key blocks of a query block are dealt out to `splits`
         # CTAs (the runtime leading extent of mO); each writes its own normalised fp32 O
         # and LSE, and api.py's combine step merges them with LSE weights.
         self.split_kv = split_kv
         self.num_threads = 128 * (1 + self.num_mma_wg)
         # setmaxnreg budgets: the producer warpgroup and the consumers share 64K registers.
-        self.load_regs, self.mma_regs = (24, 240) if num_mma_wg == 2 else (24, 160)
+        self.load_regs, self.mma_regs = (24, 240) if self.num_mma_wg == 2 else (24, 160)
 
     @staticmethod
     def _permute(t: cute.Tensor, order) -> cute.Tensor:
@@ -640,7 +634,3 @@ class FlashAttnFwdSm90:
         m_mode = layout.shape[1]
         n8 = layout.shape[0][2]
         return cute.make_layout(((2, 2, 2), m_mode, n8 // 2), stride=((1, 2, 4), 4 * n8, 8))
-
-
-def softmax_scale_log2(head_dim: int, softmax_scale: float | None) -> float:
-    return (softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2_E
