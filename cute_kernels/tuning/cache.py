@@ -327,6 +327,11 @@ def lookup(problem: Problem) -> Entry | None:
     gpu = gpu_name()
     if gpu is None:
         return None
+    return find(problem, gpu)
+
+
+def find(problem: Problem, gpu: str) -> Entry | None:
+    """The entry for `problem`'s class in `gpu`'s user cache, else its shipped table."""
     user, table = _state(gpu)
     key = problem.key
     return user.get(key) or table.get(key)
@@ -380,14 +385,17 @@ def store(new: Iterable[Entry], gpu: str | None = None, path: Path | None = None
     return path
 
 
-def stamp_table(gpu: str) -> Path:
-    """Rewrite the shipped table of `gpu` with this process's header, keeping the entries that
-    still validate: for a source change that cannot move a winner (a comment, a rename).
-    A change that can move one wants `python -m cute_kernels.tune` on that GPU instead."""
+def write_table(gpu: str) -> Path:
+    """Write the shipped table of `gpu` (tables/<slug>.json) with this process's header: the
+    entries it holds that still validate, merged with the user's tuning cache for `gpu` (which
+    wins on a class both hold). Run on that GPU after tuning to ship its winners; without a
+    GPU it only restamps the header, for a source change that cannot move a winner."""
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise ValueError(f"gpu must be a GPU name, got {gpu!r}")
     path = table_path(gpu)
     try:
         rows = json.loads(path.read_text()).get("entries", [])
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         rows = []
     kept = {}
     for row in rows:
@@ -396,6 +404,9 @@ def stamp_table(gpu: str) -> Path:
         except (ValueError, TypeError, KeyError):
             continue
         kept[e.problem.key] = e
+    kept.update(read(user_path(gpu), gpu) or {})
     TABLES_DIR.mkdir(parents=True, exist_ok=True)
     _write(path, gpu, kept)
+    with _LOCK:
+        _STATE.pop(gpu, None)
     return path
