@@ -191,7 +191,7 @@ class GpuTimer:
     def _make(self, problem: Problem):
         import torch
 
-        from ..matmul.api import _alloc_out
+        from ..matmul.api import _alloc_out, _prepare_operand
         from ..quantized.api import block_scales_for_kernel
         from ..runtime.timing import rotation_count
 
@@ -205,7 +205,8 @@ class GpuTimer:
                 t = torch.randint(-128, 128, shape, device="cuda", dtype=torch.int8)
             else:
                 t = (torch.randn(shape, device="cuda") / K ** 0.25).to(in_dt)
-            return t if major == "k" else t.t()
+            # M- / N-major operands with unaligned rows are padded as gemm pads them.
+            return t if major == "k" else _prepare_operand(t.t(), major)
 
         def one_set():
             a, w = operand(M, problem.majors[0]), operand(N, problem.majors[1])
