@@ -1,8 +1,7 @@
-"""The one timing helper and result writer every benchmark uses.
+"""Result rows, tables and writers every benchmark uses, and the timing helper they share.
 
-Timing: `triton.testing.do_bench`-style CUDA-event timing, median of many runs
-after a warm-up, with the inputs rotated across enough copies to overflow L2
-(50 MB on H100) so small shapes are not measured out of cache.
+Timing lives in the package (`cute_kernels.runtime.timing`: CUDA-graph replays, median,
+L2-rotated inputs) because the autotuner measures with it too; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -12,7 +11,9 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
+
+from cute_kernels.runtime.timing import rotation_count, time_ms, warm_up  # noqa: F401  (one timing helper for every suite)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -46,104 +47,6 @@ class Row:
     pct_peak: float | None = None
     gbps: float | None = None
     extra: dict = field(default_factory=dict)
-
-
-def time_ms(
-    fn: Callable[[int], object],
-    *,
-    n_rotate: int = 1,
-    warmup_ms: float = 25.0,
-    rep_ms: float = 200.0,
-    max_reps: int = 2000,
-    graph: bool = True,
-) -> float:
-    """Median milliseconds of `fn(i)`, where i cycles over n_rotate input sets.
-
-    `fn` takes the rotation index so the caller can pick a different copy of the
-    inputs each call; an L2 flush is not used (it would add its own kernel time).
-
-    With graph=True (default) the calls are captured in a CUDA graph, one replay
-    running each input set once, so the figure is device time: host launch cost,
-    which differs between providers and machines, is reported separately. Falls
-    back to per-call events if the provider cannot be captured.
-    """
-    import torch
-
-    if graph:
-        try:
-            return _time_graph_ms(fn, n_rotate, rep_ms)
-        except Exception as e:  # not capturable: time launches instead, and say so
-            print(f"[time_ms] CUDA graph capture failed ({type(e).__name__}: {e}); timing eager launches")
-            torch.cuda.synchronize()
-
-    fn(0)
-    torch.cuda.synchronize()
-    # Estimate the per-call time to size warm-up and repetitions.
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(5):
-        fn(i % n_rotate)
-    end.record()
-    torch.cuda.synchronize()
-    est = max(start.elapsed_time(end) / 5, 1e-3)
-    n_warm = max(1, int(warmup_ms / est))
-    n_rep = max(10, min(max_reps, int(rep_ms / est)))
-    for i in range(n_warm):
-        fn(i % n_rotate)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-    for i in range(n_rep):
-        starts[i].record()
-        fn(i % n_rotate)
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return times[len(times) // 2]
-
-
-def _time_graph_ms(fn, n_rotate: int, rep_ms: float) -> float:
-    import torch
-
-    calls = max(n_rotate, 8)  # at least 8 launches per replay so graph launch cost amortizes
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(calls):  # warm-up outside capture (compiles, allocator)
-            fn(i % n_rotate)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i % n_rotate)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    est = max(start.elapsed_time(end), 1e-3)
-    reps = max(5, min(500, int(rep_ms / est)))
-    for _ in range(max(2, reps // 10)):
-        g.replay()
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rotation_count(bytes_per_set: int) -> int:
-    """How many input copies make one pass over them overflow L2 (3x, as QuACK does)."""
-    from cute_kernels.runtime import hardware
-
-    l2_bytes = hardware.current().l2_mb * 1024 * 1024
-    return max(1, min(32, math.ceil(3 * l2_bytes / max(bytes_per_set, 1))))
 
 
 def require_hopper(tool: str) -> None:

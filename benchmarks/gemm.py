@@ -2,6 +2,7 @@
 
     python -m benchmarks.gemm [--providers cute,cublas,quack,triton] [--quick]
     python -m benchmarks.gemm --decode [--no-gemv]
+    python -m benchmarks.gemm --grid [--seed S] [--count 60] [--dtypes bf16,fp8,int8]
 
 Layout is the F.linear one (A [M, K] row-major, B = W.t() with W [N, K]) for every
 provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
@@ -9,12 +10,22 @@ provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
 --decode: GPT-2 XL's linears at M = 1 and 8 (decode steps), bias fused, reported as
 weight GB/s and % of HBM bandwidth (gemm_decode_<gpu>.*). M <= 8 runs the skinny path
 (cute_kernels/matmul/gemv.py); --no-gemv times the wgmma path instead (CUTE_KERNELS_GEMV=0).
+
+--grid: a held-out check on shapes no heuristic or tuning run was fitted to: `count` linears
+drawn from published models (cute_kernels.tuning.models: qkv, o, gate/up, down, lm_head of
+GPT-2, Llama 3, Qwen 2.5, Mistral) with M log-uniform in 1..16384 (mostly not a multiple of
+8), the draw a pure function of the seed. Per dtype, ours (`linear`, `scaled_mm` with
+per-row scales and fast accumulation, `int8_mm`) against cuBLAS (`F.linear`,
+`torch._scaled_mm`, `torch._int_mm`) and, for bf16, QuACK when importable
+(gemm_grid_<gpu>.*).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import time
 
 import torch
@@ -159,6 +170,128 @@ def summarize(rows):
     return summary
 
 
+GRID_M_MAX = 16384
+GRID_DTYPES = ("bf16", "fp8", "int8")
+
+
+def grid_shapes(seed: int, count: int = 60) -> list[tuple[str, int, int, int]]:
+    """`count` (name, M, N, K): a linear of a published model and an M log-uniform in
+    1..GRID_M_MAX, drawn by a generator seeded with `seed` alone."""
+    from cute_kernels.tuning.models import MODELS, linears
+
+    if not isinstance(seed, int) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"seed must be an int and count an int >= 1, got {seed!r}, {count!r}")
+    pool = [(f"{model}.{lin.name}", lin.n, lin.k) for model in MODELS for lin in linears(model)]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        name, n, k = rng.choice(pool)
+        m = min(GRID_M_MAX, max(1, round(math.exp(rng.uniform(0.0, math.log(GRID_M_MAX))))))
+        out.append((name, m, n, k))
+    return out
+
+
+def _grid_providers(dtype: str):
+    """(make_inputs(M, N, K), {provider: fn(*inputs)}, exact) for one dtype."""
+    import cute_kernels as ck
+
+    if dtype == "bf16":
+        provs = {"cute": lambda x, w: ck.linear(x, w), "cublas": F.linear}
+        try:
+            from quack.gemm_interface import gemm as quack_gemm
+
+            provs["quack"] = lambda x, w: quack_gemm(x, w.t())
+        except Exception as e:  # a missing peer is reported, not fatal
+            print(f"[gemm-grid] provider quack unavailable: {type(e).__name__}: {e}")
+
+        def make(M, N, K):
+            return (torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
+                    torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5)
+
+        return make, provs, False
+    if dtype == "fp8":
+        e4m3 = torch.float8_e4m3fn
+
+        def make(M, N, K):
+            return (torch.randn(M, K, device="cuda").to(e4m3), torch.randn(N, K, device="cuda").to(e4m3).t(),
+                    torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, N, device="cuda") + 0.5)
+
+        return make, {
+            "cute": lambda a, b, sa, sb: ck.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True),
+            "cublas": lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16,
+                                                            use_fast_accum=True),
+        }, False
+    if dtype == "int8":
+        def make(M, N, K):
+            return (torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8),
+                    torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t())
+
+        return make, {"cute": lambda a, b: ck.int8_mm(a, b), "cublas": torch._int_mm}, True
+    raise ValueError(f"grid dtypes are {GRID_DTYPES}, got {dtype!r}")
+
+
+def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES):
+    """Time every provider on the seed's shapes; a provider that fails or disagrees with
+    cuBLAS (bf16/fp8: 2% of the largest value; int8: bit-exact) gets no row."""
+    rows: list[Row] = []
+    for dtype in dtypes:
+        make, provs, exact = _grid_providers(dtype)
+        for name, M, N, K in grid_shapes(seed, count):
+            case = f"{dtype}-{M}x{N}x{K}-{name}"
+            in_bytes = 2 if dtype == "bf16" else 1
+            nrot = rotation_count((M * K + N * K) * in_bytes + M * N * (4 if exact else 2))
+            sets = [make(M, N, K) for _ in range(nrot)]
+            try:
+                ref = provs["cublas"](*sets[0])
+            except Exception as e:  # then the others are timed unchecked, and say so
+                print(f"[gemm-grid] no cuBLAS reference for {case}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                ref = None
+            for prov, fn in provs.items():
+                try:
+                    if ref is not None:
+                        out = fn(*sets[0])
+                        if exact:
+                            ok = torch.equal(out, ref)
+                        else:
+                            # In the output dtype: an fp32 copy of a 16384 x 152064 output is 10 GB.
+                            err = (out - ref).abs().max().float() / ref.abs().max().float().clamp_min(1e-6)
+                            ok = bool(err < 2e-2)
+                        del out
+                        if not ok:
+                            print(f"[gemm-grid] {prov} {case}: WRONG; not timed")
+                            continue
+                    ms = time_ms(lambda i, fn=fn: fn(*sets[i]), n_rotate=nrot)
+                except Exception as e:
+                    print(f"[gemm-grid] {prov} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                    continue
+                tflops = 2 * M * N * K / ms / 1e9
+                rows.append(Row(case, prov, ms, tflops, 100 * tflops / PEAK_TFLOPS[dtype],
+                                extra={"dtype": dtype, "linear": name, "checked": ref is not None}))
+            del sets, ref
+            torch.cuda.empty_cache()
+    return rows
+
+
+def summarize_grid(rows, seed: int, count: int, dtypes=GRID_DTYPES) -> dict:
+    from cute_kernels.runtime import env
+    from cute_kernels.tuning import cache
+
+    by = {d: [r for r in rows if r.extra.get("dtype") == d] for d in dtypes}
+    vs_cublas = {d: speedups(rs, "cute", "cublas") for d, rs in by.items()}
+    vs_quack = speedups(by.get("bf16", []), "cute", "quack")
+    summary = {
+        "seed": seed, "count": count,
+        "geomean_speedup_vs_cublas": {d: geomean(list(s.values())) for d, s in vs_cublas.items() if s},
+        "min_speedup_vs_cublas": {d: min(s.values()) for d, s in vs_cublas.items() if s},
+        "cases_timed": {d: len(s) for d, s in vs_cublas.items()},
+        "tuning_cache": env.enabled("CUTE_KERNELS_TUNING"),
+        "tuning_entries": len(cache.entries()),
+    }
+    if vs_quack:
+        summary["geomean_speedup_vs_quack"] = {"bf16": geomean(list(vs_quack.values()))}
+    return summary
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--providers", default="cute,cublas,quack,triton")
@@ -166,9 +299,21 @@ def main(argv=None):
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--decode", action="store_true", help="decode-step (M = 1, 8) linears instead of the suite")
     p.add_argument("--no-gemv", action="store_true", help="with --decode: the wgmma path instead of the skinny one")
+    p.add_argument("--grid", action="store_true", help="held-out shapes drawn from published models' linears")
+    p.add_argument("--seed", type=int, default=0, help="with --grid: the draw's seed")
+    p.add_argument("--count", type=int, default=60, help="with --grid: shapes per dtype")
+    p.add_argument("--dtypes", default=",".join(GRID_DTYPES), help="with --grid: comma-separated, from bf16,fp8,int8")
     args = p.parse_args(argv)
     require_hopper("python -m benchmarks.gemm")
-    if args.decode:
+    if args.grid:
+        dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+        bad = [d for d in dtypes if d not in GRID_DTYPES]
+        if bad or not dtypes or args.count < 1:
+            raise SystemExit(f"error: --dtypes from {','.join(GRID_DTYPES)} and --count >= 1 (got {args.dtypes}, "
+                             f"{args.count})")
+        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes)
+        summary = summarize_grid(rows, args.seed, args.count, dtypes)
+    elif args.decode:
         if args.no_gemv:
             os.environ["CUTE_KERNELS_GEMV"] = "0"
         suite, rows = "gemm_decode", run_decode()

@@ -23,22 +23,16 @@ import torch
 
 from cute_kernels.matmul.api import _alloc_out, _pick_config, run_gemm
 from cute_kernels.matmul.config import CANDIDATES, Epilogue, GemmConfig
+from cute_kernels.tuning.tune import label as _label  # the autotuner's labels, one format
 
 from .common import require_hopper, rotation_count, time_ms
 from .gemm import SUITE
-
-
-def _label(c) -> str:
-    split = f"s{c.split_k}" if c.split_k > 1 else ""
-    group = "" if c.group == GemmConfig.group else f"g{c.group}"
-    return f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}{'' if c.raster_m else 'n'}{group}{'P' if c.pingpong else ''}{split}"
-
 
 _LABEL = re.compile(r"(\d+)x(\d+)c(\d)(\d)(n?)(?:g(\d+))?(P?)(?:s(\d+))?$")
 
 
 def parse_label(label: str) -> GemmConfig:
-    """The GemmConfig a sweep label names (the inverse of _label)."""
+    """The GemmConfig a sweep label names (the inverse of tuning.tune.label)."""
     m = _LABEL.match(label.strip())
     if not m:
         raise ValueError(f"not a config label: {label!r} (expected e.g. 128x256c21, 128x192c12nP, 128x128c21s2)")

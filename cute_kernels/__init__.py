@@ -6,6 +6,9 @@ Public ops (torch tensors in, torch tensors out, launched on the current stream)
   with a fused epilogue.
 - `scaled_mm`, `scaled_mm_blockwise`, `int8_mm`: FP8 and INT8 GEMM with fused scaling.
 - `flash_attn`, `flash_attn_with_kvcache`, `flash_attn_varlen`: FlashAttention forward.
+- `tune(shapes, model=..., dtypes=..., ms=...)`: time GEMM configs on this GPU and keep the
+  winners in the tuning cache, where every later GEMM of their class finds them
+  (`python -m cute_kernels.tune` is its command line).
 
 Every op has a PyTorch reference beside it (`*_ref`). Importing this package does
 not import cutlass or touch the GPU; kernels compile on first use (and are cached).
@@ -43,14 +46,19 @@ _LAZY = {
 }
 
 __all__ = [
-    "ACTIVATIONS", "gemm", "gemm_ref", "layernorm_linear", "layernorm_linear_ref", "linear", "linear_ref", *_LAZY,
+    "ACTIVATIONS", "gemm", "gemm_ref", "layernorm_linear", "layernorm_linear_ref", "linear", "linear_ref", "tune",
+    *_LAZY,
 ]
 
 
 def __getattr__(name):
+    import importlib
+
+    if name == "tune":
+        # The module is the command line and is callable as the function: importing it
+        # binds it here, so `cute_kernels.tune` is that one object however it was reached.
+        return importlib.import_module("cute_kernels.tune")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'cute_kernels' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(mod), name)

@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .runtime import recipe as _recipe
@@ -56,16 +56,29 @@ def missing(entries: Iterable[tuple[CompileKey, object]]) -> list[tuple[CompileK
     return out
 
 
-def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = None, *, log=None) -> dict:
+def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = None, *, log=None,
+               on_ready: Callable[[CompileKey, str], None] | None = None) -> dict:
     """Compile every entry the disk cache lacks, `jobs` worker processes at a time
-    (default: one per CPU core, at most one per kernel). Returns counts and the wall time."""
+    (default: one per CPU core, at most one per kernel). Returns counts and the wall time.
+
+    on_ready(key, status) is called for each entry as soon as it can be loaded: at once
+    for those already cached, then in the order the builds finish (status "compiled",
+    "cached", "not exported" or "failed"), so a caller can use the first kernels while
+    the others still build (the autotuner times candidates that way)."""
     entries = list(entries)
+    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be an int >= 1 or None, got {jobs!r}")
     todo = missing(entries)
     stats = {"kernels": len(entries), "cached": len(entries) - len(todo), "compiled": 0, "failed": 0, "wall_s": 0.0}
+    if on_ready is not None:
+        pending = {k for k, _ in todo}
+        for key, _ in entries:
+            if key not in pending:
+                on_ready(key, "cached")
     if not todo:
         return stats
-    from concurrent.futures import ProcessPoolExecutor  # here: the manifest writer runs at exit, after
-    from multiprocessing import get_context  # threading's shutdown, where importing this fails
+    from concurrent.futures import ProcessPoolExecutor, as_completed  # here: the manifest writer runs at exit,
+    from multiprocessing import get_context  # after threading's shutdown, where importing this fails
 
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     t0 = time.perf_counter()
@@ -73,16 +86,20 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
     # spawn, not fork: the parent may hold a CUDA context, which a forked child must not touch.
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         directory = str(object_path(todo[0][0]).parent)
-        for fut in [pool.submit(_build, p, directory) for p in payload]:
+        futures = {pool.submit(_build, p, directory): key for p, (key, _) in zip(payload, todo)}
+        for fut in as_completed(futures):
             try:
                 name, status, secs = fut.result()
                 stats["compiled" if status == "compiled" else "cached"] += 1
                 if log:
                     log(f"  {name}: {status} in {secs:.1f} s")
             except Exception as e:  # noqa: BLE001 - one kernel that fails to build must not stop the rest
+                status = "failed"
                 stats["failed"] += 1
                 if log:
                     log(f"  a kernel failed to build: {type(e).__name__}: {e}")
+            if on_ready is not None:
+                on_ready(futures[fut], status)
     stats["wall_s"] = time.perf_counter() - t0
     return stats
 

@@ -570,6 +570,14 @@ def run_bench(args) -> int:
     skipped = [(b, p, why) for b, p, why in plan if why]
     for b, p, why in skipped:
         print(f"skip {b}/{p}: {why}")
+    if getattr(args, "tune", False):
+        precisions = sorted({p for b, p, why in plan if b == "cute" and not why})
+        if cuda and precisions:
+            from .models import tune_linears
+
+            print(tune_linears(args.model, cfg, precisions, [args.batch * args.prompt_len, args.batch]))
+        else:
+            print("note: --tune times kernels on the GPU with the cute backend: nothing tuned")
     if args.random_weights:
         print(RANDOM_BANNER.format(name=args.model))
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)

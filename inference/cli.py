@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="use random weights of a known GPT-2 size (no download)")
         sp.add_argument("--attention", choices=("cute", "sdpa"), default="cute",
                         help="attention of the patched model: ours (default) or PyTorch SDPA (cuDNN / flash)")
+        sp.add_argument("--tune", action="store_true",
+                        help="first tune the GEMM configs of the model's linears at this run's row counts on this "
+                             "GPU (cute_kernels.tune; kept in the tuning cache for later runs)")
         sp.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="cpu: the PyTorch references on the CPU (checks the pipeline; no meaningful speed). "
                              "Default: cuda, or cpu where there is no GPU and the backend is the reference")
@@ -211,6 +214,14 @@ def run_generate(args) -> int:
     calibration = [ids] if args.precision == "int8-smoothquant" else None
     reference = None if args.no_compare else copy.deepcopy(model)  # unpatched, for the agreement check
     phases("model")
+    if args.tune:
+        if device.type == "cuda" and args.backend == "cute":
+            from .models import tune_linears
+
+            print(tune_linears(args.model, config, [args.precision], [len(prompt_ids), 1]))
+            phases("tune")
+        else:
+            print("note: --tune times kernels on the GPU: nothing tuned for the reference backend")
     kernels_note = ""
     if precompiling is not None:
         thread, stats = precompiling

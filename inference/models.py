@@ -170,3 +170,24 @@ def check_positions(config, prompt_len: int, new_tokens: int):
     if prompt_len + new_tokens > config.n_positions:
         raise UserError(f"prompt ({prompt_len} tokens) + {new_tokens} new tokens = {prompt_len + new_tokens} "
                         f"exceeds the model's {config.n_positions} positions")
+
+
+# --precision -> the dtype cute_kernels.tune tunes for it (tuning.tune.DTYPES).
+TUNE_DTYPES = {"bf16": "bf16", "fp8": "fp8", "fp8-block": "fp8-block", "int8": "int8", "int8-smoothquant": "int8"}
+
+
+def tune_linears(model: str, config, precisions, ms) -> str:
+    """Tune the GEMMs of the model's linears at row counts `ms` for `precisions`
+    (cute_kernels.tune, GPU needed); returns a one-line summary."""
+    size = size_name(model) or size_of(config)
+    if size is None:
+        return "note: --tune knows the GPT-2 sizes only; the GEMMs keep their configs"
+    import cute_kernels
+
+    results = cute_kernels.tune(model=size, dtypes=sorted({TUNE_DTYPES[p] for p in precisions}),
+                                ms=sorted(set(ms)))
+    if not results:
+        return f"tuned: the {size} GEMMs at M = {', '.join(map(str, sorted(set(ms))))} were tuned already"
+    gains = sorted(r.speedup for r in results)
+    return (f"tuned {len(results)} {size} GEMM classes: {sum(g > 1 for g in gains)} beat the heuristic "
+            f"(best {gains[-1]:.2f}x)")

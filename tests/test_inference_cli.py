@@ -99,6 +99,14 @@ def test_generate_reference_backend(tiny_checkpoint, capsys):
     assert "--- startup ---" in out
 
 
+def test_tune_flag_on_the_reference_backend_says_it_tunes_nothing(tiny_checkpoint, capsys):
+    code = main(["generate", "--model", str(tiny_checkpoint), "--backend", "reference", "--prompt", "Hi",
+                 "--max-new-tokens", "2", "--no-compare", "--tune"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "nothing tuned for the reference backend" in out
+
+
 def test_bench_cpu_smoke(tiny_checkpoint, tmp_path, capsys):
     """The whole bench pipeline (patching, timing, decode loop, profiler breakdown, report) on CPU."""
     import json

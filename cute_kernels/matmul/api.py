@@ -14,10 +14,12 @@ import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, check_device, env
 from ..runtime.dtypes import SIXTEEN_BIT
+from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
-__all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for"]
+__all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
+           "clear_dispatch_caches"]
 
 
 def _major(t: torch.Tensor, rows_name: str) -> str:
@@ -104,6 +106,19 @@ def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_na
     return KERNELS.compiled(kernel_name, _compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn=b_kn)
 
 
+def compile_entry(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32", b_kn=False):
+    """(CompileKey, recipe) of the kernel `get_kernel` returns for these arguments, without
+    building it: what `cute_kernels.precompile` builds ahead (the autotuner's candidates)."""
+    from ..runtime import CompileKey
+
+    if not isinstance(cfg, GemmConfig):
+        raise TypeError(f"cfg must be a GemmConfig, got {type(cfg).__name__}")
+    if cfg.split_k > 2:
+        cfg = _compiled_split(cfg)
+    rec = functools.partial(_compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn=b_kn)
+    return CompileKey.of(kernel_name, rec), rec
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled_split(cfg: GemmConfig) -> GemmConfig:
     # The split count is a runtime value: every split-K config compiles as split_k = 2.
@@ -111,11 +126,45 @@ def _compiled_split(cfg: GemmConfig) -> GemmConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False) -> GemmConfig:
-    """The heuristic's config; with split=True it may be a split-K one (config.split_config)."""
+def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None
+                 ) -> GemmConfig:
+    """The config for an M x N x K problem: the tuning cache's winner for its class when it
+    has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache), else the
+    heuristic's, which with split=True may be a split-K one (config.split_config). Memoised:
+    a dispatch pays the lookup once per shape."""
+    if tuning_class is not None:
+        hit = _tuned(tuning_class, M, N, K)
+        if hit is not None:
+            return hit
     if split:
         return split_config(M, N, K, in_bytes=in_bytes)
     return default_config(M, N, K, in_bytes=in_bytes)
+
+
+def _tuned(tuning_class: tuple, M: int, N: int, K: int) -> GemmConfig | None:
+    """The tuning cache's config for this problem, None on a miss. A class the cache cannot
+    hold (a layout it does not key) is a miss."""
+    try:
+        problem = tuning.Problem(*tuning_class, M, N, K)
+    except ValueError:
+        return None
+    entry = tuning.lookup(problem)
+    return None if entry is None else entry.config
+
+
+@functools.lru_cache(maxsize=256)
+def tuning_class(in_dtype, out_dtype, majors: tuple[str, str], epi, promoted: bool = False) -> tuple:
+    """(op, output, majors, epilogue class): the tuning cache's key fields besides N, K, M."""
+    return (tuning.op_of(in_dtype, epi, promoted=promoted), tuning.out_name(out_dtype), "".join(majors),
+            tuning.epilogue_class(epi))
+
+
+def clear_dispatch_caches() -> None:
+    """Forget memoised config picks and recorded launches (after the tuning cache changed)."""
+    _pick_config.cache_clear()
+    _GEMM_PLANS.clear()
+    _LINEAR_PLANS.clear()
+    _SPLIT_LAUNCHES.clear()
 
 
 def run_gemm(
@@ -166,7 +215,8 @@ def residual_for_kernel(res: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90", acc_name="Float32", b_kn=False):
-    """The launch for these operands' dtypes, majors and shape (config by heuristic).
+    """The launch for these operands' dtypes, majors and shape (config from the tuning cache,
+    else the heuristic).
 
     Returns a callable fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta)
     (with b_kn=True it takes b_nk.t(), torch.mm's [K, N] b, in b_nk's place):
@@ -182,8 +232,9 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
 
         if gemv_applies(a, b_nk, out_dtype, epi):
             return GemvLaunch(epi, b_kn)
-    cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2)
     majors = (_major(a, "m"), _major(b_nk, "n"))
+    cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2,
+                                 tuning_class(a.dtype, out_dtype, majors, epi))
     if cfg.split_k > 1:
         # Every split needs >= 1 k-tile (an empty one would never be fed by the producer).
         split = min(cfg.split_k, -(-K // cfg.tile_k(in_bytes)))

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from ..matmul.api import _alloc_out, _tma_ok, kernel_for, residual_for_kernel, run_gemm
+from ..matmul.api import _alloc_out, _tma_ok, _tuned, kernel_for, residual_for_kernel, run_gemm, tuning_class
 from ..matmul.reference import ACTIVATIONS
 from ..runtime import check_device
 from ..runtime.dtypes import FP8
@@ -181,15 +181,16 @@ def _scaled_mm_slow(key, a, b, scale_a, scale_b, bias_in, out_dtype, activation,
         return out
     epi = Epilogue(activation=activation or "none", row_scale=row_mode, col_scale=col_mode, bias=bias is not None,
                    residual=residual is not None)
-    cfg = None if use_fast_accum else _promoted_config(M, N, K)
+    cfg = None if use_fast_accum else _promoted_config(M, N, K, tuning_class(a.dtype, out_dtype, ("k", "k"), epi, True))
     return _launch_and_record(key, a, b, out, epi, bias_in, bias, residual_in, residual, (scale_a, scale_b), sa, sb,
                               config=cfg, kernel_name="scaled_mm_sm90")
 
 
 @functools.lru_cache(maxsize=4096)  # per-call hot path: no dataclass built per launch
-def _promoted_config(M: int, N: int, K: int):
+def _promoted_config(M: int, N: int, K: int, tuning_class: tuple | None = None):
     """Tile for the promoted ("2xAcc") and block-scaled loops, which keep two accumulators
-    in registers: 64 x 128 per warpgroup, cooperative.
+    in registers: the tuning cache's winner for `tuning_class` (matmul.api.tuning_class)
+    when it has one, else 64 x 128 per warpgroup, cooperative.
 
     With fewer 128 x 128 tiles than SMs, 64-row tiles (one consumer warpgroup each) put
     twice as many CTAs to work; with very few tiles and a long K, split K in four as well
@@ -200,6 +201,10 @@ def _promoted_config(M: int, N: int, K: int):
     four, 13.5 in eight; at K = 1600 any split was slower (1x4800x1600: 8.1 -> 10.1 us)."""
     from ..matmul.config import H100_SMS, GemmConfig
 
+    if tuning_class is not None:
+        hit = _tuned(tuning_class, M, N, K)
+        if hit is not None:
+            return hit
     tiles_n = -(-N // 128)
     if -(-M // 128) * tiles_n >= H100_SMS:
         return GemmConfig(128, 128, 2 if M > 128 else 1, 1, promote=True)
@@ -207,6 +212,12 @@ def _promoted_config(M: int, N: int, K: int):
     if tiles_m * tiles_n <= 32 and -(-K // 128) >= 32:
         return GemmConfig(64, 128, 1, 1, promote=True, split_k=4)
     return GemmConfig(64, 128, 2 if tiles_m >= 2 else 1, 1, promote=True)
+
+
+def clear_dispatch_caches() -> None:
+    """Forget memoised config picks and recorded launches (after the tuning cache changed)."""
+    _promoted_config.cache_clear()
+    _PLANS.clear()
 
 
 def _tma_f32(t: torch.Tensor, unit_dim: int) -> bool:
@@ -291,7 +302,8 @@ def scaled_mm_blockwise(
     epi = Epilogue(activation=activation or "none", row_scale="block", col_scale="block", bias=bias is not None,
                    residual=residual is not None)
     return run_gemm(a, b, out, epi=epi, bias=bias, residual=residual, row_scale=scale_a, col_scale=scale_b,
-                    config=_promoted_config(M, N, K), kernel_name="scaled_mm_blockwise_sm90")
+                    config=_promoted_config(M, N, K, tuning_class(a.dtype, out_dtype, ("k", "k"), epi, True)),
+                    kernel_name="scaled_mm_blockwise_sm90")
 
 
 def int8_mm(

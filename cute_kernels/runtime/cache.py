@@ -66,14 +66,19 @@ def _source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+def cache_root() -> Path:
+    """The folder every on-disk cache lives under: CUTE_KERNELS_CACHE_DIR, else
+    $XDG_CACHE_HOME/cute_kernels, else ~/.cache/cute_kernels."""
+    return Path(env.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cute_kernels"))
+
+
 def cache_dir() -> Path | None:
-    """Disk cache location; CUTE_KERNELS_CACHE_DIR overrides, CUTE_KERNELS_DISK_CACHE=0 disables."""
+    """Disk cache location of compiled kernels (a folder per source fingerprint under
+    `cache_root()`); CUTE_KERNELS_DISK_CACHE=0 disables it."""
     if not env.enabled("CUTE_KERNELS_DISK_CACHE"):
         return None
-    base = env.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cute_kernels"
-    )
-    return Path(base) / _source_fingerprint()
+    return cache_root() / _source_fingerprint()
 
 
 def object_path(key: CompileKey, directory: Path | None = None) -> Path | None:

@@ -23,6 +23,9 @@ SWITCHES: dict[str, Switch] = {
         "", "Where compiled kernels are kept on disk, a subfolder per source hash and DSL version (unset: "
             "$XDG_CACHE_HOME/cute_kernels, else ~/.cache/cute_kernels)."),
     "CUTE_KERNELS_DISK_CACHE": Switch("1", "0: compiled kernels stay in memory only (every process compiles)."),
+    "CUTE_KERNELS_TUNING": Switch(
+        "1", "0: GEMM configs come from the heuristics alone (the tuning cache and the shipped tuning tables "
+             "are not read)."),
     "CUTE_KERNELS_RECORD": Switch(
         "", "A manifest file: the kernels the process used are merged into it at exit (cute_kernels.precompile)."),
     "CUTE_KERNELS_GEMV": Switch(

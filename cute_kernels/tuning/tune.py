@@ -1,0 +1,527 @@
+"""The GEMM autotuner: time candidate configs per problem on the GPU, keep the winner in the
+tuning cache (tuning.cache), where dispatch finds it before the heuristics.
+
+Per problem: the heuristic's own pick, then every tile / consumer mode / cluster shape
+that validates and fits the problem (`candidates`), then for the fastest few their raster
+direction, band width and split-K variants (`refinements`). All candidates compile ahead
+in parallel worker processes (`cute_kernels.precompile`) while the ones already built are
+timed (CUDA-graph replays, median, L2-rotated inputs: runtime.timing), after a warm-up
+that keeps the first candidate from being timed on a cold GPU. Each candidate's output is
+checked against the heuristic's. A candidate is stored only if it beats the heuristic by
+`margin`; otherwise the heuristic itself is stored, so the class is not tuned again.
+
+The timing and build steps are arguments (`timer`, `build`), so the whole tuner runs on a
+CPU with fakes of both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from ..matmul.config import (
+    H100_SMS,
+    MAX_ACTIVE_CLUSTERS,
+    MAX_SPLIT_K,
+    MIN_SPLIT_K_TILES,
+    Epilogue,
+    GemmConfig,
+)
+from . import cache
+from .cache import Entry, Problem
+
+# (tile_m, tile_n, pingpong): the tiles swept on the H100 (matmul/config.py CANDIDATES and
+# benchmarks/results/gemm_tuning.md); promoted kernels keep two accumulators, so only
+# cooperative tiles of at most 128 x 128.
+TILES = ((128, 256, False), (128, 192, True), (128, 192, False), (128, 160, True), (128, 160, False),
+         (128, 128, True), (128, 128, False), (128, 96, False), (64, 64, True), (64, 128, True), (256, 128, False))
+PROMOTED_TILES = ((128, 128, False), (128, 96, False), (128, 64, False), (64, 128, False), (64, 64, False))
+CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2))
+GROUPS = (1, 4, 16)  # band widths tried besides GemmConfig.group
+SPLITS = (2, 3, 4, 6, 8)
+
+# dtype names `tune` takes -> (op, output) as the library's linears run them: fp8 is
+# FP8Linear's per-token x per-channel scales with fast accumulation, int8 Int8Linear's
+# dequantized bf16 output; int8-raw is int8_mm without scales (int32).
+DTYPES = {
+    "bf16": ("bf16", "bf16"), "fp16": ("fp16", "fp16"), "fp8": ("fp8-row", "bf16"), "fp8-row": ("fp8-row", "bf16"),
+    "fp8-tensor": ("fp8-tensor", "bf16"), "fp8-promoted": ("fp8-row-promoted", "bf16"),
+    "fp8-block": ("fp8-block", "bf16"), "int8": ("int8", "bf16"), "int8-raw": ("int8", "int32"),
+}
+
+
+def label(cfg: GemmConfig) -> str:
+    """{tile_m}x{tile_n}c{cluster_m}{cluster_n}, then n for raster along N, g<group>, P for
+    ping-pong, s<split> for split-K, +2x for promoted accumulation."""
+    group = "" if cfg.group == GemmConfig.group else f"g{cfg.group}"
+    split = f"s{cfg.split_k}" if cfg.split_k > 1 else ""
+    return (f"{cfg.tile_m}x{cfg.tile_n}c{cfg.cluster_m}{cfg.cluster_n}{'' if cfg.raster_m else 'n'}{group}"
+            f"{'P' if cfg.pingpong else ''}{split}{'+2x' if cfg.promote else ''}")
+
+
+def heuristic(problem: Problem) -> GemmConfig:
+    """What dispatch picks for `problem` without the tuning cache."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
+    from ..matmul.api import _pick_config
+
+    if problem.promoted:
+        from ..quantized.api import _promoted_config
+
+        return _promoted_config(problem.m, problem.n, problem.k)
+    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit)
+
+
+def _fits(problem: Problem, cfg: GemmConfig) -> bool:
+    try:
+        problem.check(cfg)
+    except ValueError:
+        return False
+    tiles_m, tiles_n = math.ceil(problem.m / cfg.tile_m), math.ceil(problem.n / cfg.tile_n)
+    # A tile at least twice the problem along a dimension only computes padding where a
+    # smaller tile exists; a cluster wider than the tile grid only pads it.
+    if (cfg.tile_m > 64 and cfg.tile_m >= 2 * problem.m) or (cfg.tile_n > 64 and cfg.tile_n >= 2 * problem.n):
+        return False
+    if cfg.cluster_m > tiles_m or cfg.cluster_n > tiles_n:
+        return cfg.cluster_mn == (1, 1)
+    return True
+
+
+def candidates(problem: Problem) -> list[GemmConfig]:
+    """The first round: the heuristic's pick first, then every tile x consumer mode x cluster
+    shape that validates for `problem` and fits it (no tile twice the problem, no cluster
+    wider than the tile grid; 4 x 2 clusters only for 64-row tiles, as cuBLAS runs them)."""
+    first = heuristic(problem)
+    out = [first]
+    for tm, tn, pp in (PROMOTED_TILES if problem.promoted else TILES):
+        for cm, cn in CLUSTERS:
+            if (cm, cn) == (4, 2) and tm != 64:
+                continue
+            cfg = GemmConfig(tm, tn, cm, cn, pingpong=pp, promote=problem.promoted)
+            if cfg not in out and _fits(problem, cfg):
+                out.append(cfg)
+    return out
+
+
+def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = H100_SMS) -> list[GemmConfig]:
+    """The second round, around the fastest configs of the first: the other raster
+    direction and band widths (where the tile grid is 2-D), and split-K where the output has
+    fewer tiles than SMs (every split >= MIN_SPLIT_K_TILES k-tiles, all splits in one wave)."""
+    out: list[GemmConfig] = []
+    k_tiles = math.ceil(problem.k / (128 // problem.in_bytes))
+    for cfg in configs:
+        base = dataclasses.replace(cfg, split_k=1)
+        tiles_m, tiles_n = math.ceil(problem.m / cfg.tile_m), math.ceil(problem.n / cfg.tile_n)
+        variants = []
+        if tiles_m > 1 and tiles_n > 1:
+            variants.append(dataclasses.replace(base, raster_m=not base.raster_m))
+            variants += [dataclasses.replace(base, group=g) for g in GROUPS if g != base.group]
+        tiles = tiles_m * tiles_n
+        clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n)
+        for s in SPLITS:
+            if (tiles < num_sms and s <= MAX_SPLIT_K and s * MIN_SPLIT_K_TILES <= k_tiles
+                    and clusters * s <= MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]):
+                variants.append(dataclasses.replace(base, split_k=s))
+        for v in variants:
+            if v != cfg and v not in out and _fits(problem, v):
+                out.append(v)
+    return out
+
+
+# --------------------------------------------------------------------------- how a problem runs
+
+
+def _kernel_args(problem: Problem) -> dict:
+    """dtypes, kernel name, accumulator and Epilogue of the op `problem` names, with the
+    epilogue operands its class stands for (bias for "vector", bias + residual for
+    "residual"; fp8-row's scale vectors are vectors already)."""
+    import torch
+
+    op = problem.op
+    if op in ("bf16", "fp16"):
+        in_dt, kernel, acc, row, col = (torch.bfloat16 if op == "bf16" else torch.float16), "gemm_sm90", "Float32", \
+            "none", "none"
+    elif op == "int8":
+        scaled = problem.out != "int32"
+        in_dt, kernel, acc = torch.int8, "int8_mm_sm90", "Int32"
+        row = col = ("vector" if problem.epilogue != "plain" else "scalar") if scaled else "none"
+    elif op == "fp8-block":
+        in_dt, kernel, acc, row, col = torch.float8_e4m3fn, "scaled_mm_blockwise_sm90", "Float32", "block", "block"
+    else:
+        mode = "vector" if op.startswith("fp8-row") else "scalar"
+        in_dt, kernel, acc, row, col = torch.float8_e4m3fn, "scaled_mm_sm90", "Float32", mode, mode
+    out_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32}[problem.out]
+    epi = Epilogue(row_scale=row, col_scale=col, bias=problem.epilogue != "plain",
+                   residual=problem.epilogue == "residual")
+    return {"in_dtype": in_dt, "out_dtype": out_dt, "kernel_name": kernel, "acc_name": acc, "epi": epi}
+
+
+def compile_entries(problem: Problem, configs: Iterable[GemmConfig]) -> list:
+    """(CompileKey, recipe) of each config's kernel for `problem`, as dispatch builds it."""
+    from ..matmul.api import compile_entry
+
+    kw = _kernel_args(problem)
+    majors = (problem.majors[0], problem.majors[1])
+    out, seen = [], set()
+    for cfg in configs:
+        key, rec = compile_entry(kw["kernel_name"], kw["in_dtype"], kw["in_dtype"], kw["out_dtype"], *majors, cfg,
+                                 kw["epi"], kw["acc_name"])
+        if key not in seen:
+            seen.add(key)
+            out.append((key, rec))
+    return out
+
+
+class GpuTimer:
+    """timer(problem, config) -> median milliseconds on the GPU, inputs rotated through L2.
+
+    Inputs are made once per problem. The first call warms the GPU up (`warm_ms` of large
+    GEMMs); the first config timed per problem gives the reference output that every later
+    config must match (int32 exactly, 16-bit within 2% of the largest value)."""
+
+    def __init__(self, rep_ms: float = 50.0, warm_ms: float = 300.0):
+        if not (rep_ms > 0 and warm_ms >= 0):
+            raise ValueError("rep_ms must be > 0 and warm_ms >= 0")
+        self.rep_ms, self.warm_ms = rep_ms, warm_ms
+        self._problem, self._sets, self._ref, self._warm = None, [], None, False
+
+    def _make(self, problem: Problem):
+        import torch
+
+        from ..matmul.api import _alloc_out, _prepare_operand
+        from ..quantized.api import block_scales_for_kernel
+        from ..runtime.timing import rotation_count
+
+        kw = _kernel_args(problem)
+        M, N, K = problem.m, problem.n, problem.k
+        epi, in_dt, out_dt = kw["epi"], kw["in_dtype"], kw["out_dtype"]
+
+        def operand(rows, major):
+            shape = (rows, K) if major == "k" else (K, rows)
+            if in_dt == torch.int8:
+                t = torch.randint(-128, 128, shape, device="cuda", dtype=torch.int8)
+            else:
+                t = (torch.randn(shape, device="cuda") / K ** 0.25).to(in_dt)
+            # M- / N-major operands with unaligned rows are padded as gemm pads them.
+            return t if major == "k" else _prepare_operand(t.t(), major)
+
+        def one_set():
+            a, w = operand(M, problem.majors[0]), operand(N, problem.majors[1])
+            args = {"bias": None, "residual": None, "row_scale": None, "col_scale": None}
+            vec = lambda n: torch.rand(n, device="cuda") + 0.5  # noqa: E731
+            if epi.row_scale == "block":
+                kb = -(-K // 128)
+                args["row_scale"], args["col_scale"] = block_scales_for_kernel(vec(M * kb).view(M, kb),
+                                                                               vec(-(-N // 128) * kb).view(-1, kb))
+            elif epi.row_scale != "none":
+                args["row_scale"] = vec(M if epi.row_scale == "vector" else 1)
+                args["col_scale"] = vec(N if epi.col_scale == "vector" else 1)
+            if epi.bias:
+                args["bias"] = torch.randn(N, device="cuda").to(out_dt)
+            if epi.residual:
+                args["residual"] = torch.randn(M, N, device="cuda").to(out_dt)
+            return a, w, _alloc_out(M, N, out_dt, "cuda"), args
+
+        nbytes = (M * K + N * K) * problem.in_bytes + M * N * problem.out_bytes * (2 if epi.residual else 1)
+        return [one_set() for _ in range(rotation_count(nbytes))]
+
+    def __call__(self, problem: Problem, cfg: GemmConfig) -> float:
+        import torch
+
+        from ..matmul.api import run_gemm
+        from ..runtime.timing import time_ms, warm_up
+
+        if problem != self._problem:
+            self._problem, self._sets, self._ref = None, [], None
+            torch.cuda.empty_cache()
+            self._sets, self._problem = self._make(problem), problem
+        if not self._warm:
+            warm_up(self.warm_ms)
+            self._warm = True
+        kw = _kernel_args(problem)
+        run_kw = dict(epi=kw["epi"], config=cfg, kernel_name=kw["kernel_name"], acc_name=kw["acc_name"])
+
+        def run(i):
+            a, w, out, args = self._sets[i]
+            return run_gemm(a, w, out, **args, **run_kw)
+
+        out = run(0).float()
+        torch.cuda.synchronize()
+        if self._ref is None:
+            self._ref = out.clone()
+        else:
+            err = (out - self._ref).abs().max().item()
+            scale = max(self._ref.abs().max().item(), 1e-6)
+            if (err != 0) if problem.out == "int32" else not err / scale < 2e-2:
+                raise ArithmeticError(f"{label(cfg)} disagrees with the reference (max err {err:.3g}, scale {scale:.3g})")
+        return time_ms(run, n_rotate=len(self._sets), rep_ms=self.rep_ms)
+
+
+def precompile_build(jobs: int | None = None) -> Callable:
+    """build(entries, on_ready): `cute_kernels.precompile` in worker processes. With the
+    disk cache off every entry is ready at once, and compiles in this process when timed."""
+
+    def build(entries, on_ready):
+        from ..precompile import precompile
+        from ..runtime.cache import cache_dir
+
+        if cache_dir() is None:
+            for key, _ in entries:
+                on_ready(key, "in process")
+            return
+        precompile(entries, jobs, on_ready=on_ready)
+
+    return build
+
+
+# --------------------------------------------------------------------------- the tuner
+
+
+@dataclass(frozen=True)
+class Result:
+    """One tuned problem: the stored config and its time, the heuristic's, and how many
+    candidates were timed."""
+
+    problem: Problem
+    config: GemmConfig
+    ms: float
+    heuristic: GemmConfig
+    heuristic_ms: float
+    timed: int
+
+    @property
+    def speedup(self) -> float:
+        return self.heuristic_ms / self.ms
+
+
+class _Ready:
+    """Compile keys whose kernels can be loaded, filled by the build threads."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._status: dict = {}
+
+    def mark(self, key, status: str) -> None:
+        with self._cond:
+            self._status[key] = status
+            self._cond.notify_all()
+
+    def wait_any(self, keys) -> list:
+        """Block until at least one of `keys` is ready; return those that are, with their status."""
+        with self._cond:
+            while True:
+                done = [(k, self._status[k]) for k in keys if k in self._status]
+                if done:
+                    return done
+                self._cond.wait()
+
+    def start(self, build, entries) -> None:
+        def run():
+            try:
+                build(entries, self.mark)
+            except Exception:  # noqa: BLE001 - a broken build pool: each kernel then compiles when timed
+                pass
+            for key, _ in entries:  # anything the build did not report is tried in process
+                with self._cond:
+                    if key not in self._status:
+                        self._status[key] = "in process"
+                        self._cond.notify_all()
+
+        threading.Thread(target=run, daemon=True).start()
+
+
+def _time_all(problem, configs, ready: _Ready, timer, log, reference_first: bool = True) -> dict:
+    """{config: ms} of `configs` timed in the order their kernels become ready; failures are
+    left out. With reference_first the first config is timed before any other (the timer
+    checks the others against its output), and nothing else is timed if it fails."""
+    by_key: dict = {}  # split counts share one kernel: configs per compile key
+    for cfg in configs:
+        by_key.setdefault(compile_entries(problem, [cfg])[0][0], []).append(cfg)
+    times: dict = {}
+    order = list(by_key)
+    first = order[0] if reference_first else None
+    while order:
+        done = ready.wait_any([first] if first in order else order)
+        for key, status in done:
+            order.remove(key)
+            if status == "failed":
+                log(f"    {', '.join(label(c) for c in by_key[key])}: did not build")
+                continue
+            for cfg in by_key[key]:
+                try:
+                    times[cfg] = float(timer(problem, cfg))
+                except Exception as e:  # noqa: BLE001 - one bad candidate must not stop the tuning
+                    log(f"    {label(cfg)}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+        if first is not None and first not in order and configs[0] not in times:
+            break  # no reference: nothing else can be judged
+    return times
+
+
+def tune_gemm(
+    problems: Sequence[Problem],
+    *,
+    timer: Callable[[Problem, GemmConfig], float] | None = None,
+    build: Callable | None = None,
+    gpu: str | None = None,
+    force: bool = False,
+    margin: float = 0.01,
+    refine: int = 3,
+    jobs: int | None = None,
+    log: Callable[[str], None] | None = print,
+) -> list[Result]:
+    """Tune each problem's class and store the results in the tuning cache of `gpu`.
+
+    problems: tuning.cache.Problem objects (one per class: a second problem of a class
+    already listed is skipped, and so is a class the cache or the shipped table holds,
+    unless force). timer(problem, config) -> ms (default: GpuTimer on this GPU);
+    build(entries, on_ready) compiles (CompileKey, recipe) entries and calls
+    on_ready(key, status) as each is loadable (default: `cute_kernels.precompile` in `jobs`
+    worker processes). A config other than the heuristic's is stored only when it is
+    faster by more than `margin` (a fraction); `refine` of the first round's fastest get
+    their raster, band and split-K variants timed too. Returns one Result per tuned problem.
+    """
+    problems = list(problems)
+    for p in problems:
+        if not isinstance(p, Problem):
+            raise TypeError(f"problems must be tuning.cache.Problem objects, got {type(p).__name__}")
+    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
+        raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
+    if not isinstance(refine, int) or refine < 0:
+        raise ValueError(f"refine must be an int >= 0, got {refine!r}")
+    gpu = gpu or cache.gpu_name()
+    if gpu is None:
+        raise ValueError("tuning measures on a GPU and keys its results by the GPU's name: none found (gpu=None)")
+    log = log or (lambda _msg: None)
+    timer = timer or GpuTimer()
+    build = build or precompile_build(jobs)
+
+    todo, seen = [], set()
+    for p in problems:
+        if p.key in seen or (not force and cache.find(p, gpu) is not None):
+            continue
+        seen.add(p.key)
+        todo.append(p)
+    if not todo:
+        log("tune: every problem's class is tuned already (force=True tunes again)")
+        return []
+    first_round = {p: candidates(p) for p in todo}
+    ready = _Ready()
+    # Every first-round kernel of every problem starts building now; timing follows the builds.
+    ready.start(build, _dedupe(e for p in todo for e in compile_entries(p, first_round[p])))
+    results = []
+    for p in todo:
+        heur = first_round[p][0]
+        times = _time_all(p, first_round[p], ready, timer, log)
+        if heur not in times:
+            log(f"{_name(p)}: the heuristic's config could not be timed; nothing stored")
+            continue
+        if refine:
+            best = sorted(times, key=times.get)[:refine]
+            extra = [c for c in refinements(p, best) if c not in times]
+            if extra:
+                ready.start(build, compile_entries(p, extra))
+                times.update(_time_all(p, extra, ready, timer, log, reference_first=False))
+        win = min(times, key=times.get)
+        if not times[win] < times[heur] * (1 - margin):
+            win = heur
+        entry = Entry(p, win, times[win], times[heur])
+        cache.store([entry], gpu)
+        results.append(Result(p, win, times[win], heur, times[heur], len(times)))
+        log(f"{_name(p)}: {label(win)} {times[win]:.4f} ms, heuristic {label(heur)} {times[heur]:.4f} ms "
+            f"({times[heur] / times[win]:.3f}x; {len(times)} timed)")
+    _forget_dispatch()
+    return results
+
+
+def _dedupe(entries):
+    out, seen = [], set()
+    for key, rec in entries:
+        if key not in seen:
+            seen.add(key)
+            out.append((key, rec))
+    return out
+
+
+def _name(p: Problem) -> str:
+    return f"{p.op} {p.out} {p.majors} {p.epilogue} {p.m}x{p.n}x{p.k}"
+
+
+def _forget_dispatch() -> None:
+    """Dispatch memoises its config picks and launches: forget them, so that this process
+    runs what was just tuned."""
+    from ..matmul.api import clear_dispatch_caches
+    from ..quantized.api import clear_dispatch_caches as clear_quantized
+
+    clear_dispatch_caches()
+    clear_quantized()
+
+
+# --------------------------------------------------------------------------- model / shape lists
+
+
+def problems_for(shapes=None, *, model: str | None = None, dtypes: Sequence[str] = ("bf16",),
+                 ms: Sequence[int] = (1, 8, 512, 8192), epilogue: str | None = None) -> list[Problem]:
+    """The Problems `tune` tunes: each (N, K) in `shapes` (or each linear of `model`) at every
+    M in `ms`, each (M, N, K) in `shapes` as it is, for every dtype in `dtypes` (DTYPES).
+    The epilogue class is `epilogue`, else the linear's (models.Linear), else "plain";
+    ops that apply scale vectors count as at least "vector". 16-bit problems of at most 8
+    rows are left out while the decode GEMVs take them (CUTE_KERNELS_GEMV)."""
+    from ..runtime import env
+    from . import models
+
+    if shapes is None and model is None:
+        raise ValueError("give shapes, a model, or both")
+    if isinstance(dtypes, str):
+        dtypes = (dtypes,)
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"dtypes must be among {', '.join(DTYPES)}, got {list(dtypes)!r}")
+    if epilogue is not None and epilogue not in cache.EPILOGUES:
+        raise ValueError(f"epilogue must be one of {cache.EPILOGUES} or None, got {epilogue!r}")
+    ms = tuple(ms)
+    if not ms or any(not isinstance(m, int) or isinstance(m, bool) or m < 1 for m in ms):
+        raise ValueError(f"ms must be ints >= 1, got {ms!r}")
+    triples = []  # (m, n, k, epilogue class)
+    for s in shapes or ():
+        s = tuple(s)
+        if len(s) == 2:
+            triples += [(m, s[0], s[1], epilogue or "plain") for m in ms]
+        elif len(s) == 3:
+            triples.append((*s, epilogue or "plain"))
+        else:
+            raise ValueError(f"a shape is (N, K) or (M, N, K), got {s!r}")
+    if model is not None:
+        for lin in models.linears(model):
+            triples += [(m, lin.n, lin.k, epilogue or lin.epilogue) for m in ms]
+    gemv = env.enabled("CUTE_KERNELS_GEMV")
+    out = []
+    for d in dtypes:
+        op, outname = DTYPES[d]
+        for m, n, k, epi in triples:
+            if gemv and op in ("bf16", "fp16") and m <= 8:
+                continue
+            if outname == "int32":
+                epi = "plain"
+            elif epi == "plain" and op in ("fp8-row", "fp8-row-promoted", "fp8-block", "int8"):
+                epi = "vector"
+            out.append(Problem(op, outname, "kk", epi, m, n, k))
+    return out
+
+
+def tune(shapes=None, *, model: str | None = None, dtypes: Sequence[str] = ("bf16",),
+         ms: Sequence[int] = (1, 8, 512, 8192), epilogue: str | None = None, force: bool = False,
+         jobs: int | None = None, log: Callable[[str], None] | None = print, **tuner) -> list[Result]:
+    """Tune the GEMMs of `shapes` and/or `model`'s linears on this GPU into the tuning cache.
+
+    shapes: (N, K) pairs, each tuned at every M in `ms`, or (M, N, K) triples; model: a
+    name from tuning.models.MODELS (gpt2 ... gpt2-xl, llama-3.2-1b, llama-3-8b,
+    llama-3-70b, qwen2.5-7b, qwen2.5-32b, mistral-7b). dtypes: names from DTYPES ("bf16",
+    "fp8", "int8", ...). Classes already tuned are skipped unless force. Further keyword
+    arguments go to `tune_gemm` (timer, build, gpu, margin, refine). Later GEMMs of this
+    process, and every later process on this GPU, run the stored winners.
+    """
+    problems = problems_for(shapes, model=model, dtypes=dtypes, ms=ms, epilogue=epilogue)
+    return tune_gemm(problems, force=force, jobs=jobs, log=log, **tuner)

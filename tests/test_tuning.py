@@ -1,0 +1,343 @@
+"""GEMM tuning cache, lookup in dispatch, the autotuner (fake timer and build), the model table
+and the grid benchmark's draw. CPU only, nothing compiled."""
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from cute_kernels.matmul.config import Epilogue, GemmConfig
+from cute_kernels.tuning import cache
+from cute_kernels.tuning.cache import Entry, Problem
+
+H100 = "NVIDIA H100 80GB HBM3"
+PLAIN = ("bf16", "bf16", "kk", "plain")
+
+
+@pytest.fixture
+def tuning_env(tmp_path, monkeypatch):
+    """A private cache root and tables folder, the GPU named H100, nothing memoised."""
+    from cute_kernels.matmul import api
+    from cute_kernels.quantized import api as qapi
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUTE_KERNELS_TUNING", raising=False)
+    monkeypatch.setattr(cache, "gpu_name", lambda: H100)
+    monkeypatch.setattr(cache, "TABLES_DIR", tmp_path / "tables")
+    cache.forget()
+    api.clear_dispatch_caches()
+    qapi.clear_dispatch_caches()
+    yield tmp_path
+    cache.forget()
+    api.clear_dispatch_caches()
+    qapi.clear_dispatch_caches()
+
+
+def _entry(m=512, n=4096, k=4096, cfg=GemmConfig(128, 160, 2, 1, pingpong=True), cls=PLAIN, ms=1.0):
+    return Entry(Problem(*cls, m, n, k), cfg, ms, 2 * ms)
+
+
+def test_m_buckets_are_exact_then_half_octaves_and_cover_every_m():
+    assert [cache.m_bucket(m) for m in (1, 7, 16)] == [(1, 1), (7, 7), (16, 16)]
+    assert cache.m_bucket(17) == (17, 22) and cache.m_bucket(512) == (512, 724) and cache.m_bucket(8192)[0] == 8192
+    prev_hi = 0
+    for m in range(1, 20000):
+        lo, hi = cache.m_bucket(m)
+        assert lo <= m <= hi and (lo == prev_hi + 1 or lo == cache.m_bucket(m - 1)[0])
+        prev_hi = hi
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            cache.m_bucket(bad)
+
+
+def test_problem_validates_its_fields():
+    for bad in (("int4", "bf16", "kk", "plain"), ("bf16", "int32", "kk", "plain"), ("int8", "int32", "kk", "vector"),
+                ("fp8-row", "bf16", "kk", "plain"), ("fp8-tensor", "bf16", "mk", "plain"),
+                ("bf16", "bf16", "kx", "plain"), ("bf16", "bf16", "kk", "gelu")):
+        with pytest.raises(ValueError):
+            Problem(*bad, 64, 64, 64)
+    with pytest.raises(ValueError, match="K % 16"):
+        Problem("int8", "int32", "kk", "plain", 64, 64, 72)
+    with pytest.raises(ValueError, match="promote"):
+        Problem("fp8-row-promoted", "bf16", "kk", "vector", 64, 64, 64).check(GemmConfig(128, 128, 1, 1))
+
+
+def test_stored_entries_round_trip_and_merge(tuning_env):
+    path = cache.store([_entry(512), _entry(8192)], H100)
+    assert path == cache.user_path(H100) and path.parent == tuning_env / "cache" / "tuning"
+    assert H100.lower().replace(" ", "-") in path.name and cache.source_hash() in path.name
+    cache.store([_entry(600, cfg=GemmConfig(128, 128, 2, 1))], H100)  # same bucket as 512: replaced
+    data = json.loads(path.read_text())
+    assert {k: data[k] for k in ("format", "gpu", "dsl", "source")} == cache.header(H100)
+    assert len(data["entries"]) == 2
+    cache.forget()
+    assert cache.lookup(Problem(*PLAIN, 700, 4096, 4096)).config == GemmConfig(128, 128, 2, 1)
+
+
+_WRITER = """
+import pathlib, sys, time
+from cute_kernels.matmul.config import GemmConfig
+from cute_kernels.tuning import cache
+n, here = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+(here / f"ready{n}").touch()
+while len(list(here.glob("ready*"))) < 2:  # both writers start storing together
+    time.sleep(0.001)
+for m in list(range(1, 17)) * 4:
+    cache.store([cache.Entry(cache.Problem("bf16", "bf16", "kk", "plain", m, n, 1024), GemmConfig(), 1.0, 1.0)],
+                "NVIDIA H100 80GB HBM3")
+"""
+
+
+def test_processes_writing_at_once_keep_each_others_entries(tuning_env):
+    env = {**__import__("os").environ, "CUTE_KERNELS_CACHE_DIR": str(tuning_env / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(n), str(tuning_env)], env=env) for n in (1024, 2048)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    data = json.loads(cache.user_path(H100).read_text())
+    assert sorted((e["n"], e["m"]) for e in data["entries"]) == sorted((n, m) for n in (1024, 2048)
+                                                                        for m in range(1, 17))
+
+
+# (no parameter named "gpu": conftest skips tests whose keywords say gpu)
+@pytest.mark.parametrize("damage", ["corrupt", "other-card", "dsl", "source", "format"])
+def test_a_corrupt_or_foreign_cache_is_ignored_with_one_warning_and_rebuilt(tuning_env, damage):
+    path = cache.store([_entry(512)], H100)
+    if damage == "corrupt":
+        path.write_text('{"format": 1, "gpu": ')
+    else:
+        data = json.loads(path.read_text())
+        field = "gpu" if damage == "other-card" else damage
+        data[field] = {"gpu": "NVIDIA H200", "dsl": "4.9.0", "source": "0" * 16, "format": 99}[field]
+        path.write_text(json.dumps(data))
+    cache.forget()
+    with pytest.warns(UserWarning, match="ignored") as record:
+        assert cache.lookup(Problem(*PLAIN, 512, 4096, 4096)) is None
+        assert cache.lookup(Problem(*PLAIN, 8192, 4096, 4096)) is None
+    assert len(record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cache.store([_entry(8192)], H100)
+    data = json.loads(path.read_text())
+    assert {k: data[k] for k in ("format", "gpu", "dsl", "source")} == cache.header(H100)
+    assert [e["m"] for e in data["entries"]] == [8192]  # the foreign entry is gone
+
+
+def test_shipped_table_answers_what_the_user_cache_lacks(tuning_env):
+    table_cfg, user_cfg = GemmConfig(128, 96, 2, 1), GemmConfig(128, 128, 1, 1, pingpong=True)
+    cache.store([_entry(512, cfg=table_cfg), _entry(8192, cfg=table_cfg)], H100, path=cache.table_path(H100))
+    cache.store([_entry(8192, cfg=user_cfg)], H100)
+    cache.forget()
+    assert cache.lookup(Problem(*PLAIN, 512, 4096, 4096)).config == table_cfg
+    assert cache.lookup(Problem(*PLAIN, 8192, 4096, 4096)).config == user_cfg
+    assert cache.lookup(Problem(*PLAIN, 128, 4096, 4096)) is None
+
+
+def test_the_shipped_tables_match_this_code():
+    """A shipped table made for other kernel sources or another DSL is ignored: after an edit of
+    matmul/kernel.py or matmul/config.py, re-tune on the GPU (docs/gemm.md, Tuning) or, for an
+    edit that cannot move a winner, restamp: python -m cute_kernels.tune --write-table --gpu NAME."""
+    tables = sorted(cache.TABLES_DIR.glob("*.json"))
+    assert [p.name for p in tables] == ["nvidia-h100-80gb-hbm3.json"]
+    for path in tables:
+        data = json.loads(path.read_text())
+        assert cache.slug(data["gpu"]) == path.stem
+        assert {k: data[k] for k in ("format", "gpu", "dsl", "source")} == cache.header(data["gpu"]), path.name
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert cache.read(path, data["gpu"]) is not None
+
+
+def test_a_lookup_hit_changes_the_dispatch_pick_and_a_miss_keeps_the_heuristic(tuning_env, monkeypatch):
+    from cute_kernels.matmul.api import _pick_config, clear_dispatch_caches, tuning_class
+    from cute_kernels.matmul.config import split_config
+
+    cls = tuning_class(torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())
+    assert cls == PLAIN
+    assert tuning_class(torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue(bias=True))[3] == "vector"
+    heur = split_config(512, 4096, 4096)
+    tuned = GemmConfig(64, 128, 4, 2, pingpong=True)
+    assert tuned != heur
+    assert _pick_config(512, 4096, 4096, 2, True, cls) == heur  # miss
+    cache.store([_entry(512, cfg=tuned)], H100)
+    clear_dispatch_caches()
+    assert _pick_config(512, 4096, 4096, 2, True, cls) == tuned
+    assert _pick_config(700, 4096, 4096, 2, True, cls) == tuned  # same M bucket
+    assert _pick_config(2048, 4096, 4096, 2, True, cls) == split_config(2048, 4096, 4096)
+    assert _pick_config(512, 4096, 4096, 2, True, ("bf16", "bf16", "kk", "vector")) == heur  # other class
+    monkeypatch.setenv("CUTE_KERNELS_TUNING", "0")
+    clear_dispatch_caches()
+    assert _pick_config(512, 4096, 4096, 2, True, cls) == heur
+    monkeypatch.setattr(cache, "gpu_name", lambda: None)  # no GPU: no lookup at all
+    monkeypatch.delenv("CUTE_KERNELS_TUNING")
+    clear_dispatch_caches()
+    assert _pick_config(512, 4096, 4096, 2, True, cls) == heur
+
+
+def test_the_promoted_path_looks_up_its_own_class(tuning_env):
+    from cute_kernels.matmul.api import tuning_class
+    from cute_kernels.quantized.api import _promoted_config, clear_dispatch_caches
+
+    epi = Epilogue(row_scale="vector", col_scale="vector")
+    cls = tuning_class(torch.float8_e4m3fn, torch.bfloat16, ("k", "k"), epi, True)
+    assert cls == ("fp8-row-promoted", "bf16", "kk", "vector")
+    tuned = GemmConfig(128, 96, 1, 1, promote=True)
+    cache.store([_entry(256, 4096, 4096, tuned, cls)], H100)
+    clear_dispatch_caches()
+    assert _promoted_config(256, 4096, 4096, cls) == tuned
+    assert _promoted_config(256, 4096, 4096) != tuned  # the heuristic
+
+
+def _fake_build(log):
+    def build(entries, on_ready):
+        for key, _ in entries:
+            log.append(key)
+            on_ready(key, "cached")
+    return build
+
+
+def test_the_tuner_stores_the_fastest_candidate_and_skips_tuned_classes(tuning_env):
+    from cute_kernels.tuning.tune import candidates, heuristic, tune_gemm
+
+    p = Problem("bf16", "bf16", "kk", "vector", 2100, 4800, 1600)
+    best = [c for c in candidates(p) if c != heuristic(p)][-1]
+    timed = []
+
+    def timer(problem, cfg):
+        timed.append(cfg)
+        return 0.5 if cfg == best else 1.0 + 0.001 * len(timed)
+
+    built = []
+    (res,) = tune_gemm([p, Problem("bf16", "bf16", "kk", "vector", 2200, 4800, 1600)], timer=timer,
+                       build=_fake_build(built), log=None)
+    assert timed[0] == heuristic(p)  # the reference first
+    assert res.config == best and res.ms == 0.5 and res.heuristic == heuristic(p) and res.timed == len(set(timed))
+    assert len(built) == len(set(built)) >= 10
+    cache.forget()
+    assert cache.lookup(p).config == best
+    assert tune_gemm([p], timer=timer, build=_fake_build([]), log=None) == []  # tuned already
+    assert tune_gemm([p], timer=timer, build=_fake_build([]), log=None, force=True)[0].config == best
+
+
+def test_the_tuner_keeps_the_heuristic_unless_beaten_by_the_margin(tuning_env):
+    from cute_kernels.tuning.tune import heuristic, tune_gemm
+
+    p = Problem("int8", "int32", "kk", "plain", 64, 6400, 1600)
+
+    def timer(problem, cfg):
+        if cfg.split_k == 3:
+            raise ArithmeticError("disagrees")  # a wrong candidate is skipped
+        return 1.0 if cfg == heuristic(problem) else 0.995
+
+    (res,) = tune_gemm([p], timer=timer, build=_fake_build([]), log=None, margin=0.01)
+    assert res.config == heuristic(p) and cache.find(p, H100).config == heuristic(p)
+
+
+def test_candidates_all_validate_and_fit():
+    from cute_kernels.tuning.tune import candidates, compile_entries, heuristic, refinements
+
+    problems = [Problem(op, out, majors, epi, m, n, k)
+                for op, out, majors, epi in (("bf16", "bf16", "kk", "plain"), ("bf16", "fp32", "mn", "residual"),
+                                             ("fp8-tensor", "bf16", "kk", "plain"), ("fp8-row", "bf16", "kk", "vector"),
+                                             ("fp8-row-promoted", "bf16", "kk", "vector"),
+                                             ("fp8-block", "bf16", "kk", "residual"), ("int8", "int32", "kk", "plain"))
+                for m, n, k in ((1, 4800, 1600), (100, 50257, 1600), (8192, 1600, 6400), (3000, 28672, 8192))]
+    for p in problems:
+        first = candidates(p)
+        assert first[0] == heuristic(p) and len(first) == len(set(first))
+        more = refinements(p, first[:3])
+        for cfg in first + more:
+            p.check(cfg)
+            assert cfg.tile_m <= 64 or cfg.tile_m < 2 * p.m
+        assert len(compile_entries(p, first + more)) <= len(first + more)
+        if p.m == 1:
+            assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in more)
+
+
+def test_compile_entries_are_the_keys_dispatch_builds(gemm_keys, recorded_builds):
+    """The tuner builds ahead exactly the kernel that dispatch asks the cache for."""
+    from cute_kernels.matmul.api import get_kernel
+    from cute_kernels.tuning.tune import compile_entries
+
+    p = Problem("bf16", "fp32", "kk", "plain", 512, 4096, 4096)
+    for cfg in (GemmConfig(128, 160, 2, 1, pingpong=True), GemmConfig(128, 128, 2, 1, split_k=5)):
+        (key, _), = compile_entries(p, [cfg])
+        assert gemm_keys(cfg, Epilogue(), torch.float32) == key
+    p8 = Problem("int8", "int32", "kk", "plain", 512, 4096, 4096)
+    cfg = GemmConfig(128, 160, 2, 1, pingpong=True)
+    get_kernel("int8_mm_sm90", torch.int8, torch.int8, torch.int32, "k", "k", cfg, Epilogue(), "Int32")
+    assert compile_entries(p8, [cfg])[0][0] == recorded_builds.last
+
+
+def test_problems_for_a_model_and_shapes():
+    from cute_kernels.tuning.tune import problems_for
+
+    ps = problems_for(model="gpt2-xl", dtypes=("bf16", "fp8", "int8"), ms=(1, 8, 512))
+    assert {(p.op, p.m) for p in ps if p.op == "bf16"} == {("bf16", 512)}  # decode GEMVs take M <= 8
+    assert {p.epilogue for p in ps if p.op == "fp8-row"} == {"vector", "residual"}
+    assert len(ps) == 5 * (1 + 3 + 3)
+    ps = problems_for([(4096, 4096), (77, 1024, 2048)], ms=(512, 8192), dtypes="int8-raw")
+    assert [(p.m, p.n, p.k, p.out) for p in ps] == [(512, 4096, 4096, "int32"), (8192, 4096, 4096, "int32"),
+                                                    (77, 1024, 2048, "int32")]
+    for bad in (dict(dtypes=("bf8",)), dict(ms=(0,)), dict(epilogue="gelu"), dict(model=None)):
+        with pytest.raises(ValueError):
+            problems_for(None if "model" in bad else [(64, 64)], **{"model": "gpt2", **bad})
+
+
+def test_model_table_has_the_published_sizes():
+    from cute_kernels.tuning.models import MODELS, linears, model_name
+
+    xl = {lin.name: (lin.n, lin.k) for lin in linears("openai-community/gpt2-xl")}
+    assert xl == {"qkv": (4800, 1600), "o": (1600, 1600), "up": (6400, 1600), "down": (1600, 6400),
+                  "lm_head": (50257, 1600)}
+    l8 = {lin.name: (lin.n, lin.k) for lin in linears("llama-3-8b")}
+    assert l8 == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                  "lm_head": (128256, 4096)}
+    assert len(MODELS) == 10 and model_name("meta-llama/Meta-Llama-3-8B") == "llama-3-8b"
+    with pytest.raises(ValueError, match="unknown model"):
+        linears("gpt5")
+
+
+def test_grid_draw_is_a_function_of_the_seed():
+    from benchmarks.gemm import GRID_M_MAX, grid_shapes
+
+    a, b, c = grid_shapes(7), grid_shapes(7), grid_shapes(8)
+    assert a == b and a != c and len(a) == 60
+    assert all(1 <= m <= GRID_M_MAX for _, m, _, _ in a) and any(m % 8 for _, m, _, _ in a)
+    assert len({name.rsplit(".", 1)[0] for name, *_ in grid_shapes(0, 400)}) == 10
+    with pytest.raises(ValueError):
+        grid_shapes(0, 0)
+
+
+def test_the_cli_needs_a_gpu_and_says_so_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "cute_kernels.tune", "--model", "gpt2-xl"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
+
+
+def test_tune_is_one_callable_however_it_is_reached():
+    import importlib
+
+    import cute_kernels as ck
+
+    mod = importlib.import_module("cute_kernels.tune")
+    assert ck.tune is mod and callable(ck.tune)
+    with pytest.raises(ValueError, match="shapes, a model"):
+        ck.tune()
+
+
+def test_precompile_reports_cached_kernels_at_once(tmp_path, monkeypatch):
+    from cute_kernels.precompile import precompile
+    from cute_kernels.runtime.cache import object_path
+    from cute_kernels.tuning.tune import compile_entries
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTE_KERNELS_DISK_CACHE", raising=False)
+    entries = compile_entries(Problem(*PLAIN, 512, 4096, 4096), [GemmConfig(), GemmConfig(128, 128, 2, 1)])
+    for key, _ in entries:
+        object_path(key).parent.mkdir(parents=True, exist_ok=True)
+        object_path(key).touch()
+    seen = []
+    assert precompile(entries, on_ready=lambda k, s: seen.append((k, s)))["cached"] == 2
+    assert seen == [(k, "cached") for k, _ in entries]
