@@ -104,13 +104,33 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
     return stats
 
 
-def ensure_manifest(name: str, jobs: int | None = None) -> dict | None:
-    """Replay the shipped manifest `name` if there is one (None otherwise)."""
+class JsonRecipe(dict):
+    """A recipe still in its manifest JSON: resolved (its kernel module imported) only if the
+    kernel must be compiled after all. A manifest records it as the JSON it is."""
+
+    def __call__(self):
+        return _recipe.from_json(self)()
+
+
+def ensure_manifest(name: str, jobs: int | None = None, *, load: bool = False) -> dict | None:
+    """Replay the shipped manifest `name` if there is one (None otherwise). With load=True the
+    kernels are then loaded into the process's kernel cache too (a caller overlapping this
+    with its own start-up: the first launches find them in memory)."""
     path = manifest_path(name)
     if not path.exists() or cache_dir() is None:
         return None
     # Unresolved recipes: this process only checks the disk cache; the workers import the kernels.
-    return precompile(load_manifest(path, resolve=False), jobs)
+    entries = load_manifest(path, resolve=False)
+    stats = precompile(entries, jobs)
+    if load:
+        from .runtime import KERNELS
+
+        t0 = time.perf_counter()
+        for key, rec in entries:
+            if object_path(key).exists():
+                KERNELS.get(key, JsonRecipe(rec))
+        stats["load_s"] = time.perf_counter() - t0
+    return stats
 
 
 def main(argv=None) -> int:

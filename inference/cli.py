@@ -168,7 +168,8 @@ def _start_precompile(args):
 
     def run():
         try:
-            stats.update(ensure_manifest(name) or {})
+            # Half the cores: the other half keep importing and building the model meanwhile.
+            stats.update(ensure_manifest(name, jobs=max(1, (os.cpu_count() or 2) // 2), load=True) or {})
         except Exception as e:  # noqa: BLE001 - the kernels then compile on first use, as without a manifest
             stats["error"] = f"{type(e).__name__}: {e}"
 

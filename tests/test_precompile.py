@@ -218,3 +218,16 @@ def test_every_attention_config_field_changes_the_compile_key(recorded_builds):
         base = decode_key(cfg)
         for f in dataclasses.fields(cfg):
             assert decode_key(dataclasses.replace(cfg, **{f.name: _changed_attn(getattr(cfg, f.name))})) != base, f.name
+
+
+def test_json_recipes_stay_json_in_a_manifest(tmp_path):
+    """Kernels preloaded from a manifest keep its JSON as their recipe: recording them again
+    writes the same entry, and nothing imported a kernel module to do so."""
+    from cute_kernels.precompile import JsonRecipe, load_manifest, save_manifest
+
+    key, rec = _gemm_entry()
+    save_manifest(tmp_path / "a.json", [(key, rec)])
+    ((k, raw),) = load_manifest(tmp_path / "a.json", resolve=False)
+    assert k == key and not callable(raw)
+    save_manifest(tmp_path / "b.json", [(k, JsonRecipe(raw))])
+    assert json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())
