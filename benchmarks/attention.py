@@ -1,16 +1,13 @@
 """Attention suite: prefill TFLOP/s and decode KV bandwidth, all providers in one run.
 
     python -m benchmarks.attention [--quick] [--no-write] [--decode]
-    python -m benchmarks.attention --schedule [--no-write]
 
 Providers: ours (`cute`), SDPA with the
 cuDNN backend (`cudnn`) and the flash backend (`sdpa_flash`), the Triton baseline, and
 FlashAttention-4 (`fa4`) when importable. Prefill FLOPs: 4*B*H*S^2*D (causal counts half).
 Decode (one query token against a cache of L keys): GB/s of K and V read, and % of HBM
 bandwidth. Peak extra memory per call is reported to show O(S) memory.
-Writes benchmarks/results/attention_<gpu>.json and .md. --schedule: our prefill kernel with
-each schedule option of PrefillConfig (and a third K/V stage at D = 128) against the default
-pick, same shapes (attention_schedule_<gpu>.*).
+Writes benchmarks/results/attention_<gpu>.json and .md.
 """
 
 from __future__ import annotations
@@ -149,55 +146,6 @@ def run_decode(shapes=DECODE):
     return rows
 
 
-def schedule_variants(D: int, S: int) -> dict:
-    """PrefillConfig variants to time against the default pick for this shape."""
-    import dataclasses
-
-    from cute_kernels.attention.config import prefill_config
-
-    base = prefill_config(D, S)
-    out = {"cute": base}
-    for opt in ("k_ahead", "release_v_early", "rowsum_mma"):
-        out[f"cute[{opt}]"] = dataclasses.replace(base, **{opt: True})
-    out["cute[all]"] = dataclasses.replace(base, k_ahead=True, release_v_early=True, rowsum_mma=True)
-    more = dataclasses.replace(base, stages=base.stages + 1)
-    try:
-        more.validate()
-        out[f"cute[stages={more.stages}]"] = more
-    except ValueError:
-        pass  # no room in shared memory for another stage
-    return out
-
-
-def run_schedule(shapes=PREFILL):
-    from cute_kernels.attention import api
-    from cute_kernels.attention.reference import flash_attn_ref
-
-    rows = []
-    for (B, H, S, D) in shapes:
-        for causal in (False, True):
-            case = f"prefill-{B}x{H}x{S}x{D}{'-causal' if causal else ''}"
-            q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            ref = flash_attn_ref(q[:1, :, :1].float(), k[:1, :, :1].float(), v[:1, :, :1].float(), causal=causal)
-            for name, cfg in schedule_variants(D, S).items():
-                def fn(q_, k_, v_, c_, cfg=cfg):
-                    return api._run(q_, k_, v_, c_, None, config=cfg)[0][:1, :, :1]
-
-                ms, _ = _run_one(name, fn, q, k, v, causal, ref)
-                if ms is None:
-                    continue
-                tf = 4 * B * H * S * S * D / (2 if causal else 1) / ms / 1e9
-                rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["bf16"]))
-            del q, k, v
-            torch.cuda.empty_cache()
-    return rows
-
-
-def summarize_schedule(rows):
-    return {f"geomean_speedup_vs_default[{name}]": geomean(list(speedups(rows, name, "cute").values()))
-            for name in sorted({r.provider for r in rows} - {"cute"})}
-
-
 def summarize(rows):
     pre = [r for r in rows if r.case.startswith("prefill")]
     dec = [r for r in rows if r.case.startswith("decode")]
@@ -228,19 +176,8 @@ def main(argv=None):
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--decode", action="store_true",
                    help="the decode points only (writes attention_decode_<gpu>.*, leaving the full suite's file)")
-    p.add_argument("--schedule", action="store_true",
-                   help="prefill schedule options against the default config (attention_schedule_<gpu>.*)")
     args = p.parse_args(argv)
     require_hopper("python -m benchmarks.attention")
-    if args.schedule:
-        rows = run_schedule(PREFILL[:1] if args.quick else PREFILL)
-        summary = summarize_schedule(rows)
-        print(format_table(rows, baseline="cute"))
-        for k, v in summary.items():
-            print(f"{k}: {v:.3f}")
-        if not args.no_write:
-            print("wrote", write_results("attention_schedule", rows, summary, baseline="cute"))
-        return rows, summary
     decode = DECODE[:4] if args.quick else DECODE
     rows = run_decode(decode) if args.decode else run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
     summary = summarize(rows)

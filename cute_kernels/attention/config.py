@@ -39,8 +39,7 @@ def check_head_dim(head_dim: int) -> None:
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    """Static shape and schedule of one FlashAttnFwdSm90 build (kernel.py says what each
-    schedule option does).
+    """Static shape and schedule of one FlashAttnFwdSm90 build.
 
     A tile is m_block = 64 x num_mma_wg query rows (64 per consumer warpgroup) by n_block
     keys per step; K and V each stream through a `stages`-deep ring (None: 4 stages at
@@ -55,9 +54,6 @@ class PrefillConfig:
     stages: int | None = None
     pingpong: bool = True
     exps_before_pv_wait: int | None = None
-    k_ahead: bool = False
-    release_v_early: bool = False
-    rowsum_mma: bool = False
 
     ROWS_PER_WG = 64  # a consumer warpgroup's query rows (the wgmma M): not a field
 
@@ -70,11 +66,10 @@ class PrefillConfig:
         return self.ROWS_PER_WG * self.num_mma_wg
 
     def smem_bytes(self, in_bytes: int = _IN_BYTES) -> int:
-        """Q, the K and V rings, the rowsum_mma ones tile (8 x n_block), and 1 KB for the
-        pipeline barriers (each buffer is 1024-byte aligned)."""
+        """Q, the K and V rings, and 1 KB for the pipeline barriers (each buffer is 1024-byte
+        aligned)."""
         kv = self.stages * self.n_block * self.head_dim * in_bytes
-        ones = 8 * self.n_block * in_bytes if self.rowsum_mma else 0
-        return 1024 + self.m_block * self.head_dim * in_bytes + 2 * kv + ones
+        return 1024 + self.m_block * self.head_dim * in_bytes + 2 * kv
 
     def validate(self) -> None:
         """The one validity check for a config; raises ValueError with the reason."""
@@ -135,8 +130,8 @@ def _prefill_config(head_dim: int, long_q: bool) -> PrefillConfig:
         # non-causal -1%); D = 128 moved +-2% either way with 4, 8 or 32 and keeps the wait
         # after all of them.
         exps_before_pv_wait=32 if head_dim == 64 else None,
-        # k_ahead, release_v_early, rowsum_mma and other stage counts stay at the defaults:
-        # none has been measured against the default schedule yet.
+        # stages: the default (4 at D = 64, 2 above). One more stage (5 / 3) measured 0.992x
+        # geomean over the suite's prefill cases on the H100 (docs/tried-and-not-kept.md).
     )
     cfg.validate()
     return cfg

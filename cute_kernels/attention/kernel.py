@@ -22,8 +22,6 @@ from .config import PrefillConfig
 _LOG2_E = 1.4426950408889634
 # Named barriers _TURN_BARRIER + w (w < num_mma_wg): warpgroup w's turn to issue wgmma.
 _TURN_BARRIER = 2
-_ONES_BARRIER = 1  # rowsum_mma: the consumers' one sync after writing the ones tile (turns use 2..4)
-_ONES_N = 8  # P x ones: the narrowest wgmma
 _LN_2 = 0.6931471805599453
 
 
@@ -46,8 +44,7 @@ class FlashAttnFwdSm90:
     together and the softmax of S_j overlaps the second product. With `pingpong`, named
     barriers take turns between the warpgroups (round robin) at every issue point, so one
     warpgroup's softmax runs while the other's GEMMs own the tensor cores (as in
-    FlashAttention-3). Options that change this order (`k_ahead`, `release_v_early`) or move
-    the row sums onto the tensor cores (`rowsum_mma`) are described in `__init__`.
+    FlashAttention-3).
 
     Persistence: the producer warp runs ahead across tiles (the next tile's Q as soon as
     the consumers release the current one after their last Q K^T, then its K/V blocks), so
@@ -61,13 +58,6 @@ class FlashAttnFwdSm90:
 
     def __init__(self, cfg: PrefillConfig, causal: bool, split_kv: bool = False):
         self.head_dim = cfg.head_dim
-        # Schedule options, off by default until measured (docs/tried-and-not-kept.md):
-        # k_ahead: the producer loads K_{j+1} before V_j (K_0 first), as FlashAttention-4 does, so
-        #   K's load waits only for Q K^T_{j-1} to free its stage, not for V's later release.
-        # release_v_early: V's stage is released as soon as P V has landed, before O's rescale.
-        # rowsum_mma: the softmax row sums come from the tensor cores (P x ones, an m64n8 wgmma
-        #   per 16 keys beside P V) instead of two 32-long FADD chains per thread and block.
-        self.k_ahead, self.release_v_early, self.rowsum_mma = cfg.k_ahead, cfg.release_v_early, cfg.rowsum_mma
         # How many of a thread's exp2s run before it waits for the previous P V (None: all).
         # The rest follow the wait, where ptxas interleaves them with O's rescale and P's
         # conversion (the MUFU-bound exp2s leave issue slots free for the FMULs).
@@ -122,12 +112,6 @@ class FlashAttnFwdSm90:
             dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
             cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
         )
-        # P x ones (rowsum_mma): B is a K-major all-ones (ONES_N, n_block) tile.
-        self.ones_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, _ONES_N), a_source=warpgroup.OperandSource.RMEM,
-        )
-        sOnes_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (mb, _ONES_N, nb), dtype, 1)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, self.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (mb, D, nb), dtype, self.stages)
@@ -138,9 +122,6 @@ class FlashAttnFwdSm90:
         tma_v, tVt = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), vt, cute.slice_(sV_layout, (None, None, 0)), (D, nb))
 
-        # The ones tile exists only with rowsum_mma (an empty range costs no smem otherwise).
-        ones_elems, ones_align = self._ones_smem(sOnes_layout)
-
         @cute.struct
         class SharedStorage:
             q_bar: cute.struct.MemRange[cutlass.Int64, 2]
@@ -149,7 +130,6 @@ class FlashAttnFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
-            sOnes: cute.struct.Align[cute.struct.MemRange[dtype, ones_elems], ones_align]
 
         self.shared_storage = SharedStorage
         bz = mQ.shape[0]
@@ -159,20 +139,16 @@ class FlashAttnFwdSm90:
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2, qheads_per_kvhead,
-            heads_per_group, self.qk_mma, self.pv_mma, self.ones_mma, sQ_layout, sK_layout, sV_layout, sOnes_layout,
+            heads_per_group, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
-
-    def _ones_smem(self, sOnes_layout) -> tuple[int, int]:
-        return (cute.cosize(sOnes_layout), 1024) if self.rowsum_mma else (0, 1)
 
     # ------------------------------------------------------------------------ device
     @cute.kernel
     def kernel(
         self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None,
         scale_log2, qheads_per_kvhead, heads_per_group,
-        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, ones_mma: cute.TiledMma,
+        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-        sOnes_layout: cute.ComposedLayout,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -198,9 +174,6 @@ class FlashAttnFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sOnes = None
-        if cutlass.const_expr(self.rowsum_mma):
-            sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         tiles = self._tiles(mO, heads_per_group)
@@ -212,7 +185,7 @@ class FlashAttnFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ,
-                     scale_log2, tiles, tK.shape[0], ones_mma, sOnes)
+                     scale_log2, tiles, tK.shape[0])
 
     # ------------------------------------------------------------------ tile schedule
     @cute.jit
@@ -322,25 +295,11 @@ class FlashAttnFwdSm90:
                 q_pipe.producer_acquire(q_state)
                 cute.copy(tma_q, tQg, tQs[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
                 q_state.advance()
-            # With k_ahead, K runs one block ahead of V (K_0 first, then K_{j+1} before V_j): K's
-            # stage frees when Q K_{j-1}^T completes, V's only after P_{j-2} V_{j-2} and O's
-            # rescale, so K need not queue behind V.
-            if cutlass.const_expr(self.k_ahead):
-                if n_blocks > 0:
-                    k_pipe.producer_acquire(k_state)
-                    cute.copy(tma_k, tKg[(None, j_begin)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-                    k_state.advance()
             for jj in range(n_blocks):
                 j = j_begin + jj
-                if cutlass.const_expr(self.k_ahead):
-                    if jj + 1 < n_blocks:
-                        k_pipe.producer_acquire(k_state)
-                        cute.copy(tma_k, tKg[(None, j + 1)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-                        k_state.advance()
-                else:
-                    k_pipe.producer_acquire(k_state)
-                    cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
-                    k_state.advance()
+                k_pipe.producer_acquire(k_state)
+                cute.copy(tma_k, tKg[(None, j)], tKs[(None, k_state.index)], tma_bar_ptr=k_pipe.producer_get_barrier(k_state))
+                k_state.advance()
                 v_pipe.producer_acquire(v_state)
                 cute.copy(tma_v, tVg[(None, j)], tVs[(None, v_state.index)], tma_bar_ptr=v_pipe.producer_get_barrier(v_state))
                 v_state.advance()
@@ -350,7 +309,7 @@ class FlashAttnFwdSm90:
 
     @cute.jit
     def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2,
-            tiles, s_k_max, ones_mma, sOnes):
+            tiles, s_k_max):
         """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store.
 
         Software-pipelined within the warpgroup (as FlashAttention-3 does): S_j = Q K_j^T
@@ -376,9 +335,6 @@ class FlashAttnFwdSm90:
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
         tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
-        ones = None
-        if cutlass.const_expr(self.rowsum_mma):
-            ones = self._setup_rowsum(ones_mma, sOnes, tidx, wg_idx)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -400,8 +356,6 @@ class FlashAttnFwdSm90:
             m0, m1 = cutlass.Float32(-cutlass.Float32.inf), cutlass.Float32(-cutlass.Float32.inf)
             l0, l1 = cutlass.Float32(0.0), cutlass.Float32(0.0)
             acc_o.fill(0.0)
-            if cutlass.const_expr(self.rowsum_mma):
-                ones[1].fill(0.0)
             row0 = m_idx * self.m_block
             causal_shift = s_k - s_q
             if n_blocks > 0:
@@ -426,7 +380,7 @@ class FlashAttnFwdSm90:
                     v_pipe.consumer_wait(v_state)
                     self._wait_turn(wg_idx)
                     self._issue_qk(qk_mma, acc_s, tSrQ, tSrK, k_state.index)
-                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index, ones)
+                    self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
                     self._pass_turn(wg_idx)
                     # ---- softmax of S_j while P_{j-1} V_{j-1} runs
                     warpgroup.wait_group(1)
@@ -435,23 +389,15 @@ class FlashAttnFwdSm90:
                     self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
                     m0, m1, ref0, ref1, corr0, corr1 = self._row_max(acc_s, m0, m1, scale_log2)
                     n_early = cute.size(acc_s) if self.exps_before_pv_wait is None else self.exps_before_pv_wait
-                    l0, l1 = self._exps(acc_s, 0, n_early, ref0, ref1, l0 * corr0, l1 * corr1, scale_log2,
-                                        not self.rowsum_mma)
+                    l0, l1 = self._exps(acc_s, 0, n_early, ref0, ref1, l0 * corr0, l1 * corr1, scale_log2)
                     # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
                     if s_k > 0:  # always true: a basic-block boundary that keeps ptxas from hoisting the wait
                         warpgroup.wait_group(0)
-                        if cutlass.const_expr(self.release_v_early):
-                            v_pipe.consumer_release(v_state)
-                        l0, l1 = self._exps(acc_s, n_early, cute.size(acc_s), ref0, ref1, l0, l1, scale_log2,
-                                            not self.rowsum_mma)
+                        l0, l1 = self._exps(acc_s, n_early, cute.size(acc_s), ref0, ref1, l0, l1, scale_log2)
                         for v in cutlass.range_constexpr(cute.size(acc_o)):
                             acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
-                        if cutlass.const_expr(self.rowsum_mma):
-                            for v in cutlass.range_constexpr(cute.size(ones[1])):
-                                ones[1][v] = ones[1][v] * (corr0 if (v // 2) % 2 == 0 else corr1)
                         rP.store(acc_s.load().to(self.dtype))
-                    if cutlass.const_expr(not self.release_v_early):
-                        v_pipe.consumer_release(v_state)
+                    v_pipe.consumer_release(v_state)
                     v_state.advance()
                 # Every Q K^T of this tile has completed: the producer may load the next Q.
                 q_pipe.consumer_release(q_state)
@@ -459,7 +405,7 @@ class FlashAttnFwdSm90:
                 # ---- last block's P V
                 v_pipe.consumer_wait(v_state)
                 self._wait_turn(wg_idx)
-                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index, ones)
+                self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
                 if wg_idx != self.num_mma_wg - 1:  # the first warpgroup's next turn is the next tile's
                     self._pass_turn(wg_idx)
                 warpgroup.wait_group(0)
@@ -468,15 +414,12 @@ class FlashAttnFwdSm90:
 
             # ---- normalise, write O and the LSE
             sums = [l0, l1]
-            if cutlass.const_expr(self.rowsum_mma):
-                sums = [ones[1][0], ones[1][2]]  # each column of P x ones holds the whole row's sum
             maxes = [m0, m1]
             inv = [None, None]
             for half in cutlass.range_constexpr(2):
-                tot = sums[half]
-                if cutlass.const_expr(not self.rowsum_mma):  # the quad's four partial sums
-                    tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=1)
-                    tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=2)
+                tot = sums[half]  # this thread's part of the row: add the quad's other three
+                tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=1)
+                tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=2)
                 sums[half] = tot
                 # Rows with nothing to attend to (sum 0) produce zeros, not NaN.
                 inv[half] = cutlass.select_(tot > 0.0, 1.0 / cutlass.max(tot, cutlass.Float32(1e-30)), cutlass.Float32(0.0))
@@ -532,34 +475,12 @@ class FlashAttnFwdSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _setup_rowsum(self, ones_mma, sOnes, tidx, wg_idx):
-        """rowsum_mma: fill the all-ones B tile (every consumer thread writes its share, then
-        makes it visible to wgmma's async proxy before any consumer issues one) and return
-        (ones_mma, the 64 x ONES_N fp32 row-sum accumulator, the B fragments)."""
-        flat = cute.make_tensor(sOnes.iterator, cute.make_layout(cute.cosize(sOnes.layout)))
-        n_ones, n_thr = cute.size(flat), 128 * self.num_mma_wg
-        for i in cutlass.range_constexpr((n_ones + n_thr - 1) // n_thr):
-            if tidx + i * n_thr < n_ones:
-                flat[tidx + i * n_thr] = self.dtype(1.0)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_ONES_BARRIER, number_of_threads=n_thr)
-        ones_wg = ones_mma.get_slice(wg_idx * 128)
-        acc_l = cute.make_rmem_tensor(ones_wg.partition_shape_C((self.m_block, _ONES_N)), cutlass.Float32)
-        ones_mma.set(warpgroup.Field.ACCUMULATE, True)
-        return ones_mma, acc_l, ones_mma.make_fragment_B(ones_wg.partition_B(sOnes))
-
-    @cute.jit
-    def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage, ones):
+    def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
         """O += P V with P from registers: the S accumulator of a 64xN wgmma, split into
-        16-column k-blocks, is exactly the A fragment layout. With rowsum_mma, P x ones goes
-        into the same commit group, so one wait covers both."""
+        16-column k-blocks, is exactly the A fragment layout."""
         warpgroup.fence()
         for kb in cutlass.range_constexpr(self.n_block // 16):
             cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)], acc_o)
-        if cutlass.const_expr(self.rowsum_mma):
-            ones_mma, acc_l, tLrOnes = ones
-            for kb in cutlass.range_constexpr(self.n_block // 16):
-                cute.gemm(ones_mma, acc_l, tOrP[(None, None, kb)], tLrOnes[(None, None, kb, 0)], acc_l)
         warpgroup.commit_group()
 
     @cute.jit
@@ -585,8 +506,7 @@ class FlashAttnFwdSm90:
         """acc_s (scores) -> unnormalised probabilities in place; returns the new running
         max and sum of the thread's two rows and the factors that rescale the old O."""
         mx0, mx1, ref0, ref1, c0, c1 = self._row_max(acc_s, m0, m1, scale_log2)
-        s0, s1 = self._exps(acc_s, 0, cute.size(acc_s), ref0, ref1, l0 * c0, l1 * c1, scale_log2,
-                            not self.rowsum_mma)
+        s0, s1 = self._exps(acc_s, 0, cute.size(acc_s), ref0, ref1, l0 * c0, l1 * c1, scale_log2)
         return mx0, mx1, s0, s1, c0, c1
 
     @cute.jit
@@ -614,17 +534,14 @@ class FlashAttnFwdSm90:
         return mx0, mx1, ref0, ref1, c0, c1
 
     @cute.jit
-    def _exps(self, acc_s, lo: cutlass.Constexpr, hi: cutlass.Constexpr, ref0, ref1, s0, s1, scale_log2,
-              sums: cutlass.Constexpr = True):
-        """Scores lo..hi-1 -> exp2(score * scale - reference) in place, added to the row sums
-        (unless `sums` is off: rowsum_mma sums P on the tensor cores)."""
+    def _exps(self, acc_s, lo: cutlass.Constexpr, hi: cutlass.Constexpr, ref0, ref1, s0, s1, scale_log2):
+        """Scores lo..hi-1 -> exp2(score * scale - reference) in place, added to the row sums."""
         for v in cutlass.range_constexpr(lo, hi):
             p = cute.arch.exp2(acc_s[v] * scale_log2 - (ref0 if (v // 2) % 2 == 0 else ref1))
-            if cutlass.const_expr(sums):
-                if cutlass.const_expr((v // 2) % 2 == 0):
-                    s0 = s0 + p
-                else:
-                    s1 = s1 + p
+            if cutlass.const_expr((v // 2) % 2 == 0):
+                s0 = s0 + p
+            else:
+                s1 = s1 + p
             acc_s[v] = p
         return s0, s1
 
