@@ -1,13 +1,12 @@
 """Compile cache: one `cute.compile` per kernel kind, in memory and on disk.
 
-A kernel kind is a `CompileKey`: everything the compiled code specialises on
-(dtypes, operand majors, tile, cluster, epilogue, arch). M, N and K are dynamic,
-so one entry serves every problem size of its kind.
+A kernel kind is a `CompileKey`: the compile function and every argument it is built
+from (dtypes, operand majors, the frozen config, the epilogue, arch). M, N and K are
+dynamic, so one entry serves every problem size of its kind.
 
 `cute.compile` never caches and costs ~1-2 s per GEMM variant. The disk cache
-stores the TVM-FFI object file from `export_to_c` and reloads it with
-`cute.runtime.load_module` (~ms), so a fresh process does not pay the compile.
-The directory is keyed by a hash of this package's sources and the DSL version:
+stores the TVM-FFI object file from `export_to_c`, so a fresh process does not pay
+the compile. The directory is keyed by a hash of this package's sources and the DSL version:
 editing a kernel invalidates every entry built from the old code.
 
 Beside each object the cache links a shared library (`cc -shared` against the DSL's
@@ -103,7 +102,7 @@ class KernelCache:
         arguments are hashable plain data: runtime.recipe). The front dict is keyed by the
         call itself (hashing a few small objects), the CompileKey by the recipe's canonical
         JSON, so both see every argument, and nothing else."""
-        fast = (compile_fn, args, tuple(kwargs.items()) if kwargs else ())
+        fast = (kernel, compile_fn, args, tuple(kwargs.items()) if kwargs else ())
         fn = self._fast.get(fast)
         if fn is None:
             rec = functools.partial(compile_fn, *args, **kwargs)
