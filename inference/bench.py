@@ -549,19 +549,26 @@ def write_report(results, skipped, meta, out_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------- entry point
 
 
+LLAMA_BENCH = "bench supports GPT-2 sizes; Llama-family bench comes with its CUDA-graph decode"
+
+
 def run_bench(args) -> int:
     import transformers
 
-    from .models import load_config, load_model, size_name
+    from .models import llama_name, load_config, load_model, size_name
 
     transformers.utils.logging.disable_progress_bar()
 
+    if llama_name(args.model) is not None:
+        raise UserError(LLAMA_BENCH)
     if args.device is None:
         args.device = "cuda"
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise UserError("bench needs a CUDA GPU (none found); --device cpu only smoke-tests the pipeline")
     cfg = load_config(args.model, random_weights=args.random_weights)
+    if cfg.model_type != "gpt2":
+        raise UserError(LLAMA_BENCH)
     check_positions(cfg, args.prompt_len, args.gen_len)
     plan = plan_variants(args.backends, args.precisions, cute_device_problem() if cuda else None)
     if not cuda:  # CPU smoke run: the cute backend runs the PyTorch references; no TensorRT

@@ -14,7 +14,7 @@ import sys
 import time
 
 from .device import resolve_device
-from .models import GPT2_SIZES, PRECISIONS, RANDOM_BANNER, UserError, check_positions
+from .models import GPT2_SIZES, LLAMA_CONFIGS, PRECISIONS, RANDOM_BANNER, UserError, check_positions
 
 BACKENDS = ("cute", "cublas", "compile", "tensorrt")
 
@@ -36,13 +36,15 @@ def _csv(choices):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m inference", description="GPT-2 on cute_kernels: generate text or benchmark.")
+    p = _Parser(prog="python -m inference",
+                description="GPT-2 and Llama-family models on cute_kernels: generate text or benchmark.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp):
-        sp.add_argument("--model", required=True, help=f"hub name or local directory ({', '.join(GPT2_SIZES)})")
+        sp.add_argument("--model", required=True,
+                        help=f"hub name or local directory ({', '.join((*GPT2_SIZES, *LLAMA_CONFIGS))})")
         sp.add_argument("--random-weights", action="store_true",
-                        help="use random weights of a known GPT-2 size (no download)")
+                        help="use random weights of a known model shape (no download)")
         sp.add_argument("--attention", choices=("cute", "sdpa"), default="cute",
                         help="attention of the patched model: ours (default) or PyTorch SDPA (cuDNN / flash)")
         sp.add_argument("--tune", action="store_true",
@@ -189,7 +191,7 @@ def run_generate(args) -> int:
     precompiling = _start_precompile(args) if args.backend == "cute" else None
     import transformers
 
-    from .decode import StaticDecoder
+    from .decode import StaticDecoder, decoder_for
     from .models import load_config, load_model, load_tokenizer
     from .patch import patch_model
 
@@ -239,7 +241,7 @@ def run_generate(args) -> int:
           f"device={dev_name} dtype={str(dtype).replace('torch.', '')}")
 
     n = args.max_new_tokens
-    decoder = StaticDecoder(model, batch_size=1, max_len=len(prompt_ids) + n)
+    decoder = decoder_for(model, batch_size=1, max_len=len(prompt_ids) + n)
     if decoder.cuda_graph:  # first call captures the graph and loads kernels: keep it out of the timing
         decoder.generate(ids, min(n, 2))
     _sync(device)
@@ -258,9 +260,14 @@ def run_generate(args) -> int:
     print(args.prompt + tokenizer.decode(tokens))
     print("--- speed ---")
     decode_rate = (n - 1) / (t2 - t1) if n > 1 else float("nan")
+    if decoder.cuda_graph:
+        how = "one CUDA graph per token"
+    elif isinstance(decoder, StaticDecoder):
+        how = "eager"
+    else:
+        how = "eager: one forward of the patched model per token with transformers' cache, not one CUDA graph per token"
     print(f"prefill {len(prompt_ids)} tokens: {1e3 * (t1 - t0):.2f} ms; decode {n - 1} tokens: "
-          f"{1e3 * (t2 - t1):.2f} ms = {decode_rate:.1f} tokens/s "
-          f"({'one CUDA graph per token' if decoder.cuda_graph else 'eager'}); "
+          f"{1e3 * (t2 - t1):.2f} ms = {decode_rate:.1f} tokens/s ({how}); "
           f"end to end {n / (t2 - t0):.1f} tokens/s")
 
     if reference is not None:

@@ -14,8 +14,10 @@ unpatched one (cuBLAS baseline, optionally torch.compile'd): the comparison
 only changes the kernels. Prompts in a batch must share one length (no padding),
 and generation runs for exactly max_new_tokens (no EOS stop).
 
-`hf_generate` runs transformers' generate with a dynamic or static cache for
-comparison.
+The step is GPT-2's (fused c_attn, LayerNorm prologue, learned positions in the glue);
+models outside that (the Llama family) decode with `EagerDecoder`, a plain greedy loop over
+the (patched) model with transformers' cache; `decoder_for` picks. `hf_generate` runs
+transformers' generate with a dynamic or static cache for comparison.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from quant.nn import weight_only_eligible
 from . import ops
 from .adapters import adapter_for
 from .next_token import next_token, next_token_buffers, next_token_reference
-from .patch import CuteConv1D, CuteLMHead, apply_linear
+from .patch import CuteConv1D, CuteLinear, apply_linear
 
 # CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
@@ -45,6 +47,9 @@ class StaticDecoder:
         """compile: False, True (Inductor) or a torch.compile backend name; the step is compiled
         with fullgraph=True and then, on CUDA, captured in a CUDA graph like the eager one."""
         self.adapter = ad = adapter_for(model)
+        if not ad.static_decode:
+            raise ValueError(f"StaticDecoder's step is GPT-2's (fused c_attn, LayerNorm, learned positions); "
+                             f"a {model.config.model_type} model decodes with EagerDecoder (decoder_for picks)")
         if max_len > ad.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the model's {ad.max_positions} positions")
         self.model = model
@@ -94,7 +99,7 @@ class StaticDecoder:
         fused LayerNorm + linear op, or None where lin runs as its own module: our bf16
         linears, and 8-bit ones on the GPU at <= 8 rows (weight-only, as their own forward
         does there)."""
-        if isinstance(lin, (CuteConv1D, CuteLMHead)):
+        if isinstance(lin, (CuteConv1D, CuteLinear)):
             w = lin.weight.t() if isinstance(lin, CuteConv1D) else lin.weight
             return w, lin.bias, lin.activation or "", lin.backend, None, None
         if weight_only_eligible(lin, x2):
@@ -265,6 +270,77 @@ class StaticDecoder:
         self.prefill(input_ids)
         self.decode(max_new_tokens - 1)
         return self.tokens(max_new_tokens)
+
+
+class EagerDecoder:
+    """Greedy decoding through the model's own forward with transformers' dynamic cache, one
+    eager forward per token (no CUDA graph): for models whose step StaticDecoder does not
+    run (adapter.static_decode False: the Llama family). Same interface as StaticDecoder;
+    prompts in a batch share one length, and it runs for exactly max_new_tokens."""
+
+    cuda_graph = False
+
+    def __init__(self, model, *, batch_size: int, max_len: int):
+        ad = adapter_for(model)
+        if max_len > ad.max_positions:
+            raise ValueError(f"max_len {max_len} exceeds the model's {ad.max_positions} positions")
+        self.model, self.batch_size, self.max_len = model, batch_size, max_len
+        self._out: list[torch.Tensor] = []
+        self._cache = None
+        self._len = 0
+
+    def _step(self, tokens: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+        # transformers renamed past_key_values to cache within the supported range.
+        key = "cache" if "cache" in _forward_parameters(self.model) else "past_key_values"
+        logits = self.model(input_ids=tokens, use_cache=True, **{key: self._cache}).logits
+        self._len += tokens.shape[1]
+        self._out.append(logits[:, -1:].argmax(-1))
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> None:
+        B, S = input_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"batch {B} != decoder batch_size {self.batch_size}")
+        if S >= self.max_len:
+            raise ValueError(f"prompt length {S} leaves no room in max_len {self.max_len}")
+        self._out, self._cache, self._len = [], None, 0
+        self._step(input_ids)
+
+    @torch.no_grad()
+    def decode(self, n_steps: int) -> None:
+        if self._len + n_steps > self.max_len:
+            raise ValueError(f"{n_steps} more steps pass max_len {self.max_len}")
+        for _ in range(n_steps):
+            self._step(self._out[-1])
+
+    def tokens(self, n: int) -> torch.Tensor:
+        return torch.cat(self._out[:n], dim=1)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if input_ids.shape[1] + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt {input_ids.shape[1]} + {max_new_tokens} new tokens > max_len {self.max_len}")
+        self.prefill(input_ids)
+        self.decode(max_new_tokens - 1)
+        return self.tokens(max_new_tokens)
+
+
+def _forward_parameters(model) -> tuple[str, ...]:
+    import inspect
+
+    return tuple(inspect.signature(model.forward).parameters)
+
+
+def decoder_for(model, *, batch_size: int, max_len: int):
+    """StaticDecoder where the model's adapter allows its step (GPT-2), EagerDecoder otherwise."""
+    cls = StaticDecoder if adapter_for(model).static_decode else EagerDecoder
+    return cls(model, batch_size=batch_size, max_len=max_len)
 
 
 @torch.no_grad()

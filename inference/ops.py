@@ -170,12 +170,14 @@ def _(x, weight, bias, eps, backend):
 
 
 def flash_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
-    """Reference for cute_kernels.flash_attn: q [B, S, H, D], k/v [B, L, H, D] -> [B, S, H, D].
+    """Reference for cute_kernels.flash_attn: q [B, S, Hq, D], k/v [B, L, Hkv, D] -> [B, S, Hq, D]
+    (GQA: Hq a multiple of Hkv, query head h reads kv head h // (Hq // Hkv)).
 
     Causal masking is top-left aligned (query i sees keys 0..i), as in SDPA's is_causal.
     """
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale,
+        enable_gqa=q.shape[2] != k.shape[2],
     )
     return out.transpose(1, 2).contiguous()
 
@@ -197,15 +199,16 @@ def _(q, k, v, causal, softmax_scale, backend):
 
 
 def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask=None):
-    """Reference for attend_cache: q [B, 1, H, D] against the first seqlens[b] rows of
-    k/v_cache [B, L, H, D] (masked SDPA over the whole buffer), those where key_mask is True."""
+    """Reference for attend_cache: q [B, 1, Hq, D] against the first seqlens[b] rows of
+    k/v_cache [B, L, Hkv, D] (masked SDPA over the whole buffer; GQA as in flash_attn_ref),
+    those where key_mask is True."""
     L = k_cache.shape[1]
     mask = torch.arange(L, device=q.device)[None, :] < seqlens.long()[:, None]
     if key_mask is not None:
         mask = mask & key_mask.bool()
     mask = mask[:, None, None, :]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                                         attn_mask=mask, scale=softmax_scale)
+                                         attn_mask=mask, scale=softmax_scale, enable_gqa=q.shape[2] != k_cache.shape[2])
     return out.transpose(1, 2).contiguous()
 
 
@@ -215,7 +218,8 @@ def attend_cache(
     backend: str, key_mask: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> torch.Tensor:
     """One decode step's attention against a KV cache (cute_kernels.flash_attn_with_kvcache,
-    the cache already written): q [B, 1, H, D], caches [B, L, H, D] (any strides, unit D);
+    the cache already written): q [B, 1, Hq, D], caches [B, L, Hkv, D] (any strides, unit D;
+    Hq a multiple of Hkv);
     key_mask [B, L] bool (True = attend) on top of the lengths."""
     if backend == "reference":
         out = attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask)

@@ -108,20 +108,29 @@ class CuteConv1D(_CuteLinearMixin, _GPT2.Conv1D):
         return f"CuteConv1D(nf={self.nf}, nx={self.nx}{act}, backend={self.backend})"
 
 
-class CuteLMHead(_CuteLinearMixin, nn.Linear):
-    """lm_head (weight [V, E], tied to wte) on our linear op."""
+class CuteLinear(_CuteLinearMixin, nn.Linear):
+    """nn.Linear (weight [out, in] = [N, K] already: no re-layout) on our linear op."""
 
     @classmethod
-    def adopt(cls, module, *, backend: str):
+    def adopt(cls, module, *, backend: str, activation: str | None = None):
         module.__class__ = cls
-        module.backend, module.activation = backend, None
+        module.backend, module.activation = backend, activation
         return module
 
     def forward(self, x, residual=None):
         return self._run(x, self.weight, self.bias, residual)
 
     def extra_repr(self):
-        return super().extra_repr() + f", backend={self.backend}"
+        act = f", activation={self.activation}" if self.activation else ""
+        return super().extra_repr() + f"{act}, backend={self.backend}"
+
+
+class CuteLMHead(CuteLinear):
+    """lm_head (weight [V, E], possibly tied to the token embedding) on our linear op."""
+
+    @classmethod
+    def adopt(cls, module, *, backend: str):
+        return super().adopt(module, backend=backend)
 
 
 def apply_linear(module, x, residual):
@@ -261,7 +270,8 @@ class CuteGPT2Block(_GPT2.GPT2Block):
 def _attention_forward(backend: str):
     """An AttentionInterface function running our kernels where the mask allows.
 
-    transformers hands q/k/v as [B, H, S, D] and expects [B, S, H, D] back. With
+    transformers hands q/k/v as [B, H, S, D] and expects [B, S, H, D] back; k and v may
+    have fewer heads than q (GQA, not repeated), which both kernels take as they are. With
     the sdpa mask function registered for our name, the mask is None exactly when
     the pattern is plain causal (q_len == kv_len), attend-to-all (q_len == 1), or
     a prefill into an empty static cache (kv_len > q_len, valid keys are the
@@ -277,8 +287,7 @@ def _attention_forward(backend: str):
         kv_len = key.shape[2]
         if (attention_mask is not None and dropout == 0.0 and q_len == 1 and attention_mask.dtype == torch.bool
                 and attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1)
-                and attention_mask.shape[-1] == kv_len and attention_mask.shape[0] in (1, B)
-                and key.shape[1] == query.shape[1]):
+                and attention_mask.shape[-1] == kv_len and attention_mask.shape[0] in (1, B)):
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             key_mask = attention_mask[:, 0, 0, :].expand(B, kv_len)
             if key_mask.stride(1) != 1:
@@ -403,8 +412,10 @@ def _own_config(model) -> None:
 
 def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", calibration: Iterable | None = None,
                 backend: str = "cute"):
-    """Run `model` (a GPT2LMHeadModel or GPT2Model) on our kernels. Returns the same object.
+    """Run `model` on our kernels, in place; returns the same object.
 
+    model: a GPT2LMHeadModel or GPT2Model, or a LlamaForCausalLM / Qwen2ForCausalLM /
+      MistralForCausalLM (patch_llama.py; precision "bf16" only).
     precision: "bf16" keeps 16-bit weights (the model's dtype); the others first swap
       every Conv1D for the `quant` package's FP8Linear/Int8Linear (lm_head stays
       16-bit on our linear). They fuse what their 8-bit epilogue supports: c_fc's
@@ -423,6 +434,10 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     model_type = getattr(model.config, "model_type", None)
     if model_type not in ADAPTERS:
         raise ValueError(f"patch_model has no adapter for model_type={model_type!r}; supported: {', '.join(ADAPTERS)}")
+    family = "gpt2" if model_type == "gpt2" else "llama"
+    if family == "llama" and precision != "bf16":
+        raise ValueError(f"precision={precision!r} is not supported for llama-family models "
+                         f"(model_type={model_type!r}) yet; bf16 is")
     if backend == "cute":
         _check_cute_device(model)
         if attention == "cute":
@@ -430,6 +445,21 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
             if not ok:
                 raise NotImplementedError(f"attention='cute' needs cute_kernels.flash_attn: {why}; use attention='sdpa'")
     _own_config(model)
+    if family == "llama":
+        from .patch_llama import patch_llama_modules
+
+        patch_llama_modules(model, backend=backend)
+    else:
+        _patch_gpt2_modules(model, precision, calibration, backend)
+    if attention == "cute":
+        model.set_attn_implementation(register_attention(backend))
+    elif model.config._attn_implementation != "sdpa":
+        model.set_attn_implementation("sdpa")
+    model.cute_patch = {"precision": precision, "attention": attention, "backend": backend}
+    return model
+
+
+def _patch_gpt2_modules(model, precision: str, calibration, backend: str) -> None:
     if precision != "bf16":
         _quantize(model, precision, calibration, backend)
 
@@ -463,9 +493,3 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
 
     for stock in (m.GPT2Model.forward, m.GPT2Block.forward, m.GPT2Attention.forward):
         _positional_names(stock)  # resolve the signatures outside any Dynamo trace
-    if attention == "cute":
-        model.set_attn_implementation(register_attention(backend))
-    elif model.config._attn_implementation != "sdpa":
-        model.set_attn_implementation("sdpa")
-    model.cute_patch = {"precision": precision, "attention": attention, "backend": backend}
-    return model
