@@ -1,0 +1,385 @@
+"""CPU tests of the Llama family (Llama, Qwen2, Mistral) on inference/: patching, GQA, the
+sliding window, greedy decoding, isolation, the adapter and the published configs.
+
+Tiny random models in fp32 with backend="reference" run the same module swaps, custom ops
+and attention registration as the GPU path, and must compute what the stock model does.
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from inference import ops
+from inference.adapters import LlamaAdapter, adapter_for
+from inference.decode import EagerDecoder, StaticDecoder, decoder_for, hf_generate
+from inference.patch import CuteLinear, CuteLMHead, patch_model
+from inference.patch_llama import CuteLlamaAttention, CuteMistralDecoderLayer, CuteQwen2DecoderLayer
+
+VOCAB = 1001
+KINDS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+         "mistral": (MistralConfig, MistralForCausalLM)}
+
+
+def tiny(kind="llama", seed=0, **kw):
+    """2 layers, 4 query heads on 2 KV heads (GQA) of 16; Qwen2 has its q/k/v biases."""
+    cfg_cls, model_cls = KINDS[kind]
+    args = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128, bos_token_id=0,
+                eos_token_id=0, pad_token_id=0)
+    args.update(kw)
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**args)).eval()
+    with torch.no_grad():  # larger weights than the init: varied greedy tokens, real epilogue work
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+def ids(batch=2, seq=12, seed=1):
+    return torch.randint(1, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def patched(model, **kw):
+    return patch_model(copy.deepcopy(model), backend="reference", **kw)
+
+
+def close(out, ref):
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def model(request):
+    return tiny(request.param)
+
+
+def test_patch_swaps_classes_and_keeps_state_dict(model):
+    pm = patched(model)
+    assert [n for n, _ in pm.named_modules()] == [n for n, _ in model.named_modules()]
+    sd0, sd1 = model.state_dict(), pm.state_dict()
+    assert list(sd0) == list(sd1) and all(torch.equal(sd0[k], sd1[k]) for k in sd0)
+    layer = pm.model.layers[0]
+    assert type(layer).__name__.startswith("Cute") and type(layer.self_attn).__name__.startswith("Cute")
+    for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+        assert isinstance(lin, CuteLinear) and lin.backend == "reference"
+    assert isinstance(pm.lm_head, CuteLMHead)
+    assert (layer.self_attn.q_proj.bias is not None) == (model.config.model_type == "qwen2")
+    assert type(layer.mlp) is type(model.model.layers[0].mlp)  # the SiLU-gated MLP module stays stock
+
+
+def test_tied_head_stays_tied():
+    pm = patched(tiny("llama", tie_word_embeddings=True))
+    assert pm.lm_head.weight is pm.model.embed_tokens.weight and isinstance(pm.lm_head, CuteLMHead)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+def test_patched_logits_equal_original(model, attention):
+    pm = patched(model, attention=attention)
+    x = ids()
+    with torch.no_grad():
+        close(pm(x).logits, model(x).logits)
+    assert pm.config._attn_implementation == ("cute_attn_ref" if attention == "cute" else "sdpa")
+
+
+def test_ops_are_what_runs(model, monkeypatch):
+    """Every linear (7 per layer and the head) and every prefill attention run our ops."""
+    import importlib
+
+    gref = importlib.import_module("cute_kernels.matmul.reference")
+    calls = {"linear": 0, "residual": 0, "attn": 0}
+    real_linear, real_attn = gref.linear_ref, ops.flash_attn_ref
+
+    def count_linear(*a, **k):
+        calls["linear"] += 1
+        calls["residual"] += k.get("residual") is not None
+        return real_linear(*a, **k)
+
+    def count_attn(q, k, *a, **kw):
+        calls["attn"] += 1
+        assert q.shape[2] == 2 * k.shape[2]  # GQA: k/v keep their 2 heads
+        return real_attn(q, k, *a, **kw)
+
+    monkeypatch.setattr(gref, "linear_ref", count_linear)
+    monkeypatch.setattr(ops, "flash_attn_ref", count_attn)
+    pm = patched(model, attention="cute")
+    with torch.no_grad():
+        pm(ids(), use_cache=False)
+    L = model.config.num_hidden_layers
+    assert calls == {"linear": 7 * L + 1, "residual": 2 * L, "attn": L}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("heads", [(6, 2), (6, 6), (4, 1)])
+def test_gqa_group_sizes(kind, heads):
+    """Groups of 3 (not a power of two, as Qwen2.5's 7 and 5), MHA, and MQA."""
+    m = tiny(kind, num_attention_heads=heads[0], num_key_value_heads=heads[1], hidden_size=16 * heads[0])
+    x = ids()
+    with torch.no_grad():
+        ref = m(x).logits
+        close(patched(m, attention="cute")(x).logits, ref)
+    ad = adapter_for(m)
+    assert (ad.n_heads, ad.n_kv_heads, ad.head_dim) == (*heads, 16)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_tokens_match(model, attention, batch):
+    """32 greedy tokens: the patched model through EagerDecoder (the CLI's loop) and through
+    transformers' generate with a static cache equal the unpatched model's generate."""
+    pm = patched(model, attention=attention)
+    x = ids(batch=batch, seq=7)
+    ref = hf_generate(model, x, 32)
+    assert len(set(ref[0].tolist())) > 3, "degenerate test model"
+    dec = decoder_for(pm, batch_size=batch, max_len=40)
+    assert isinstance(dec, EagerDecoder) and not dec.cuda_graph
+    assert torch.equal(dec.generate(x, 32), ref)
+    assert torch.equal(hf_generate(pm, x, 32, cache="static"), ref)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+def test_left_padding(model, attention):
+    """A left-padded batch of 4 with its attention mask: same logits at the real positions
+    and the same greedy tokens (transformers' generate, dynamic and static cache)."""
+    pm = patched(model, attention=attention)
+    x = ids(batch=4, seq=10)
+    mask = torch.ones_like(x)
+    for row, pad in enumerate((0, 3, 1, 6)):
+        mask[row, :pad] = 0
+        x[row, :pad] = 0
+    with torch.no_grad():
+        out, ref = pm(x, attention_mask=mask).logits, model(x, attention_mask=mask).logits
+    close(out[mask.bool()], ref[mask.bool()])
+    kw = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for cache in ({}, {"cache_implementation": "static"}):
+        assert torch.equal(pm.generate(x, **kw, **cache), model.generate(x, **kw, **cache))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+def test_mistral_sliding_window_shorter_than_the_sequence(attention):
+    """A window of 5 over 12 tokens reaches our attention as an explicit mask, and decode
+    steps past the window attend to the last 5 keys only."""
+    m = tiny("mistral", sliding_window=5)
+    pm = patched(m, attention=attention)
+    x = ids(seq=12)
+    with torch.no_grad():
+        ref = m(x).logits
+        close(pm(x).logits, ref)
+        full = tiny("mistral", sliding_window=None)(x).logits  # the window really changes the result
+    assert float((full - ref).abs().max()) > 1e-2
+    for cache in ("dynamic", "static"):
+        assert torch.equal(hf_generate(pm, x, 16, cache=cache), hf_generate(m, x, 16, cache=cache))
+    assert torch.equal(decoder_for(pm, batch_size=2, max_len=40).generate(x, 16), hf_generate(m, x, 16))
+
+
+def test_static_cache_decode_uses_decode_kernel_with_gqa(model, monkeypatch):
+    calls = []
+    real = ops.attend_cache
+
+    def counting(q, k_cache, *args):
+        calls.append((q.shape[2], k_cache.shape[2]))
+        return real(q, k_cache, *args)
+
+    monkeypatch.setattr(ops, "attend_cache", counting)
+    pm = patched(model, attention="cute")
+    x = ids(seq=9)
+    assert torch.equal(hf_generate(pm, x, 6, cache="static"), hf_generate(model, x, 6, cache="static"))
+    assert calls and set(calls) == {(4, 2)} and len(calls) % model.config.num_hidden_layers == 0
+
+
+def test_training_mode_falls_back_to_stock_layer():
+    m = tiny("qwen2")
+    pm = patched(m)
+    pm.train()
+    x = ids()
+    with torch.no_grad():
+        close(pm(x).logits, m(x).logits)
+
+
+def test_compile_fullgraph_no_graph_break():
+    m = tiny("llama")
+    pm = patched(m, attention="cute")
+    x = ids()
+    fn = torch.compile(lambda t: pm(t, use_cache=False).logits, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        close(fn(x), m(x).logits)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8-block", "int8", "int8-smoothquant"])
+def test_other_precisions_say_bf16_only(precision):
+    with pytest.raises(ValueError, match="not supported for llama.*yet; bf16 is"):
+        patched(tiny("llama"), precision=precision, calibration=[ids()])
+
+
+def test_static_decoder_says_it_runs_gpt2_only():
+    with pytest.raises(ValueError, match="EagerDecoder"):
+        StaticDecoder(tiny("llama"), batch_size=1, max_len=16)
+    dec = EagerDecoder(tiny("llama"), batch_size=2, max_len=16)
+    with pytest.raises(ValueError, match="max_len"):
+        dec.generate(ids(seq=10), 10)
+    with pytest.raises(ValueError, match="batch"):
+        dec.generate(ids(batch=3, seq=4), 4)
+    with pytest.raises(ValueError, match="positions"):
+        EagerDecoder(tiny("llama"), batch_size=1, max_len=10_000)
+
+
+# --------------------------------------------------------------------------- adapter
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_llama_adapter(tie):
+    m = tiny("qwen2", tie_word_embeddings=tie)
+    ad = adapter_for(m)
+    cfg = m.config
+    assert isinstance(ad, LlamaAdapter) and ad.tied_head == tie and ad.position_embedding is None
+    assert (ad.n_layers, ad.hidden, ad.n_heads, ad.n_kv_heads, ad.head_dim, ad.mlp_hidden, ad.vocab) == (
+        2, 64, 4, 2, 16, 128, VOCAB)
+    # every Linear weight once, the head too when it is tied (a GEMM over the embedding)
+    linears = sum(mod.weight.numel() for mod in m.modules() if isinstance(mod, torch.nn.Linear))
+    assert ad.matmul_params() == linears
+    e, kv = cfg.hidden_size, 2 * 2 * 16
+    assert ad.matmul_params() == 2 * (e * (e + kv) + e * e + 3 * e * 128) + VOCAB * e
+    layer = ad.layers()[0]
+    attn = m.model.layers[0].self_attn
+    assert layer.qkv is None and layer.qkv_projections == (attn.q_proj, attn.k_proj, attn.v_proj)
+    assert layer.mlp_gate is m.model.layers[0].mlp.gate_proj and layer.mlp_in is m.model.layers[0].mlp.up_proj
+    assert layer.attn_scale == 16 ** -0.5
+    x = ids()
+    torch.testing.assert_close(ad.embed(x, torch.arange(x.shape[1])), m.model.embed_tokens(x))
+    from tests.test_inference import tiny_gpt2
+
+    gpt2_layer = adapter_for(tiny_gpt2()).layers()[0]
+    assert len(gpt2_layer.qkv_projections) == 1 and gpt2_layer.mlp_gate is None
+
+
+def test_bench_flops_count_gqa():
+    from inference import bench
+
+    ad = adapter_for(tiny("llama"))
+    assert bench.prefill_flops(ad, 2, 10) == 2 * 2 * 10 * ad.matmul_params() + 2 * 2 * 2 * 100 * 4 * 16
+
+
+# --------------------------------------------------------------------------- published configs
+
+
+EXPECTED = {  # H, I, L, Hq, Hkv, D, V, theta, rope_type, factor, tie, sliding window, eps, max_pos
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, 5e5, "llama3", 32.0, True, None, 1e-5, 131072),
+    "llama-3-8b": (4096, 14336, 32, 32, 8, 128, 128256, 5e5, "default", None, False, None, 1e-5, 8192),
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, 5e5, "llama3", 8.0, False, None, 1e-5, 131072),
+    "qwen2.5-7b": (3584, 18944, 28, 28, 4, 128, 152064, 1e6, "default", None, False, None, 1e-6, 131072),
+    "mistral-7b": (4096, 14336, 32, 32, 8, 128, 32000, 1e4, "default", None, False, 4096, 1e-5, 32768),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_published_configs(name):
+    from inference.models import LLAMA_CONFIGS, llama_config
+
+    assert set(LLAMA_CONFIGS) == set(EXPECTED)
+    cfg = llama_config(name)
+    rope = cfg.rope_parameters
+    got = (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+           cfg.num_key_value_heads, None, cfg.vocab_size, rope["rope_theta"], rope["rope_type"], rope.get("factor"),
+           cfg.tie_word_embeddings, cfg.sliding_window if cfg.model_type != "llama" else None, cfg.rms_norm_eps,
+           cfg.max_position_embeddings)
+    with torch.device("meta"):  # the real module tree, no memory
+        model = getattr(transformers, {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                       "mistral": "MistralForCausalLM"}[cfg.model_type])(cfg)
+    ad = adapter_for(model)
+    got = got[:5] + (ad.head_dim,) + got[6:]
+    assert got == EXPECTED[name]
+    assert ad.tied_head == EXPECTED[name][10]
+    if rope["rope_type"] == "llama3":
+        assert (rope["low_freq_factor"], rope["high_freq_factor"], rope["original_max_position_embeddings"]) == (
+            1.0, 4.0, 8192)
+    assert ad.matmul_params() == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_published_configs_agree_with_the_tuning_table(name):
+    """N and K of every GEMM patch_model runs appear in cute_kernels/tuning/models.py's table,
+    which fuses q/k/v and gate/up: the separate projections are its slices."""
+    from cute_kernels.tuning.models import MODELS
+    from inference.models import llama_config
+
+    if name not in MODELS:
+        pytest.skip(f"{name} is not in the tuning table")
+    shape, cfg = MODELS[name], llama_config(name)
+    with torch.device("meta"):
+        model = getattr(transformers, {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                       "mistral": "MistralForCausalLM"}[cfg.model_type])(cfg)
+    layer = adapter_for(model).layers()[0]
+    nk = {n: tuple(getattr(layer, n).weight.shape) for n in ("q_proj", "k_proj", "v_proj", "out_proj", "mlp_gate",
+                                                            "mlp_in", "mlp_out")}
+    table = {lin.name: (lin.n, lin.k) for lin in shape.linears()}
+    assert nk["q_proj"][0] + nk["k_proj"][0] + nk["v_proj"][0] == table["qkv"][0]
+    assert nk["q_proj"][1] == nk["k_proj"][1] == table["qkv"][1]
+    assert nk["out_proj"] == table["o"] and nk["mlp_out"] == table["down"]
+    assert (nk["mlp_gate"][0] + nk["mlp_in"][0], nk["mlp_gate"][1]) == table["gate_up"]
+    assert tuple(model.lm_head.weight.shape) == table["lm_head"]
+    assert shape.qkv_bias == (cfg.model_type == "qwen2")
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+_UNTOUCHED_SCRIPT = """
+import sys
+import torch
+from transformers import MistralConfig, MistralForCausalLM
+
+torch.manual_seed(0)
+cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, sliding_window=5)
+model = MistralForCausalLM(cfg).eval()
+x = torch.randint(0, 300, (2, 12))
+mask = torch.ones(2, 12, dtype=torch.long)
+mask[1, :3] = 0
+if sys.argv[1] == "patch":  # another model, built from the same config object, patched first
+    from inference.patch import patch_model
+
+    impl = model.config._attn_implementation
+    other = patch_model(MistralForCausalLM(cfg).eval(), attention="cute", backend="reference")
+    assert model.config._attn_implementation == impl, "patching switched another model's attention"
+    with torch.no_grad():
+        other(x, use_cache=False)
+        other.generate(x[:1], max_new_tokens=5, do_sample=False, pad_token_id=0)
+with torch.no_grad():
+    outs = [model(x, use_cache=False).logits, model(x).logits, model(x, attention_mask=mask).logits,
+            model.generate(x[:1], max_new_tokens=5, do_sample=False, pad_token_id=0),
+            model.generate(x[:1], max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")]
+torch.save(outs, sys.argv[2])
+"""
+
+
+def test_patching_one_model_leaves_another_bit_identical(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    outs = {}
+    for mode in ("plain", "patch"):
+        f = tmp_path / f"{mode}.pt"
+        r = subprocess.run([sys.executable, "-c", _UNTOUCHED_SCRIPT, mode, str(f)], cwd=repo, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs[mode] = torch.load(f)
+    for a, b in zip(outs["plain"], outs["patch"]):
+        assert torch.equal(a, b)
+
+
+def test_class_names_are_importable():
+    """Patched models pickle: the swapped classes live at module level under their names."""
+    import pickle
+
+    pm = patched(tiny("mistral"))
+    back = pickle.loads(pickle.dumps(pm))
+    assert isinstance(back.model.layers[0], CuteMistralDecoderLayer)
+    assert CuteLlamaAttention.__module__ == CuteQwen2DecoderLayer.__module__ == "inference.patch_llama"
