@@ -1,5 +1,6 @@
-"""GPT-2 inference on cute_kernels: model patching, a CUDA-graph decode loop, a CLI
-(`python -m inference generate|bench`) and a TensorRT comparison path.
+"""GPT-2 and Llama-family (Llama, Qwen2, Mistral) inference on cute_kernels: model patching,
+a CUDA-graph decode loop (GPT-2), a CLI (`python -m inference generate|bench`) and a TensorRT
+comparison path (GPT-2).
 
 - `patch_model(model, precision=..., attention=..., backend=...)` (inference/patch.py)
 - `StaticDecoder(model, batch_size=..., max_len=...)` (inference/decode.py)

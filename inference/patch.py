@@ -1,6 +1,9 @@
-"""Move a Hugging Face GPT-2 onto our kernels, in place: `patch_model(model, ...)`.
+"""Move a Hugging Face model onto our kernels, in place: `patch_model(model, ...)`.
 
-What changes, and why it is done this way:
+This module holds the entry point, the shared pieces (linears, the attention and mask
+functions) and GPT-2's swaps; the Llama family's swaps are in patch_llama.py.
+
+What changes for GPT-2, and why it is done this way:
 
 - Every `Conv1D` becomes a `CuteConv1D` and `lm_head` a `CuteLMHead` by swapping
   `__class__` to a subclass that only overrides `forward`. The Parameter objects,
