@@ -39,7 +39,6 @@ What changes for GPT-2, and why it is done this way:
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Iterable
 
 import torch
@@ -52,6 +51,15 @@ from cute_kernels.activations import FROM_HF
 from . import ops
 from .adapters import ADAPTERS
 from .models import PRECISIONS
+from .modules import (  # noqa: F401  (re-exported: decode.py and the tests import the linears from here)
+    CuteLinear,
+    CuteLMHead,
+    _CuteLinearMixin,
+    _positional_names,
+    _stock_arguments,
+    _stock_kwargs,
+    apply_linear,
+)
 
 ATTENTIONS = ("sdpa", "cute")
 # precision -> quant.quantize_model scheme
@@ -69,26 +77,6 @@ QUANT_BACKENDS = {"cute": "kernels", "reference": "reference"}  # our backend ->
 
 
 # --------------------------------------------------------------------------- linears
-
-
-class _CuteLinearMixin:
-    """Shared by both linears: the op call. `weight_nk` must be [N, K]."""
-
-    backend: str = "cute"
-    activation: str | None = None
-    fuses_residual = True  # protocol: forward(x, residual=...) adds it in the epilogue
-
-    def _run(self, x: torch.Tensor, weight_nk: torch.Tensor, bias, residual):
-        if not weight_nk.is_contiguous():  # only if someone replaced the storage layout
-            weight_nk = weight_nk.contiguous()
-        shape = x.shape[:-1]
-        # generate() hands lm_head hidden_states[:, -1:], a strided view: the kernels want dense rows
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        r2 = None if residual is None else residual.reshape(-1, residual.shape[-1]).contiguous()
-        N = weight_nk.shape[0]
-        y = ops.linear(x2, weight_nk, bias, r2, self.activation or "", 1.0, 1.0, self.backend)
-        # The op returns rows padded to 16 bytes (lm_head: 50257 -> 50264); drop the padding as a view.
-        return (y if y.shape[1] == N else y[:, :N]).view(*shape, N)
 
 
 class CuteConv1D(_CuteLinearMixin, _GPT2.Conv1D):
@@ -111,40 +99,6 @@ class CuteConv1D(_CuteLinearMixin, _GPT2.Conv1D):
         return f"CuteConv1D(nf={self.nf}, nx={self.nx}{act}, backend={self.backend})"
 
 
-class CuteLinear(_CuteLinearMixin, nn.Linear):
-    """nn.Linear (weight [out, in] = [N, K] already: no re-layout) on our linear op."""
-
-    @classmethod
-    def adopt(cls, module, *, backend: str, activation: str | None = None):
-        module.__class__ = cls
-        module.backend, module.activation = backend, activation
-        return module
-
-    def forward(self, x, residual=None):
-        return self._run(x, self.weight, self.bias, residual)
-
-    def extra_repr(self):
-        act = f", activation={self.activation}" if self.activation else ""
-        return super().extra_repr() + f"{act}, backend={self.backend}"
-
-
-class CuteLMHead(CuteLinear):
-    """lm_head (weight [V, E], possibly tied to the token embedding) on our linear op."""
-
-    @classmethod
-    def adopt(cls, module, *, backend: str):
-        return super().adopt(module, backend=backend)
-
-
-def apply_linear(module, x, residual):
-    """module(x) + residual, in the epilogue when the module supports it."""
-    if residual is None:
-        return module(x)
-    if getattr(module, "fuses_residual", False):
-        return module(x, residual=residual)
-    return module(x) + residual
-
-
 def apply_layernorm_linear(module, ln, x):
     """module(ln(x)); the quant modules fuse the LayerNorm into their activation quantization,
     and our 16-bit linears take it from our LayerNorm op (ops.layer_norm)."""
@@ -159,45 +113,6 @@ def apply_layernorm_linear(module, ln, x):
 
 
 # --------------------------------------------------------------------------- blocks
-
-
-def _stock_arguments(stock_forward, args: tuple, kwargs: dict) -> dict:
-    """The arguments of a call to a stock transformers forward, by name.
-
-    transformers passes some arguments positionally and renames them between releases
-    (`past_key_values` became `cache`), so our subclass forwards bind what they receive
-    against the installed signature instead of assuming one. The cache is returned under
-    the key "cache" whatever its name in this release."""
-    names = _positional_names(stock_forward)
-    if len(args) > len(names):
-        raise TypeError(f"{stock_forward.__qualname__}() takes {len(names)} positional arguments after "
-                        f"hidden_states, got {len(args)}")
-    bound = dict(zip(names, args))
-    bound.update(kwargs)
-    if "cache" not in bound:
-        bound["cache"] = bound.pop("past_key_values", None)
-    return bound
-
-
-_POSITIONAL_NAMES: dict = {}  # a plain dict, not functools.cache: Dynamo traces a lookup in it
-
-
-def _positional_names(stock_forward) -> tuple[str, ...]:
-    """Parameter names after (self, first input) of a stock forward that may come positionally."""
-    names = _POSITIONAL_NAMES.get(stock_forward)
-    if names is None:
-        params = list(inspect.signature(stock_forward).parameters.values())[2:]
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        names = _POSITIONAL_NAMES[stock_forward] = tuple(p.name for p in params if p.kind in kinds)
-    return names
-
-
-def _stock_kwargs(stock_forward, bound: dict) -> dict:
-    """`bound` (from _stock_arguments) as keyword arguments for the stock forward."""
-    kw = dict(bound)
-    if "cache" not in _positional_names(stock_forward):
-        kw["past_key_values"] = kw.pop("cache")
-    return kw
 
 
 def _cache_update_kwargs(bound: dict) -> dict:

@@ -31,7 +31,7 @@ from transformers.models.llama import modeling_llama as _LLAMA
 from transformers.models.mistral import modeling_mistral as _MISTRAL
 from transformers.models.qwen2 import modeling_qwen2 as _QWEN2
 
-from .patch import CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear
+from .modules import CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear
 
 
 class _CuteAttention:
