@@ -38,7 +38,22 @@ from .patch import CuteConv1D, CuteLinear, apply_linear
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
 
 
-class StaticDecoder:
+class _Greedy:
+    """generate() in terms of a decoder's prefill / decode / tokens."""
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy tokens [B, max_new_tokens] after the prompt (exactly that many; no EOS stop)."""
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if input_ids.shape[1] + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt {input_ids.shape[1]} + {max_new_tokens} new tokens > max_len {self.max_len}")
+        self.prefill(input_ids)
+        self.decode(max_new_tokens - 1)
+        return self.tokens(max_new_tokens)
+
+
+class StaticDecoder(_Greedy):
     """Greedy decoder over a causal LM (through its model adapter, adapters.py) with a
     preallocated [B, H_kv, max_len, D] cache per layer."""
 
@@ -260,19 +275,8 @@ class StaticDecoder:
         """The first n generated tokens [B, n] of the current generation."""
         return self._out[:, :n].clone()
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy tokens [B, max_new_tokens] after the prompt (exactly that many; no EOS stop)."""
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        if input_ids.shape[1] + max_new_tokens > self.max_len:
-            raise ValueError(f"prompt {input_ids.shape[1]} + {max_new_tokens} new tokens > max_len {self.max_len}")
-        self.prefill(input_ids)
-        self.decode(max_new_tokens - 1)
-        return self.tokens(max_new_tokens)
 
-
-class EagerDecoder:
+class EagerDecoder(_Greedy):
     """Greedy decoding through the model's own forward with transformers' dynamic cache, one
     eager forward per token (no CUDA graph): for models whose step StaticDecoder does not
     run (adapter.static_decode False: the Llama family). Same interface as StaticDecoder;
@@ -320,15 +324,6 @@ class EagerDecoder:
     def tokens(self, n: int) -> torch.Tensor:
         return torch.cat(self._out[:n], dim=1)
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        if input_ids.shape[1] + max_new_tokens > self.max_len:
-            raise ValueError(f"prompt {input_ids.shape[1]} + {max_new_tokens} new tokens > max_len {self.max_len}")
-        self.prefill(input_ids)
-        self.decode(max_new_tokens - 1)
-        return self.tokens(max_new_tokens)
 
 
 def _forward_parameters(model) -> tuple[str, ...]:
