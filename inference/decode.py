@@ -22,6 +22,8 @@ transformers' generate with a dynamic or static cache for comparison.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -40,6 +42,14 @@ GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
 
 class _Greedy:
     """generate() in terms of a decoder's prefill / decode / tokens."""
+
+    def _check_prompt(self, input_ids: torch.Tensor) -> tuple[int, int]:
+        B, S = input_ids.shape
+        if B != self.batch_size:
+            raise ValueError(f"batch {B} != decoder batch_size {self.batch_size}")
+        if S >= self.max_len:
+            raise ValueError(f"prompt length {S} leaves no room in max_len {self.max_len}")
+        return B, S
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -243,11 +253,7 @@ class StaticDecoder(_Greedy):
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> None:
         """Fill the cache with the prompt and set up the first decode step."""
-        B, S = input_ids.shape
-        if B != self.batch_size:
-            raise ValueError(f"batch {B} != decoder batch_size {self.batch_size}")
-        if S >= self.max_len:
-            raise ValueError(f"prompt length {S} leaves no room in max_len {self.max_len}")
+        S = self._check_prompt(input_ids)[1]
         first = self._forward(input_ids, torch.arange(S, device=input_ids.device), decode=False)
         self._out[:, :1].copy_(first)
         self._tok.copy_(first)
@@ -292,25 +298,22 @@ class EagerDecoder(_Greedy):
         self._out: list[torch.Tensor] = []
         self._cache = None
         self._len = 0
+        # transformers renamed past_key_values to cache within the supported range.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def _step(self, tokens: torch.Tensor) -> None:
         from transformers import DynamicCache
 
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
-        # transformers renamed past_key_values to cache within the supported range.
-        key = "cache" if "cache" in _forward_parameters(self.model) else "past_key_values"
-        logits = self.model(input_ids=tokens, use_cache=True, **{key: self._cache}).logits
+        logits = self.model(input_ids=tokens, use_cache=True, **{self._cache_arg: self._cache}).logits
         self._len += tokens.shape[1]
         self._out.append(logits[:, -1:].argmax(-1))
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> None:
-        B, S = input_ids.shape
-        if B != self.batch_size:
-            raise ValueError(f"batch {B} != decoder batch_size {self.batch_size}")
-        if S >= self.max_len:
-            raise ValueError(f"prompt length {S} leaves no room in max_len {self.max_len}")
+        self._check_prompt(input_ids)
         self._out, self._cache, self._len = [], None, 0
         self._step(input_ids)
 
@@ -324,12 +327,6 @@ class EagerDecoder(_Greedy):
     def tokens(self, n: int) -> torch.Tensor:
         return torch.cat(self._out[:n], dim=1)
 
-
-
-def _forward_parameters(model) -> tuple[str, ...]:
-    import inspect
-
-    return tuple(inspect.signature(model.forward).parameters)
 
 
 def decoder_for(model, *, batch_size: int, max_len: int):
