@@ -17,6 +17,7 @@ from transformers.pytorch_utils import Conv1D
 from inference import ops
 from inference.decode import StaticDecoder, hf_generate
 from inference.patch import CuteConv1D, CuteGPT2Block, CuteLMHead, patch_model
+from tests.model_util import fresh_process_results, vary_weights
 
 ATOL = 1e-4  # logits are O(10) with these weights; fp32 GEMMs differ in summation order
 
@@ -25,14 +26,7 @@ def tiny_gpt2(vocab=1001, seed=0, **kw):
     torch.manual_seed(seed)
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=128, bos_token_id=0,
                      eos_token_id=0, **kw)
-    model = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():  # non-zero biases and larger weights: varied greedy tokens, real epilogue work
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-            elif p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model
+    return vary_weights(GPT2LMHeadModel(cfg).eval())
 
 
 @pytest.fixture(scope="module")
@@ -393,18 +387,7 @@ torch.save(outs, sys.argv[2])
 def test_patching_one_model_leaves_another_bit_identical(tmp_path):
     """An unpatched GPT-2 in a process that patched another one (built from the same config
     object) gives bit-identical results to a process that never patched anything."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    outs = {}
-    for mode in ("plain", "patch"):
-        f = tmp_path / f"{mode}.pt"
-        r = subprocess.run([sys.executable, "-c", _UNTOUCHED_SCRIPT, mode, str(f)], cwd=repo, capture_output=True,
-                           text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        outs[mode] = torch.load(f)
+    outs = fresh_process_results(_UNTOUCHED_SCRIPT, ("plain", "patch"), tmp_path)
     for a, b in zip(outs["plain"], outs["patch"]):
         assert torch.equal(a, b)
 

@@ -18,6 +18,7 @@ from inference.adapters import LlamaAdapter, adapter_for
 from inference.decode import EagerDecoder, StaticDecoder, decoder_for, hf_generate
 from inference.patch import CuteLinear, CuteLMHead, patch_model
 from inference.patch_llama import CuteLlamaAttention, CuteMistralDecoderLayer, CuteQwen2DecoderLayer
+from tests.model_util import fresh_process_results, vary_weights
 
 VOCAB = 1001
 KINDS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
@@ -32,14 +33,7 @@ def tiny(kind="llama", seed=0, **kw):
                 eos_token_id=0, pad_token_id=0)
     args.update(kw)
     torch.manual_seed(seed)
-    model = model_cls(cfg_cls(**args)).eval()
-    with torch.no_grad():  # larger weights than the init: varied greedy tokens, real epilogue work
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-            elif p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model
+    return vary_weights(model_cls(cfg_cls(**args)).eval())
 
 
 def ids(batch=2, seq=12, seed=1):
@@ -359,18 +353,7 @@ torch.save(outs, sys.argv[2])
 
 
 def test_patching_one_model_leaves_another_bit_identical(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    outs = {}
-    for mode in ("plain", "patch"):
-        f = tmp_path / f"{mode}.pt"
-        r = subprocess.run([sys.executable, "-c", _UNTOUCHED_SCRIPT, mode, str(f)], cwd=repo, capture_output=True,
-                           text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        outs[mode] = torch.load(f)
+    outs = fresh_process_results(_UNTOUCHED_SCRIPT, ("plain", "patch"), tmp_path)
     for a, b in zip(outs["plain"], outs["patch"]):
         assert torch.equal(a, b)
 
