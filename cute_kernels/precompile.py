@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .runtime import recipe as _recipe
+from .runtime import triton_warm
 from .runtime.cache import CompileKey, build_to_disk, cache_dir, object_path
-from .runtime.manifest import load_manifest, save_manifest  # noqa: F401  (public here)
+from .runtime.manifest import load_manifest, load_triton, save_manifest  # noqa: F401  (public here)
 
 MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
 
@@ -57,35 +58,44 @@ def missing(entries: Iterable[tuple[CompileKey, object]]) -> list[tuple[CompileK
 
 
 def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = None, *, log=None,
-               on_ready: Callable[[CompileKey, str], None] | None = None) -> dict:
+               on_ready: Callable[[CompileKey, str], None] | None = None, triton: Iterable[dict] = ()) -> dict:
     """Compile every entry the disk cache lacks, `jobs` worker processes at a time
     (default: one per CPU core, at most one per kernel). Returns counts and the wall time.
 
     on_ready(key, status) is called for each entry as soon as it can be loaded: at once
     for those already cached, then in the order the builds finish (status "compiled",
     "cached", "not exported" or "failed"), so a caller can use the first kernels while
-    the others still build (the autotuner times candidates that way)."""
+    the others still build (the autotuner times candidates that way).
+
+    `triton`: recorded Triton specializations (runtime.triton_warm) to compile into Triton's
+    own cache, on a machine with a GPU only (Triton compiles for the GPU it finds). They go
+    to the pool first: a cold start needs them at its first step."""
     entries = list(entries)
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"jobs must be an int >= 1 or None, got {jobs!r}")
     todo = missing(entries)
+    tri_todo = [t for t in triton if not triton_warm.is_cached(t)]
     stats = {"kernels": len(entries), "cached": len(entries) - len(todo), "compiled": 0, "failed": 0, "wall_s": 0.0}
+    if tri_todo and not _has_gpu():
+        stats["triton_left"] = len(tri_todo)  # compiled by the GPU machine's first run
+        tri_todo = []
     if on_ready is not None:
         pending = {k for k, _ in todo}
         for key, _ in entries:
             if key not in pending:
                 on_ready(key, "cached")
-    if not todo:
+    if not todo and not tri_todo:
         return stats
     from concurrent.futures import ProcessPoolExecutor, as_completed  # here: the manifest writer runs at exit,
     from multiprocessing import get_context  # after threading's shutdown, where importing this fails
 
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) + len(tri_todo)))
     t0 = time.perf_counter()
     payload = [{"kernel": k.kernel, "recipe": r if isinstance(r, dict) else _recipe.to_json(r)} for k, r in todo]
     # spawn, not fork: the parent may hold a CUDA context, which a forked child must not touch.
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        directory = str(object_path(todo[0][0]).parent)
+        tri_futures = [pool.submit(triton_warm.preload, t) for t in tri_todo]
+        directory = str(object_path(todo[0][0]).parent) if todo else ""
         futures = {pool.submit(_build, p, directory): key for p, (key, _) in zip(payload, todo)}
         for fut in as_completed(futures):
             try:
@@ -100,8 +110,23 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
                     log(f"  a kernel failed to build: {type(e).__name__}: {e}")
             if on_ready is not None:
                 on_ready(futures[fut], status)
+        for fut in tri_futures:
+            name, status, secs = fut.result()  # preload catches its own failures
+            key = "triton_compiled" if status == "compiled" else "triton_cached" if status == "cached" else "triton_failed"
+            stats[key] = stats.get(key, 0) + 1
+            if log:
+                log(f"  {name} (Triton): {status} in {secs:.1f} s")
     stats["wall_s"] = time.perf_counter() - t0
     return stats
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 class JsonRecipe(dict):
@@ -121,7 +146,7 @@ def ensure_manifest(name: str, jobs: int | None = None, *, load: bool = False) -
         return None
     # Unresolved recipes: this process only checks the disk cache; the workers import the kernels.
     entries = load_manifest(path, resolve=False)
-    stats = precompile(entries, jobs)
+    stats = precompile(entries, jobs, triton=load_triton(path))
     if load:
         from .runtime import KERNELS
 
@@ -151,9 +176,12 @@ def main(argv=None) -> int:
     entries = load_manifest(path)
     print(f"precompile: {len(entries)} kernels from {path.name} into {object_path(entries[0][0]).parent}"
           if entries else f"precompile: {path.name} lists no kernels")
-    stats = precompile(entries, args.jobs, log=print)
+    stats = precompile(entries, args.jobs, log=print, triton=load_triton(path))
     print(f"precompile: {stats['compiled']} compiled, {stats['cached']} already cached, {stats['failed']} failed "
           f"({stats['wall_s']:.1f} s)")
+    if stats.get("triton_left"):
+        print(f"precompile: {stats['triton_left']} Triton kernels compile on the GPU machine (Triton builds for the "
+              f"GPU it finds): its first run, or this command run there")
     return 1 if stats["failed"] else 0
 
 

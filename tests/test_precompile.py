@@ -230,3 +230,97 @@ def test_json_recipes_stay_json_in_a_manifest(tmp_path):
     assert k == key and not callable(raw)
     save_manifest(tmp_path / "b.json", [(k, JsonRecipe(raw))])
     assert json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())
+
+
+# --------------------------------------------------------------------------- Triton kernels in manifests
+
+
+def _triton_entry(fn="tests.test_precompile:_no_such_kernel", spec='{"name": "x"}', cache_dir="ABC"):
+    return {"fn": fn, "spec": spec, "cache_dir": cache_dir}
+
+
+def test_manifest_keeps_triton_specializations_once(tmp_path):
+    from cute_kernels.precompile import load_manifest, load_triton, save_manifest
+
+    path = tmp_path / "m.json"
+    a, b = _triton_entry(spec='{"a": 1}'), _triton_entry(spec='{"b": 2}')
+    save_manifest(path, [_gemm_entry()], [a])
+    save_manifest(path, [], [a, b])  # merged: the DSL kernel stays, `a` is not listed twice
+    assert len(load_manifest(path)) == 1
+    assert sorted(t["spec"] for t in load_triton(path)) == ['{"a": 1}', '{"b": 2}']
+
+
+def test_triton_recorder_notes_the_compiled_specialization(monkeypatch):
+    """The post-compile hook stores Triton's own specialization data and the cache directory of
+    the compiled kernel; a hook that was already installed still runs."""
+    pytest.importorskip("triton")
+    import types
+
+    from triton import knobs
+    from triton.runtime.cache import _base32
+
+    from cute_kernels.runtime import triton_warm
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw["key"]))
+    monkeypatch.setattr(triton_warm, "_RECORDED", {})
+    kernel = types.SimpleNamespace(hash="ab" * 32)
+    jit = types.SimpleNamespace(fn=types.SimpleNamespace(__module__="tests.test_precompile", __qualname__="_fake_jit"),
+                                device_caches={0: ({"k": kernel},)})
+    monkeypatch.setitem(globals(), "_fake_jit", jit)
+    triton_warm.install_recorder()
+    knobs.runtime.jit_post_compile_hook(key="k", repr="", fn=types.SimpleNamespace(jit_function=jit),
+                                        compile={"device": 0, "specialization_data": '{"s": 1}'},
+                                        is_manual_warmup=False, already_compiled=False)
+    assert seen == ["k"]
+    assert triton_warm.recorded() == [{"fn": "tests.test_precompile:_fake_jit", "spec": '{"s": 1}',
+                                       "cache_dir": _base32("ab" * 32)}]
+
+
+def test_triton_preload_failure_is_a_status_not_an_error(tmp_path, monkeypatch):
+    from cute_kernels.runtime import triton_warm
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    name, status, _ = triton_warm.preload(_triton_entry())
+    assert name.endswith("_no_such_kernel") and status.startswith("failed: AttributeError")
+    (tmp_path / "ABC").mkdir()
+    (tmp_path / "ABC" / "__grp__k.json").write_text("{}")
+    assert triton_warm.is_cached(_triton_entry()) and triton_warm.preload(_triton_entry())[1] == "cached"
+
+
+def test_precompile_leaves_triton_kernels_to_a_gpu_machine(tmp_path, monkeypatch):
+    import cute_kernels.precompile as pc
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(pc, "_has_gpu", lambda: False)
+    stats = pc.precompile([], triton=[_triton_entry()])
+    assert stats["triton_left"] == 1 and stats["compiled"] == 0
+
+
+@pytest.mark.gpu
+def test_triton_kernels_recorded_then_preloaded_into_an_empty_cache(tmp_path):
+    """A process records the Triton kernels it compiled; precompile, with another empty Triton
+    cache, compiles exactly those there, and a process launching them then compiles nothing."""
+    script = (
+        "import torch; from cute_kernels.matmul.gemv import skinny_gemm\n"
+        "x = torch.randn(2, 512, device='cuda', dtype=torch.bfloat16)\n"
+        "w = torch.randn(384, 512, device='cuda', dtype=torch.bfloat16)\n"
+        "torch.testing.assert_close(skinny_gemm(x, w, None, None).float(), (x.float() @ w.float().T), "
+        "rtol=2e-2, atol=2e-1); torch.cuda.synchronize()\n"
+    )
+    base = {**__import__("os").environ, "CUTE_KERNELS_CACHE_DIR": str(tmp_path / "ck")}
+    env1 = {**base, "CUTE_KERNELS_RECORD": str(tmp_path / "m.json"), "TRITON_CACHE_DIR": str(tmp_path / "t1")}
+    out = subprocess.run([sys.executable, "-c", script], env=env1, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    from cute_kernels.precompile import load_triton
+
+    recorded = load_triton(tmp_path / "m.json")
+    assert recorded and all(t["fn"] == "cute_kernels.matmul.gemv:_gemv_kernel" for t in recorded)
+    env2 = {**base, "TRITON_CACHE_DIR": str(tmp_path / "t2")}
+    out = subprocess.run([sys.executable, "-m", "cute_kernels.precompile", "--manifest", str(tmp_path / "m.json")],
+                         env=env2, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "(Triton): compiled" in out.stdout, out.stdout + out.stderr
+    before = set((tmp_path / "t2").iterdir())
+    out = subprocess.run([sys.executable, "-c", script], env=env2, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert set((tmp_path / "t2").iterdir()) == before  # every kernel came from the cache

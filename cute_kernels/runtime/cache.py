@@ -265,10 +265,19 @@ RECORD_ENV = "CUTE_KERNELS_RECORD"  # a manifest file: the kernels this process 
 
 def _record_at_exit() -> None:
     path = env.get(RECORD_ENV)
-    if path and KERNELS.used:
+    from .triton_warm import recorded
+
+    if path and (KERNELS.used or recorded()):
         from .manifest import save_manifest
 
-        save_manifest(path, KERNELS.used.items())
+        save_manifest(path, KERNELS.used.items(), recorded())
 
 
 atexit.register(_record_at_exit)
+if env.get(RECORD_ENV):  # Triton's compiles are recorded too (runtime.triton_warm)
+    try:
+        from .triton_warm import install_recorder
+
+        install_recorder()
+    except ImportError:  # no Triton: nothing of it to record
+        pass

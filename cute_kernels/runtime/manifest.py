@@ -33,11 +33,19 @@ def load_manifest(path: str | Path, *, resolve: bool = True) -> list[tuple[Compi
     return out
 
 
-def save_manifest(path: str | Path, entries: Iterable[tuple[CompileKey, object]]) -> int:
-    """Merge (key, recipe) pairs into the manifest at `path` (created if absent); returns
-    the number of kernels it lists. Recipes that are not plain data are left out."""
+def load_triton(path: str | Path) -> list[dict]:
+    """The Triton specializations a manifest lists (runtime.triton_warm), each once."""
+    return list(json.loads(Path(path).read_text()).get("triton", []))
+
+
+def save_manifest(path: str | Path, entries: Iterable[tuple[CompileKey, object]], triton: Iterable[dict] = ()) -> int:
+    """Merge (key, recipe) pairs, and Triton specializations, into the manifest at `path`
+    (created if absent); returns the number of DSL kernels it lists. Recipes that are not
+    plain data are left out."""
     path = Path(path)
-    old = json.loads(path.read_text()).get("kernels", []) if path.exists() else []
+    data = json.loads(path.read_text()) if path.exists() else {}
+    old = data.get("kernels", [])
+    tri = {(t["fn"], t["spec"]): t for t in [*data.get("triton", []), *triton]}
     merged = {CompileKey.of(e["kernel"], e["recipe"]): e for e in old if "kernel" in e}
     for key, rec in entries:
         try:
@@ -49,6 +57,8 @@ def save_manifest(path: str | Path, entries: Iterable[tuple[CompileKey, object]]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     # One kernel per line: diffs of a re-recorded manifest stay readable.
-    tmp.write_text('{"kernels": [\n' + ",\n".join(json.dumps(k, sort_keys=True) for k in kernels) + "\n]}\n")
+    lines = ",\n".join(json.dumps(k, sort_keys=True) for k in kernels)
+    tlines = ",\n".join(json.dumps(tri[k], sort_keys=True) for k in sorted(tri))
+    tmp.write_text('{"kernels": [\n' + lines + "\n]" + (',\n"triton": [\n' + tlines + "\n]" if tri else "") + "}\n")
     os.replace(tmp, path)
     return len(kernels)

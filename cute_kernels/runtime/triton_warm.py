@@ -1,0 +1,89 @@
+"""The Triton kernels of a job: recorded into its manifest, compiled ahead in worker processes.
+
+A cold start of the inference CLI spent about 5 s of its first step in Triton's JIT (the
+decode GEMVs, the next-token glue, the fused LayerNorm), one kernel after another, on the
+critical path, while the CuTe DSL kernels were already built in parallel. Triton's JIT
+writes every kernel to its own disk cache (`TRITON_CACHE_DIR`, default ~/.triton/cache),
+so compiling the same specializations in worker processes beforehand turns those compiles
+into cache loads.
+
+Recording: with CUTE_KERNELS_RECORD set, a `jit_post_compile_hook` notes each compiled
+specialization (Triton's own `specialization_data`, what `JITFunction.preload` takes), the
+kernel's module-level name and its cache directory. Replaying (`preload`, in a worker)
+imports the kernel and calls `preload`, which compiles through the same path as a launch
+and so fills the same cache entry. Triton needs the GPU's target for that, so replays run on
+the GPU machine only; a CPU machine's `precompile` builds the DSL kernels and leaves these
+to the first run.
+
+A record from another Triton version or GPU names a cache directory that does not exist
+here: it is replayed (and fails harmlessly if that Triton cannot read it; the kernel then
+compiles on first use, as without a manifest).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import time
+from pathlib import Path
+
+_RECORDED: dict[tuple[str, str], dict] = {}
+
+
+def cache_root() -> Path:
+    """Triton's disk cache (its default, read without importing Triton)."""
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def is_cached(entry: dict) -> bool:
+    """Whether Triton's disk cache already holds the entry's kernel (its group file is written last)."""
+    d = entry.get("cache_dir")
+    return bool(d) and bool(glob.glob(str(cache_root() / d / "__grp__*.json")))
+
+
+def install_recorder() -> None:
+    """Note every Triton specialization compiled in this process (chained after any hook already set)."""
+    from triton import knobs
+
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        try:
+            jit = fn.jit_function
+            kernel = jit.device_caches[compile["device"]][0].get(key)
+            module, name = jit.fn.__module__, jit.fn.__qualname__
+            if kernel is not None and getattr(importlib.import_module(module), name, None) is jit:
+                from triton.runtime.cache import _base32
+
+                spec = compile["specialization_data"]
+                _RECORDED[(f"{module}:{name}", spec)] = {"fn": f"{module}:{name}", "spec": spec,
+                                                         "cache_dir": _base32(kernel.hash)}
+        except Exception:  # noqa: BLE001 - recording is best effort; the launch itself must not fail
+            pass
+        if previous is not None:
+            return previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                            already_compiled=already_compiled)
+        return None
+
+    knobs.runtime.jit_post_compile_hook = hook
+
+
+def recorded() -> list[dict]:
+    return list(_RECORDED.values())
+
+
+def preload(entry: dict) -> tuple[str, str, float]:
+    """Worker process: compile one recorded specialization into Triton's disk cache.
+    Returns (kernel, status, seconds), status "cached", "compiled" or "failed: why"."""
+    t0 = time.perf_counter()
+    if is_cached(entry):
+        return entry["fn"], "cached", 0.0
+    try:
+        module, name = entry["fn"].split(":")
+        jit = getattr(importlib.import_module(module), name)
+        jit.preload(entry["spec"])
+        status = "compiled"
+    except Exception as e:  # noqa: BLE001 - another Triton version or no GPU: compiled on first use instead
+        status = f"failed: {type(e).__name__}: {e}"
+    return entry["fn"], status, time.perf_counter() - t0
