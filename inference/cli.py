@@ -229,8 +229,10 @@ def run_generate(args) -> int:
     if precompiling is not None:
         thread, stats = precompiling
         thread.join()
-        if stats.get("compiled"):
-            kernels_note = f"{stats['compiled']} kernels compiled in parallel ({stats['wall_s']:.1f} s)"
+        ahead = [f"{stats[k]} {what}" for k, what in (("compiled", "kernels"), ("triton_compiled", "Triton kernels"))
+                 if stats.get(k)]
+        if ahead:
+            kernels_note = f"{' and '.join(ahead)} compiled in parallel ({stats['wall_s']:.1f} s)"
         if stats.get("error"):
             print(f"note: building the model's kernels ahead failed ({stats['error']}); they compile on first use")
         phases("kernels")

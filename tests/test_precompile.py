@@ -324,3 +324,18 @@ def test_triton_kernels_recorded_then_preloaded_into_an_empty_cache(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env2, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert set((tmp_path / "t2").iterdir()) == before  # every kernel came from the cache
+
+
+def test_startup_benchmark_reads_the_commands_breakdown_and_needs_a_gpu():
+    from benchmarks.startup import parse_startup
+
+    text = ("text\n--- startup ---\nwall 9.9 s: imports 4.1, model 0.2, kernels 3.0, first step 0.7, generate 0.0, "
+            "compare 0.4; 20 kernels and 5 Triton kernels compiled in parallel (7.1 s); kernels in this process: "
+            "20 loaded from the disk cache (0.2 s), 0 compiled (0.0 s)")
+    row = parse_startup(text)
+    assert row["phases_s"] == {"imports": 4.1, "model": 0.2, "kernels": 3.0, "first step": 0.7, "generate": 0.0,
+                               "compare": 0.4}
+    assert (row["kernels_compiled_in_parallel"], row["triton_compiled_in_parallel"], row["kernels_loaded"]) == (20, 5, 20)
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, "-m", "benchmarks.startup"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
