@@ -89,7 +89,8 @@ def main(argv=None) -> int:
                "command": " ".join(["python", *COMMAND[1:]]),
                "conditions": f"torch {torch.__version__}, transformers {transformers.__version__}, "
                              f"nvidia-cutlass-dsl {_version('nvidia-cutlass-dsl')}, {os.cpu_count()} CPU cores; "
-                             "wall = the whole command in a fresh process; phases as the command prints them",
+                             "Python bytecode compiled beforehand (as pip install does); wall = the whole command in a fresh "
+                             "process; phases as the command prints them",
                "rows": rows, "summary": summary}
     out_dir = Path(os.environ.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
