@@ -366,3 +366,26 @@ def test_class_names_are_importable():
     back = pickle.loads(pickle.dumps(pm))
     assert isinstance(back.model.layers[0], CuteMistralDecoderLayer)
     assert CuteLlamaAttention.__module__ == CuteQwen2DecoderLayer.__module__ == "inference.patch_llama"
+
+
+# --------------------------------------------------------------------------- near-tie rule
+
+
+def test_near_tie_rule():
+    """tests/model_util.greedy_divergences: the reference's own greedy tokens agree; a token
+    changed mid-way is the first divergence, acceptable only when the logit gap there is
+    below twice the bound; what follows a divergence is not compared."""
+    from tests.model_util import greedy_divergences, logit_error_bound
+
+    m = tiny("llama")
+    x = ids(batch=2, seq=6)
+    ref = hf_generate(m, x, 12)
+    bound = logit_error_bound(m, copy.deepcopy(m).double(), torch.cat([x, ref], 1))
+    assert bool((bound > 0).all()) and float(bound.max()) < 1e-3
+    assert [r["first"] for r in greedy_divergences(m, x, ref, bound)] == [None, None]
+    bad = ref.clone()
+    bad[1, 5] = (bad[1, 5] + 1) % VOCAB
+    bad[1, 6:] = 0  # after the divergence: not compared
+    rows = greedy_divergences(m, x, bad, bound)
+    assert rows[0]["ok"] and rows[1]["first"] == 5 and rows[1]["gap"] > 0 and not rows[1]["ok"]
+    assert greedy_divergences(m, x, bad, torch.full_like(bound, rows[1]["gap"]))[1]["ok"]
