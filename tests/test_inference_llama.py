@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from inference import ops
 from inference.adapters import LlamaAdapter, adapter_for
 from inference.decode import EagerDecoder, StaticDecoder, decoder_for, hf_generate
+from inference.decode_llama import LlamaStaticDecoder, concat_rows
 from inference.patch import CuteLinear, CuteLMHead, patch_model
 from inference.patch_llama import CuteLlamaAttention, CuteMistralDecoderLayer, CuteQwen2DecoderLayer
 from tests.model_util import fresh_process_results, vary_weights
@@ -125,15 +126,17 @@ def test_gqa_group_sizes(kind, heads):
 @pytest.mark.parametrize("attention", ["sdpa", "cute"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_tokens_match(model, attention, batch):
-    """32 greedy tokens: the patched model through EagerDecoder (the CLI's loop) and through
-    transformers' generate with a static cache equal the unpatched model's generate."""
+    """32 greedy tokens: the patched model through its static decoder (the CLI's loop), through
+    EagerDecoder and through transformers' generate with a static cache equal the unpatched
+    model's generate."""
     pm = patched(model, attention=attention)
     x = ids(batch=batch, seq=7)
     ref = hf_generate(model, x, 32)
     assert len(set(ref[0].tolist())) > 3, "degenerate test model"
     dec = decoder_for(pm, batch_size=batch, max_len=40)
-    assert isinstance(dec, EagerDecoder) and not dec.cuda_graph
+    assert isinstance(dec, LlamaStaticDecoder) and not dec.cuda_graph  # no graph on the CPU
     assert torch.equal(dec.generate(x, 32), ref)
+    assert torch.equal(EagerDecoder(pm, batch_size=batch, max_len=40).generate(x, 32), ref)
     assert torch.equal(hf_generate(pm, x, 32, cache="static"), ref)
 
 
@@ -212,8 +215,13 @@ def test_other_precisions_say_bf16_only(precision):
 
 
 def test_static_decoder_says_it_runs_gpt2_only():
-    with pytest.raises(ValueError, match="EagerDecoder"):
+    with pytest.raises(ValueError, match="LlamaStaticDecoder"):
         StaticDecoder(tiny("llama"), batch_size=1, max_len=16)
+    with pytest.raises(ValueError, match="not gpt2"):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        LlamaStaticDecoder(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)), batch_size=1,
+                           max_len=8)
     dec = EagerDecoder(tiny("llama"), batch_size=2, max_len=16)
     with pytest.raises(ValueError, match="max_len"):
         dec.generate(ids(seq=10), 10)
@@ -389,3 +397,99 @@ def test_near_tie_rule():
     rows = greedy_divergences(m, x, bad, bound)
     assert rows[0]["ok"] and rows[1]["first"] == 5 and rows[1]["gap"] > 0 and not rows[1]["ok"]
     assert greedy_divergences(m, x, bad, torch.full_like(bound, rows[1]["gap"]))[1]["ok"]
+
+
+# --------------------------------------------------------------------------- static decoder and its fusions
+
+FUSIONS = {"none": {"CUTE_KERNELS_LLAMA_QKV": "0"}, "default": {},
+           "all": {"CUTE_KERNELS_LLAMA_RMS_PROLOGUE": "1", "CUTE_KERNELS_LLAMA_SWIGLU": "1",
+                   "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1"}}
+
+
+@pytest.mark.parametrize("fusions", list(FUSIONS))
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+@pytest.mark.parametrize("kind,kw", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 5}),
+                                     ("llama", {"tie_word_embeddings": True}),
+                                     ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5,
+                                                                    "factor": 8.0, "low_freq_factor": 1.0,
+                                                                    "high_freq_factor": 4.0,
+                                                                    "original_max_position_embeddings": 16}})])
+def test_static_decoder_tokens_equal_stock(kind, kw, attention, fusions, monkeypatch):
+    """LlamaStaticDecoder on the references, with each set of decode fusions (their reference
+    forms: RMSNorm prologue, SwiGLU epilogue, RoPE + append), equals the stock model's greedy
+    tokens: Qwen2's biases, a tied head, Mistral's window (5) shorter than prompt + generation,
+    Llama-3 rope scaling. The unpatched model runs the same loop on its own modules."""
+    for name, value in FUSIONS[fusions].items():
+        monkeypatch.setenv(name, value)
+    m = tiny(kind, **kw)
+    x = ids(batch=2, seq=7)
+    ref = hf_generate(m, x, 20)
+    assert torch.equal(LlamaStaticDecoder(patched(m, attention=attention), batch_size=2, max_len=30).generate(x, 20),
+                       ref)
+    if fusions == "default" and attention == "sdpa":
+        assert torch.equal(LlamaStaticDecoder(m, batch_size=2, max_len=30).generate(x, 20), ref)
+
+
+def test_static_decoder_near_tie_rule_bf16():
+    """bf16 on the CPU: the static decoder's tokens against the stock bf16 model by the near-tie
+    rule (bound: the stock bf16 model against fp32)."""
+    from tests.model_util import assert_greedy_agrees, logit_error_bound
+
+    m = tiny("qwen2")
+    base = copy.deepcopy(m).to(torch.bfloat16)
+    x = ids(batch=4, seq=7)
+    out = LlamaStaticDecoder(patched(base, attention="cute"), batch_size=4, max_len=40).generate(x, 32)
+    assert_greedy_agrees(base, x, out, logit_error_bound(base, m, torch.cat([x, out], 1)), "qwen2 bf16 cpu")
+
+
+def test_concatenated_weights_are_the_modules_weights():
+    """q/k/v (and their biases) and gate/up become row blocks of one tensor each: the modules
+    see the same values, no second copy is held, and a second decoder reuses the blocks."""
+    pm = patched(tiny("qwen2"))
+    a, mlp = pm.model.layers[0].self_attn, pm.model.layers[0].mlp
+    before = [t.clone() for t in (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.q_proj.bias)]
+    dec = LlamaStaticDecoder(pm, batch_size=1, max_len=16)
+    f = dec._layers[0]
+    assert torch.equal(f.qkv_w, torch.cat(before[:3])) and torch.equal(f.qkv_b[:a.q_proj.bias.shape[0]], before[3])
+    assert a.k_proj.weight.data_ptr() == f.qkv_w[a.q_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == f.gate_up_w[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    again = LlamaStaticDecoder(pm, batch_size=1, max_len=16)._layers[0]
+    assert again.qkv_w.data_ptr() == f.qkv_w.data_ptr() and again.gate_up_w.data_ptr() == f.gate_up_w.data_ptr()
+    x = ids(batch=1, seq=5)
+    assert torch.equal(dec.generate(x, 8), hf_generate(tiny("qwen2"), x, 8))
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    assert torch.equal(concat_rows([w]), w.data)
+
+
+def test_fused_op_references_match_transformers():
+    """The fused ops' reference forms compute what transformers' modules do, bit for bit in bf16:
+    RMSNorm then linear, SwiGLU, RoPE with the cache append."""
+    m = tiny("llama").to(torch.bfloat16)
+    layer = m.model.layers[0]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16) * 4 + 1
+    norm, attn, mlp = layer.input_layernorm, layer.self_attn, layer.mlp
+    y = ops.rms_linear(x, norm.weight, norm.variance_epsilon, attn.q_proj.weight, None, "reference")
+    assert torch.equal(ops.rms_norm_ref(x, norm.weight, norm.variance_epsilon), norm(x))
+    torch.testing.assert_close(y, attn.q_proj(norm(x)), rtol=0, atol=0)
+    gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    h = norm(x)
+    torch.testing.assert_close(ops.rms_swiglu(x, norm.weight, norm.variance_epsilon, gu, "reference"),
+                               mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), rtol=0, atol=0)
+    torch.testing.assert_close(ops.rms_swiglu(h, None, 0.0, gu, "reference"),
+                               mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), rtol=0, atol=0)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    Hq, Hkv, D, L = 4, 2, 16, 10
+    qkv = torch.randn(3, (Hq + 2 * Hkv) * D, generator=g).to(torch.bfloat16)
+    pos = torch.tensor([6])
+    cos, sin = m.model.rotary_emb(qkv, torch.arange(L)[None])
+    kc, vc = torch.randn(3, Hkv, L, D).to(torch.bfloat16), torch.randn(3, Hkv, L, D).to(torch.bfloat16)
+    kc0 = kc.clone()
+    q = ops.rope_append(qkv, cos[0], sin[0], pos, kc, vc, Hq, "reference")
+    q_hf, k_hf = apply_rotary_pos_emb(qkv[:, :Hq * D].view(3, 1, Hq, D).transpose(1, 2),
+                                      qkv[:, Hq * D:(Hq + Hkv) * D].view(3, 1, Hkv, D).transpose(1, 2),
+                                      cos[:, 6:7], sin[:, 6:7])
+    assert torch.equal(q, q_hf.transpose(1, 2)[:, 0]) and torch.equal(kc[:, :, 6], k_hf[:, :, 0])
+    assert torch.equal(vc[:, :, 6], qkv[:, (Hq + Hkv) * D:].view(3, Hkv, D))
+    assert torch.equal(kc[:, :, :6], kc0[:, :, :6]) and torch.equal(kc[:, :, 7:], kc0[:, :, 7:])
