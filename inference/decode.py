@@ -345,13 +345,18 @@ class EagerDecoder(_Greedy):
 
 
 
-def decoder_for(model, *, batch_size: int, max_len: int):
-    """The model's static decoder: StaticDecoder (GPT-2's step) or LlamaStaticDecoder."""
+def decoder_class(model) -> type:
+    """The model's static decoder class: StaticDecoder (GPT-2's step) or LlamaStaticDecoder."""
     if adapter_for(model).static_decode:
-        return StaticDecoder(model, batch_size=batch_size, max_len=max_len)
+        return StaticDecoder
     from .decode_llama import LlamaStaticDecoder
 
-    return LlamaStaticDecoder(model, batch_size=batch_size, max_len=max_len)
+    return LlamaStaticDecoder
+
+
+def decoder_for(model, *, batch_size: int, max_len: int):
+    """The model's static decoder (decoder_class) for this batch size and length."""
+    return decoder_class(model)(model, batch_size=batch_size, max_len=max_len)
 
 
 @torch.no_grad()
