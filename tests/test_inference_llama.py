@@ -493,3 +493,79 @@ def test_fused_op_references_match_transformers():
     assert torch.equal(q, q_hf.transpose(1, 2)[:, 0]) and torch.equal(kc[:, :, 6], k_hf[:, :, 0])
     assert torch.equal(vc[:, :, 6], qkv[:, (Hq + Hkv) * D:].view(3, Hkv, D))
     assert torch.equal(kc[:, :, :6], kc0[:, :, :6]) and torch.equal(kc[:, :, 7:], kc0[:, :, 7:])
+
+
+_FUSED_KERNELS_SCRIPT = """
+import torch
+from cute_kernels.matmul.gemv import skinny_gemm
+from inference import ops
+from inference.llama_kernels import rope_append_triton
+g = torch.Generator().manual_seed(0)
+# bf16 for one row; the interpreter's tl.dot (two or more rows) is wrong for bf16, so fp16 there
+for M, N, K, bf in ((1, 24, 96, torch.bfloat16), (3, 40, 80, torch.float16), (1, 2100, 320, torch.bfloat16)):
+    def r(*s): return torch.randn(*s, generator=g).to(bf)
+    x = r(M, K) * 3 + 0.5
+    nw = r(K)
+    w = r(N, K) * 0.2
+    b = r(N)
+    y = skinny_gemm(x, w, b, rms=(nw, 1e-5))
+    h = ops.rms_norm_ref(x, nw, 1e-5)
+    assert torch.equal(ops.rms_norm_ref(x, nw, 1e-5)[:, :4], h[:, :4])
+    ref = (h.float() @ w.float().t() + b.float())
+    err = (y.float() - ref).abs().max().item(); lim = 2e-2 * ref.abs().max().item()
+    assert err < lim, (M, N, K, err, lim)
+    # the prologue's rounding reproduces transformers' normalised row exactly
+    yi = skinny_gemm(x, torch.eye(K, dtype=bf), rms=(nw, 1e-5))
+    # within one bf16 step (the CPU interpreter's fp32 -> bf16 conversion may truncate; the
+    # GPU test checks the rounding itself)
+    assert ((yi.float() - h.float()).abs() <= h.float().abs() * 2.0 ** -6 + 1e-6).all()
+    wgu = r(2 * N, K) * 0.2
+    a = skinny_gemm(x, wgu, rms=(nw, 1e-5), swiglu=True)
+    gu = (h.float() @ wgu.float().t()).to(bf)
+    ref = ops.swiglu_ref(gu)
+    # three roundings, each possibly a truncation on the CPU interpreter: a few bf16 steps
+    tol = ref.float().abs() * 2.0 ** -5 + 2e-2 * ref.float().abs().max()
+    assert a.shape == (M, N) and bool(((a.float() - ref.float()).abs() <= tol).all())
+    a2 = skinny_gemm(h, wgu, swiglu=True)
+    assert bool(((a2.float() - ref.float()).abs() <= tol).all())
+bf = torch.bfloat16
+for Hq, Hkv, D, M in ((4, 2, 16, 3), (8, 2, 64, 1)):
+    L = 12
+    qkv = r(M, (Hq + 2 * Hkv) * D)
+    ang = torch.rand(L, D, generator=g) * 6.3
+    cos, sin = ang.cos().to(bf), ang.sin().to(bf)
+    pos = torch.tensor([7])
+    kc, vc = r(M + 1, Hkv, L, D), r(M + 1, Hkv, L, D)
+    kr, vr = kc.clone(), vc.clone()
+    q = rope_append_triton(qkv, cos, sin, pos, kc, vc, Hq)
+    qr = ops.rope_append_ref(qkv, cos, sin, pos, kr, vr, Hq)
+    # two bf16 steps of the largest operand (truncating conversions on the CPU interpreter)
+    close = lambda a, b: bool(((a.float() - b.float()).abs() <= 2.0 ** -6 * qkv.float().abs().max()).all())
+    assert close(q, qr) and close(kc, kr) and torch.equal(vc, vr)
+print("OK")
+"""
+
+
+def test_fused_decode_kernels_interpreted():
+    """The Triton kernels behind the fused decode ops (the skinny GEMV's RMSNorm prologue and
+    SwiGLU epilogue, rope_append) against their references under TRITON_INTERPRET=1. The
+    interpreter may truncate fp32 -> bf16, so this checks the logic within a few bf16 steps;
+    the exact roundings are checked on the GPU (tests/test_inference_gpu.py)."""
+    from tests.test_gemm_host import _run_interpreted
+
+    _run_interpreted(_FUSED_KERNELS_SCRIPT)
+
+
+def test_rope_append_compiles_for_sm90():
+    """rope_append's Triton kernel through Triton's sm_90 pipeline, with its PDL trigger and wait
+    ahead of every load and store."""
+    from inference.llama_kernels import _rope_append_kernel as K
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"qkv_ptr": "*bf16", "qkv_stride": "i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
+           "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "c_sb": "i32", "c_sh": "i32", "c_ss": "i32",
+           "HQ": "i32", "HKV": "i32"}
+    ptx = _triton_ptx_sm90(K, sig, {"HALF": 64, "PDL": True}, num_warps=1)
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
+    assert "ld.global" not in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
