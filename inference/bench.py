@@ -401,7 +401,7 @@ def _run_decode(res: Result, model, ids, backend: str, args, cuda: bool) -> None
     """Decode timing (and profile) of the model's static decoder into res: the same one-graph
     loop for every backend, on our kernels or the model's own modules (compile: the step
     under torch.compile, then captured)."""
-    from .decode import decoder_class
+    from .decoders import decoder_class
 
     batch, seq, gen = ids.shape[0], ids.shape[1], args.gen_len
     dec = decoder_class(model)(model, batch_size=batch, max_len=seq + gen, compile=backend == "compile")

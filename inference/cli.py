@@ -209,7 +209,8 @@ def run_generate(args) -> int:
     precompiling = _start_precompile(args) if args.backend == "cute" else None
     import transformers
 
-    from .decode import StaticDecoder, decoder_for
+    from .decode import StaticDecoder
+    from .decoders import decoder_for
     from .models import load_config, load_model, load_tokenizer
     from .patch import patch_model
 

@@ -15,7 +15,7 @@ only changes the kernels. Prompts in a batch must share one length (no padding),
 and generation runs for exactly max_new_tokens (no EOS stop).
 
 The step is GPT-2's (fused c_attn, LayerNorm prologue, learned positions in the glue); the
-Llama family's step is `decode_llama.LlamaStaticDecoder` (same loop); `decoder_for` picks.
+Llama family's step is `decode_llama.LlamaStaticDecoder` (same loop); `decoders.decoder_for` picks.
 `EagerDecoder` is a plain greedy loop over the (patched) model with transformers' cache. `hf_generate` runs
 transformers' generate with a dynamic or static cache for comparison.
 """
@@ -343,20 +343,6 @@ class EagerDecoder(_Greedy):
     def tokens(self, n: int) -> torch.Tensor:
         return torch.cat(self._out[:n], dim=1)
 
-
-
-def decoder_class(model) -> type:
-    """The model's static decoder class: StaticDecoder (GPT-2's step) or LlamaStaticDecoder."""
-    if adapter_for(model).static_decode:
-        return StaticDecoder
-    from .decode_llama import LlamaStaticDecoder
-
-    return LlamaStaticDecoder
-
-
-def decoder_for(model, *, batch_size: int, max_len: int):
-    """The model's static decoder (decoder_class) for this batch size and length."""
-    return decoder_class(model)(model, batch_size=batch_size, max_len=max_len)
 
 
 @torch.no_grad()

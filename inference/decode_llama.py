@@ -190,7 +190,7 @@ class LlamaStaticDecoder(StaticDecoder):
         if w is not None:  # keys j with pos - w < j, one mask per window per step
             km = key_masks.get(w)
             if km is None:
-                km = key_masks[w] = (self._arange > positions[-1] - w).expand(B, self.max_len)
+                km = key_masks[w] = (self._arange > positions[-1] - w).expand(B, self.max_len).contiguous()
         if self._flash_backend is not None:
             return ops.attend_cache(q, self.k[i].transpose(1, 2), self.v[i].transpose(1, 2), seqlens, scale,
                                     self._flash_backend, km)

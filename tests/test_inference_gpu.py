@@ -276,7 +276,8 @@ def test_llama_family_greedy_agreement(kind, attention, batch):
     model's teacher-forced argmax up to the first near tie (tests/model_util.greedy_divergences:
     the bound is the stock bf16 model's max logit error against fp32 on the same tokens).
     Mistral's window (48) is shorter than prompt + generation, so decode masks keys."""
-    from inference.decode import decoder_for, hf_generate
+    from inference.decode import hf_generate
+    from inference.decoders import decoder_for
     from tests.model_util import assert_greedy_agrees, logit_error_bound
 
     fp32 = random_llama(kind, **({"sliding_window": 48} if kind == "mistral" else {}))

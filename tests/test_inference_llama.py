@@ -15,8 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from inference import ops
 from inference.adapters import LlamaAdapter, adapter_for
-from inference.decode import EagerDecoder, StaticDecoder, decoder_for, hf_generate
+from inference.decode import EagerDecoder, StaticDecoder, hf_generate
 from inference.decode_llama import LlamaStaticDecoder, concat_rows
+from inference.decoders import decoder_for
 from inference.patch import CuteLinear, CuteLMHead, patch_model
 from inference.patch_llama import CuteLlamaAttention, CuteMistralDecoderLayer, CuteQwen2DecoderLayer
 from tests.model_util import fresh_process_results, vary_weights
