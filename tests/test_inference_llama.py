@@ -570,3 +570,19 @@ def test_rope_append_compiles_for_sm90():
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert "ld.global" not in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
+
+
+@pytest.mark.parametrize("has_wpe", [False, True])
+def test_next_token_glue_compiles_for_sm90(has_wpe):
+    """The decode glue kernel with and without position embeddings (the Llama family has none)
+    through Triton's sm_90 pipeline."""
+    from inference.next_token import _next_token_kernel as K
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"logits_ptr": "*bf16", "l_stride": "i32", "V": "i32", "CH": "i32", "wte_ptr": "*bf16", "wpe_ptr": "*bf16",
+           "E": "i32", "h_ptr": "*bf16", "h_stride": "i32", "tok_ptr": "*i64", "out_ptr": "*i64", "out_stride": "i32",
+           "pos_ptr": "*i64", "step_ptr": "*i64", "seqlens_ptr": "*i32", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
+           "ticket_ptr": "*i32", "B": "i32"}
+    ptx = _triton_ptx_sm90(K, sig, {"CHUNKS": 32, "BLOCK_V": 4096, "BLOCK_E": 2048, "PDL": True, "HAS_WPE": has_wpe},
+                           num_warps=4)
+    assert ".target sm_90" in ptx and "griddepcontrol.wait" in ptx
