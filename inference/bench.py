@@ -631,6 +631,21 @@ def run_bench(args) -> int:
 
     out_dir = Path(args.out) if args.out else Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     results = []
+    meta = {"model": args.model, "model_tag": size_name(args.model) or llama_name(args.model) or Path(args.model).name,
+            "gpu": gpu_name() if cuda else "cpu", "gpu_tag": gpu_tag() if cuda else "cpu", "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "batch": args.batch, "prompt_len": args.prompt_len,
+            "gen_len": args.gen_len, "attention": args.attention, "random_weights": args.random_weights,
+            "phase": "prefill" if args.gen_len == 0 else "decode"}
+
+    def report() -> list[Path]:
+        """The reports of what has run so far (one per phase and batch with decode_ids)."""
+        groups = [(meta, results)]
+        if decode_ids is not None:
+            groups = [({**meta, "phase": "prefill", "gen_len": 0}, [r for r in results if r.phase == "prefill"])]
+            groups += [({**meta, "phase": "decode", "batch": b, "prompt_len": decode_prompt},
+                        [r for r in results if r.phase == "decode" and r.batch == b]) for b in decode_ids]
+        return [path for m, rows in groups for path in write_report(rows, skipped, m, out_dir)]
+
     scratch = Path(tempfile.mkdtemp(prefix="inference-bench-"))  # ONNX files can be GBs: not in results/
     for b, p, why in plan:
         if why:
@@ -646,19 +661,9 @@ def run_bench(args) -> int:
         torch._dynamo.reset()
         if cuda:
             torch.cuda.empty_cache()
+        report()  # a run cut short (a timeout) keeps the variants that finished
     shutil.rmtree(scratch, ignore_errors=True)
     print(format_table(results))
-    meta = {"model": args.model, "model_tag": size_name(args.model) or llama_name(args.model) or Path(args.model).name,
-            "gpu": gpu_name() if cuda else "cpu", "gpu_tag": gpu_tag() if cuda else "cpu", "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "batch": args.batch, "prompt_len": args.prompt_len,
-            "gen_len": args.gen_len, "attention": args.attention, "random_weights": args.random_weights,
-            "phase": "prefill" if args.gen_len == 0 else "decode"}
-    groups = [(meta, results)]
-    if decode_ids is not None:  # one report per phase and batch: prefill, then decode at each batch
-        groups = [({**meta, "phase": "prefill", "gen_len": 0}, [r for r in results if r.phase == "prefill"])]
-        groups += [({**meta, "phase": "decode", "batch": b, "prompt_len": decode_prompt},
-                    [r for r in results if r.phase == "decode" and r.batch == b]) for b in decode_ids]
-    for m, rows in groups:
-        for path in write_report(rows, skipped, m, out_dir):
-            print(f"wrote {path}")
+    for path in report():
+        print(f"wrote {path}")
     return 0
