@@ -272,7 +272,7 @@ def test_llama_family_logits_2x_rule(kind, attention):
 @torch.no_grad()
 def test_llama_family_greedy_agreement(kind, attention, batch):
     """40 greedy tokens of the patched bf16 model, through decoder_for (the static CUDA-graph
-    decoder) and through transformers' generate with a static cache, equal the stock bf16
+    decoder) and (batch 4) through transformers' generate with a static cache, equal the stock bf16
     model's teacher-forced argmax up to the first near tie (tests/model_util.greedy_divergences:
     the bound is the stock bf16 model's max logit error against fp32 on the same tokens).
     Mistral's window (48) is shorter than prompt + generation, so decode masks keys."""
@@ -284,8 +284,9 @@ def test_llama_family_greedy_agreement(kind, attention, batch):
     base = copy.deepcopy(fp32).to(torch.bfloat16)
     ours = _patch(copy.deepcopy(base), attention)
     x, n = _ids(batch, 32, vocab=32000), 40
-    outs = {"decoder_for": decoder_for(ours, batch_size=batch, max_len=x.shape[1] + n).generate(x, n),
-            "hf_generate static": hf_generate(ours, x, n, cache="static")}
+    outs = {"decoder_for": decoder_for(ours, batch_size=batch, max_len=x.shape[1] + n).generate(x, n)}
+    if batch == 4:  # transformers compiles its static-cache decode step on CUDA (slow): batch 4 only
+        outs["hf_generate static"] = hf_generate(ours, x, n, cache="static")
     for what, tokens in outs.items():
         bound = logit_error_bound(base, fp32, torch.cat([x, tokens], 1))
         rows = assert_greedy_agrees(base, x, tokens, bound, f"{kind}/{attention}/b{batch} {what}")
