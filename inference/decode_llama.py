@@ -14,7 +14,8 @@ On a patched model (our linears) the step takes these shortcuts, each with its s
   as one over [gate; up]. The concatenated weights are built once here and the modules'
   parameters re-pointed at their row blocks, so the weights are not held twice.
 - CUTE_KERNELS_LLAMA_RMS_PROLOGUE: each RMSNorm in the prologue of the GEMV after it (q/k/v,
-  gate/up, the head), at <= 8 rows.
+  gate/up, the head) at <= 8 rows, else one launch of our RMSNorm (llama_kernels.py) instead
+  of transformers' module (about seven kernels).
 - CUTE_KERNELS_LLAMA_SWIGLU: gate/up as one GEMV whose epilogue writes silu(gate) * up.
 - CUTE_KERNELS_LLAMA_ROPE_APPEND: RoPE of q and k and the K/V append in one launch.
 - CUTE_KERNELS_DECODE_GLUE: argmax, bookkeeping and the next embedding in one launch
@@ -132,6 +133,12 @@ class LlamaStaticDecoder(StaticDecoder):
         the one place a tensor-parallel all-reduce goes."""
         return apply_linear(module, x, residual)
 
+    def _norm(self, norm, x: torch.Tensor) -> torch.Tensor:
+        """norm(x) as one launch of our RMSNorm (switch on, patched model), the module otherwise."""
+        if self._rms:
+            return ops.rms_norm(x, norm.weight, float(norm.variance_epsilon), self._backend)
+        return norm(x)
+
     def _prologue_fits(self, x2: torch.Tensor) -> bool:
         return self._rms and x2.shape[0] <= GEMV_MAX_M and (
             self._backend == "reference" or (x2.is_cuda and x2.shape[1] <= LN_MAX_K))
@@ -147,7 +154,7 @@ class LlamaStaticDecoder(StaticDecoder):
             y = ops.rms_linear(x2.contiguous(), norm.weight, float(norm.variance_epsilon), weight, bias,
                                self._backend)
         else:
-            y = ops.linear(norm(x2).contiguous(), weight, bias, None, "", 1.0, 1.0, self._backend)[:, :N]
+            y = ops.linear(self._norm(norm, x2).contiguous(), weight, bias, None, "", 1.0, 1.0, self._backend)[:, :N]
         return y.view(*x.shape[:-1], N)
 
     def _qkv(self, layer, f: _Fused, h: torch.Tensor, i: int, positions, cos, sin, decode: bool):
@@ -163,7 +170,7 @@ class LlamaStaticDecoder(StaticDecoder):
                 return q.view(B, 1, Hq, D), None, None
             q, k, v = qkv.split([Hq * D, self.k[i].shape[1] * D, self.k[i].shape[1] * D], -1)
         else:
-            x = layer.attn_norm(h)
+            x = self._norm(layer.attn_norm, h)
             q, k, v = layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)
         c, s = cos[None, :, None], sin[None, :, None]
         q = ops.rope_ref(q.reshape(B, S, Hq, D), c, s)
@@ -203,7 +210,7 @@ class LlamaStaticDecoder(StaticDecoder):
     def _mlp_llama(self, layer, f: _Fused, h: torch.Tensor) -> torch.Tensor:
         """h + down(silu(gate(x)) * up(x)), x = RMSNorm(h)."""
         if f.gate_up_w is None:
-            x = layer.mlp_norm(h)
+            x = self._norm(layer.mlp_norm, h)
             a = layer.mlp_act(layer.mlp_gate(x)) * layer.mlp_in(x)
         elif self._swiglu and h.shape[0] * h.shape[1] <= GEMV_MAX_M and (self._backend == "reference" or h.is_cuda):
             h2 = h.reshape(-1, h.shape[-1]).contiguous()
@@ -211,7 +218,8 @@ class LlamaStaticDecoder(StaticDecoder):
                 a = ops.rms_swiglu(h2, layer.mlp_norm.weight, float(layer.mlp_norm.variance_epsilon), f.gate_up_w,
                                    self._backend)
             else:
-                a = ops.rms_swiglu(layer.mlp_norm(h2).contiguous(), None, 0.0, f.gate_up_w, self._backend)
+                a = ops.rms_swiglu(self._norm(layer.mlp_norm, h2).contiguous(), None, 0.0, f.gate_up_w,
+                                   self._backend)
             a = a.view(*h.shape[:-1], -1)
         else:
             gu = self._norm_linear(layer.mlp_norm, h, f.gate_up_w, None)
@@ -237,7 +245,7 @@ class LlamaStaticDecoder(StaticDecoder):
         if self._backend is not None and isinstance(head, CuteLinear):
             logits = self._norm_linear(ad.final_norm, last, head.weight, head.bias)
         else:
-            logits = head(ad.final_norm(last))
+            logits = head(self._norm(ad.final_norm, last))
         if glued:
             self._next_token(logits[:, 0])
             return None

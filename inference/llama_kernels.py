@@ -1,4 +1,5 @@
-"""The Llama-family decode step's small kernel: RoPE of q and k with the K/V append, one launch.
+"""The Llama-family decode step's small kernels: RoPE of q and k with the K/V append, and
+RMSNorm (where it is not a GEMV prologue), one launch each.
 
 Unfused, one decode step per layer runs about a dozen small torch kernels between the q/k/v
 GEMV and the attention (two rotate_half concatenations, four products and two sums in bf16,
@@ -11,6 +12,10 @@ capturable), and writes q to its output and k (and the same head of v) to the ca
 Math and roundings are transformers' apply_rotary_pos_emb in the activations' dtype:
 out = round(round(x * cos) + round(rotate_half(x) * sin)), rotate_half pairing i with i + D/2.
 `ops.rope_append_ref` is the same in torch.
+
+transformers' RMSNorm module is about seven kernels (pow, mean, add, rsqrt, two products, a
+cast); where the GEMV after it cannot take it as its prologue (more than 8 rows) it is one
+launch here, with the same two roundings (`ops.rms_norm_ref`).
 """
 
 from __future__ import annotations
@@ -101,3 +106,48 @@ def rope_append_triton(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads: int) -> 
     if pdl:
         prefer_max_shared(kernel)
     return q
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    """One row per program: transformers' Llama RMSNorm (fp32 statistics, the normalised value
+    rounded to x's dtype, then times the weight, rounded)."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        x = tl.load(x_ptr + row * stride_x + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / K + eps)
+    for k0 in range(0, K, BLOCK):
+        m = k0 + k < K
+        x = tl.load(x_ptr + row * stride_x + k0 + k, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + k0 + k, mask=m, other=0.0).to(tl.float32)
+        y = (x * rstd).to(dt).to(tl.float32) * w
+        tl.store(out_ptr + row * stride_o + k0 + k, y.to(dt), mask=m)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """ops.rms_norm on the GPU: x [M, K] (unit stride on K), weight [K] of x's dtype, one launch."""
+    from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
+
+    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype \
+            or not weight.is_contiguous():
+        raise ValueError(f"rms_norm: x [M, K] with unit stride and weight [K] of its dtype, got {tuple(x.shape)} "
+                         f"{x.dtype} and {tuple(weight.shape)} {weight.dtype}")
+    M, K = x.shape
+    out = torch.empty_like(x)
+    if M == 0:
+        return out
+    pdl = x.is_cuda and pdl_enabled()
+    block = min(triton.next_power_of_2(K), 4096)
+    kernel = _rms_norm_kernel[(M,)](x, weight, out, K, x.stride(0), out.stride(0), float(eps), BLOCK=block, PDL=pdl,
+                                    num_warps=4 if block <= 2048 else 8, **({"launch_pdl": True} if pdl else {}))
+    if pdl:
+        prefer_max_shared(kernel)
+    return out

@@ -267,6 +267,24 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     return (x * cos) + (rotate_half_ref(x) * sin)
 
 
+@torch.library.custom_op("cute_inference::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> torch.Tensor:
+    """transformers' Llama RMSNorm over the last dim (rms_norm_ref); backend "cute": one Triton
+    launch for 16-bit x on CUDA with a weight of its dtype, the reference otherwise."""
+    K = x.shape[-1]
+    if backend == "cute" and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype \
+            and x.numel():
+        from .llama_kernels import rms_norm_triton
+
+        return rms_norm_triton(x.reshape(-1, K).contiguous(), weight.contiguous(), eps).view(x.shape)
+    return rms_norm_ref(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, backend):
+    return x.new_empty(x.shape)
+
+
 @torch.library.custom_op("cute_inference::rms_linear", mutates_args=())
 def rms_linear(
     x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,

@@ -310,7 +310,8 @@ LLAMA_FUSIONS = {
 @pytest.mark.parametrize("K", [2048, 4096])
 @torch.no_grad()
 def test_llama_rms_prologue_and_swiglu_gemv(M, K):
-    """The skinny GEMV's RMSNorm prologue reproduces transformers' RMSNorm (both roundings) and,
+    """The skinny GEMV's RMSNorm prologue and the one-launch RMSNorm reproduce transformers'
+    RMSNorm (both roundings) and,
     with the SwiGLU epilogue, stays within 2x the error of the unfused bf16 torch ops against
     fp32."""
     from cute_kernels.matmul.gemv import skinny_gemm
@@ -322,6 +323,9 @@ def test_llama_rms_prologue_and_swiglu_gemv(M, K):
     h = ops.rms_norm_ref(x, nw, 1e-5)
     eye = torch.eye(K, device="cuda", dtype=torch.bfloat16)
     assert float((skinny_gemm(x, eye, rms=(nw, 1e-5)) != h).float().mean()) < 1e-3  # rsqrt may differ by an ulp
+    from inference.llama_kernels import rms_norm_triton
+
+    assert float((rms_norm_triton(x, nw, 1e-5) != h).float().mean()) < 1e-3
     I = 3 * K
     w = (torch.randn(2 * I, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
     bias = torch.randn(2 * I, device="cuda", generator=g).bfloat16()

@@ -472,6 +472,7 @@ def test_fused_op_references_match_transformers():
     norm, attn, mlp = layer.input_layernorm, layer.self_attn, layer.mlp
     y = ops.rms_linear(x, norm.weight, norm.variance_epsilon, attn.q_proj.weight, None, "reference")
     assert torch.equal(ops.rms_norm_ref(x, norm.weight, norm.variance_epsilon), norm(x))
+    assert torch.equal(ops.rms_norm(x[None], norm.weight, norm.variance_epsilon, "cute"), norm(x[None]))  # CPU
     torch.testing.assert_close(y, attn.q_proj(norm(x)), rtol=0, atol=0)
     gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
     h = norm(x)
@@ -543,13 +544,20 @@ for Hq, Hkv, D, M in ((4, 2, 16, 3), (8, 2, 64, 1)):
     # two bf16 steps of the largest operand (truncating conversions on the CPU interpreter)
     close = lambda a, b: bool(((a.float() - b.float()).abs() <= 2.0 ** -6 * qkv.float().abs().max()).all())
     assert close(q, qr) and close(kc, kr) and torch.equal(vc, vr)
+from inference.llama_kernels import rms_norm_triton
+for M, K in ((3, 96), (2, 5000)):
+    x = r(M, K) * 3 + 0.5
+    nw = r(K)
+    h = ops.rms_norm_ref(x, nw, 1e-6)
+    y = rms_norm_triton(x, nw, 1e-6)
+    assert bool(((y.float() - h.float()).abs() <= h.float().abs() * 2.0 ** -6 + 1e-6).all())
 print("OK")
 """
 
 
 def test_fused_decode_kernels_interpreted():
     """The Triton kernels behind the fused decode ops (the skinny GEMV's RMSNorm prologue and
-    SwiGLU epilogue, rope_append) against their references under TRITON_INTERPRET=1. The
+    SwiGLU epilogue, rope_append, rms_norm) against their references under TRITON_INTERPRET=1. The
     interpreter may truncate fp32 -> bf16, so this checks the logic within a few bf16 steps;
     the exact roundings are checked on the GPU (tests/test_inference_gpu.py)."""
     from tests.test_gemm_host import _run_interpreted
@@ -586,3 +594,14 @@ def test_next_token_glue_compiles_for_sm90(has_wpe):
     ptx = _triton_ptx_sm90(K, sig, {"CHUNKS": 32, "BLOCK_V": 4096, "BLOCK_E": 2048, "PDL": True, "HAS_WPE": has_wpe},
                            num_warps=4)
     assert ".target sm_90" in ptx and "griddepcontrol.wait" in ptx
+
+
+def test_rms_norm_compiles_for_sm90():
+    from inference.llama_kernels import _rms_norm_kernel as K
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "K": "i32", "stride_x": "i32", "stride_o": "i32",
+           "eps": "fp32"}
+    ptx = _triton_ptx_sm90(K, sig, {"BLOCK": 4096, "PDL": True}, num_warps=8)
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert ".target sm_90" in ptx and "ld.global" not in ptx[:i_wait]

@@ -44,7 +44,7 @@ SWITCHES: dict[str, Switch] = {
              "concatenated weights."),
     "CUTE_KERNELS_LLAMA_RMS_PROLOGUE": Switch(
         "0", "1: the Llama-family decode step runs each RMSNorm in the prologue of the GEMV after it (Triton "
-             "skinny GEMV, at most 8 rows) instead of as transformers' module."),
+             "skinny GEMV, at most 8 rows), elsewhere as one Triton launch, instead of as transformers' module."),
     "CUTE_KERNELS_LLAMA_SWIGLU": Switch(
         "0", "1: the Llama-family decode step runs gate and up as one Triton GEMV whose epilogue writes "
              "silu(gate) * up."),
