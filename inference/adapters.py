@@ -99,7 +99,7 @@ class LlamaAdapter:
     be tied to the token embedding."""
 
     model_types = ("llama", "qwen2", "mistral")
-    # StaticDecoder's step assumes GPT-2 (see its docstring); these models decode eagerly.
+    # StaticDecoder's step is GPT-2's; these models decode with decode_llama.LlamaStaticDecoder.
     static_decode = False
 
     def __init__(self, model):

@@ -54,6 +54,8 @@ GEMM_OP = re.compile(r"(^aten::(addmm|mm|bmm|_scaled_mm|_int_mm)$)|(^cute_infere
 class Result:
     backend: str
     precision: str
+    phase: str = ""  # "prefill" or "decode" where a run times them at different batches; "" for both
+    batch: int | None = None
     prefill_ms: float | None = None
     prefill_tok_s: float | None = None
     mfu_pct: float | None = None
@@ -326,11 +328,14 @@ def _compare(logits, ref_last) -> tuple[float, float]:
             float((last - ref_last).abs().max()))
 
 
-def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir: Path) -> Result:
-    from .decode import StaticDecoder
+def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir: Path,
+                decode_ids: dict | None = None) -> list[Result]:
+    """One backend/precision: prefill on ids, then decode on ids (decode_ids None: one Result),
+    or at each batch of decode_ids {batch: prompt ids} (a prefill Result, then one per batch)."""
     from .patch import patch_model
 
-    res = Result(backend, precision)
+    res = Result(backend, precision, batch=ids.shape[0])
+    out = [res]
     batch, seq, gen = ids.shape[0], ids.shape[1], args.gen_len
     cuda = ids.is_cuda
     if cuda:
@@ -369,28 +374,51 @@ def run_variant(backend, precision, base_cpu, cfg, ids, args, ref_last, workdir:
             res.note = "; ".join(n for n in ("decode: static-cache engine", trt_decoder.graph_note) if n)
         elif gen == 0:
             res.note = "prefill only (--gen-len 0)"
+        elif decode_ids is None:
+            _run_decode(res, model, ids, backend, args, cuda)
         else:
-            dec = StaticDecoder(model, batch_size=batch, max_len=seq + gen, compile=backend == "compile")
-            dms = _decode_ms(dec, ids, max(gen - 1, 1), cuda)
-            res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
-            ctx = seq + gen / 2  # average valid context over the generation
-            if cuda:
-                res.mbu_pct = 100 * decode_bytes(model, adapter_for(model), batch, ctx) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
-            if not args.no_profile and gen >= 6:  # 1 warm-up + 3 profiled steps must fit in the cache
-                dec.prefill(ids)
-                res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3, cuda=cuda)
-            if not args.no_profile and cuda and dec.cuda_graph and gen >= 9:  # 1 + 1 + 6 steps
-                dec.prefill(ids)
-                try:
-                    res.timeline = decode_timeline(dec) or {}
-                except Exception as e:  # noqa: BLE001 - a report section must not sink the run
-                    print(f"note: no decode timeline for {backend}/{precision} ({type(e).__name__}: {e})")
+            res.phase, res.note = "prefill", "decode: see the decode rows"
+            compile_batches = getattr(args, "compile_decode_batch", None)
+            for b, dids in decode_ids.items():
+                row = Result(backend, precision, phase="decode", batch=b)
+                if backend == "compile" and compile_batches is not None and b not in compile_batches:
+                    row.note = "not run (--compile-decode-batch)"
+                else:
+                    _run_decode(row, model, dids, backend, args, cuda)
+                out.append(row)
+                gc.collect()
+                if cuda:
+                    torch.cuda.empty_cache()
     if cuda:
         torch.cuda.synchronize()
         res.peak_gib = (torch.cuda.max_memory_allocated() + extra_bytes) / 2**30
     if extra_bytes:
         res.note += "; peak memory adds TensorRT's engine and scratch memory"
-    return res
+    return out
+
+
+def _run_decode(res: Result, model, ids, backend: str, args, cuda: bool) -> None:
+    """Decode timing (and profile) of the model's static decoder into res: the same one-graph
+    loop for every backend, on our kernels or the model's own modules (compile: the step
+    under torch.compile, then captured)."""
+    from .decoders import decoder_class
+
+    batch, seq, gen = ids.shape[0], ids.shape[1], args.gen_len
+    dec = decoder_class(model)(model, batch_size=batch, max_len=seq + gen, compile=backend == "compile")
+    dms = _decode_ms(dec, ids, max(gen - 1, 1), cuda)
+    res.decode_ms_per_step, res.decode_tok_s = dms, batch / dms * 1e3
+    ctx = seq + gen / 2  # average valid context over the generation
+    if cuda:
+        res.mbu_pct = 100 * decode_bytes(model, adapter_for(model), batch, ctx) / (dms * 1e-3) / (hardware.current().hbm_tbps * 1e12)
+    if not args.no_profile and gen >= 6:  # 1 warm-up + 3 profiled steps must fit in the cache
+        dec.prefill(ids)
+        res.breakdown["decode_step"] = profile_breakdown(dec.step, n_iters=3, cuda=cuda)
+    if not args.no_profile and cuda and dec.cuda_graph and gen >= 9:  # 1 + 1 + 6 steps
+        dec.prefill(ids)
+        try:
+            res.timeline = decode_timeline(dec) or {}
+        except Exception as e:  # noqa: BLE001 - a report section must not sink the run
+            print(f"note: no decode timeline for {res.backend}/{res.precision} ({type(e).__name__}: {e})")
 
 
 def _tensorrt_prefill(model, precision, ids, workdir: Path, gen: int = 0):
@@ -511,15 +539,17 @@ def _plot(results, path: Path, title: str) -> bool:
 
 def write_report(results, skipped, meta, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"inference_{meta['model_tag']}_{meta['gpu_tag']}"
+    phase = f"_{meta['phase']}_b{meta['batch']}" if meta.get("phase") else ""
+    stem = f"inference_{meta['model_tag']}{phase}_{meta['gpu_tag']}"
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     paths[0].write_text(json.dumps({**meta, "results": [dataclasses.asdict(r) for r in results],
                                     "skipped": skipped}, indent=1))
     part = hardware.lookup(meta["gpu"])
-    md = [f"# GPT-2 inference: {meta['model']} on {meta['gpu']} ({meta['date']})", ""]
+    md = [f"# Inference: {meta['model']} on {meta['gpu']} ({meta['date']})", ""]
     if meta["random_weights"]:
         md += ["**Random weights** (same shapes as the real model): speed is real, text is not.", ""]
-    md += [(f"batch {meta['batch']}, prompt {meta['prompt_len']}, generate {meta['gen_len']}; attention "
+    md += [(f"{meta.get('phase') or 'prefill and decode'}, batch {meta['batch']}, prompt {meta['prompt_len']}, "
+            f"generate {meta['gen_len']}; attention "
             f"{meta['attention']}; torch {meta['torch']}, transformers {meta['transformers']}."), "",
            (f"MFU: useful FLOPs / time / peak ({part.name}: bf16 {part.bf16_tflops}, fp8/int8 {part.fp8_tflops} "
             f"TFLOP/s). MBU: weights + valid KV bytes per decode step / time / {part.hbm_tbps} TB/s. Decode uses one CUDA graph per step for every backend; "
@@ -549,9 +579,6 @@ def write_report(results, skipped, meta, out_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------- entry point
 
 
-LLAMA_BENCH = "bench supports GPT-2 sizes; Llama-family bench comes with its CUDA-graph decode"
-
-
 def run_bench(args) -> int:
     import transformers
 
@@ -559,17 +586,17 @@ def run_bench(args) -> int:
 
     transformers.utils.logging.disable_progress_bar()
 
-    if llama_name(args.model) is not None:
-        raise UserError(LLAMA_BENCH)
     if args.device is None:
         args.device = "cuda"
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise UserError("bench needs a CUDA GPU (none found); --device cpu only smoke-tests the pipeline")
     cfg = load_config(args.model, random_weights=args.random_weights)
-    if cfg.model_type != "gpt2":
-        raise UserError(LLAMA_BENCH)
     check_positions(cfg, args.prompt_len, args.gen_len)
+    decode_batches = getattr(args, "decode_batch", None)
+    decode_prompt = getattr(args, "decode_prompt_len", None) or args.prompt_len
+    if decode_batches:
+        check_positions(cfg, decode_prompt, args.gen_len)
     plan = plan_variants(args.backends, args.precisions, cute_device_problem() if cuda else None)
     if not cuda:  # CPU smoke run: the cute backend runs the PyTorch references; no TensorRT
         plan = [(b, p, w or ("needs CUDA" if b == "tensorrt" else None)) for b, p, w in plan]
@@ -591,6 +618,9 @@ def run_bench(args) -> int:
     base = load_model(args.model, cfg, random_weights=args.random_weights, device=device, dtype=dtype)
     torch.manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), device=device)
+    decode_ids = None
+    if decode_batches and args.gen_len:
+        decode_ids = {b: torch.randint(0, cfg.vocab_size, (b, decode_prompt), device=device) for b in decode_batches}
     with torch.inference_mode():  # reference: eager logits of the last 16 positions
         ref_last = base(ids, use_cache=False).logits[:, -16:].float()
     base = base.cpu()  # each variant copies it to the GPU, so its peak memory is its own
@@ -601,13 +631,28 @@ def run_bench(args) -> int:
 
     out_dir = Path(args.out) if args.out else Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     results = []
+    meta = {"model": args.model, "model_tag": size_name(args.model) or llama_name(args.model) or Path(args.model).name,
+            "gpu": gpu_name() if cuda else "cpu", "gpu_tag": gpu_tag() if cuda else "cpu", "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "batch": args.batch, "prompt_len": args.prompt_len,
+            "gen_len": args.gen_len, "attention": args.attention, "random_weights": args.random_weights,
+            "phase": "prefill" if args.gen_len == 0 else "decode"}
+
+    def report() -> list[Path]:
+        """The reports of what has run so far (one per phase and batch with decode_ids)."""
+        groups = [(meta, results)]
+        if decode_ids is not None:
+            groups = [({**meta, "phase": "prefill", "gen_len": 0}, [r for r in results if r.phase == "prefill"])]
+            groups += [({**meta, "phase": "decode", "batch": b, "prompt_len": decode_prompt},
+                        [r for r in results if r.phase == "decode" and r.batch == b]) for b in decode_ids]
+        return [path for m, rows in groups for path in write_report(rows, skipped, m, out_dir)]
+
     scratch = Path(tempfile.mkdtemp(prefix="inference-bench-"))  # ONNX files can be GBs: not in results/
     for b, p, why in plan:
         if why:
             continue
         print(f"running {b}/{p} ...", flush=True)
         try:
-            results.append(run_variant(b, p, base, cfg, ids, args, ref_last, scratch / f"{b}_{p}"))
+            results += run_variant(b, p, base, cfg, ids, args, ref_last, scratch / f"{b}_{p}", decode_ids)
         except (NotImplementedError, ImportError, RuntimeError, ValueError) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             print(f"skip {b}/{p}: {type(e).__name__}: {msg}")
@@ -616,12 +661,9 @@ def run_bench(args) -> int:
         torch._dynamo.reset()
         if cuda:
             torch.cuda.empty_cache()
+        report()  # a run cut short (a timeout) keeps the variants that finished
     shutil.rmtree(scratch, ignore_errors=True)
     print(format_table(results))
-    meta = {"model": args.model, "model_tag": size_name(args.model) or Path(args.model).name,
-            "gpu": gpu_name() if cuda else "cpu", "gpu_tag": gpu_tag() if cuda else "cpu", "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "batch": args.batch, "prompt_len": args.prompt_len,
-            "gen_len": args.gen_len, "attention": args.attention, "random_weights": args.random_weights}
-    for path in write_report(results, skipped, meta, out_dir):
+    for path in report():
         print(f"wrote {path}")
     return 0

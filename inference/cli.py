@@ -35,6 +35,16 @@ def _csv(choices):
     return parse
 
 
+def _ints(text):
+    try:
+        items = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers")
+    return items
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m inference",
                 description="GPT-2 and Llama-family models on cute_kernels: generate text or benchmark.")
@@ -73,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {','.join(BACKENDS)}")
     b.add_argument("--precisions", type=_csv(PRECISIONS), default=["bf16", "fp8", "int8"],
                    help=f"comma-separated, from {','.join(PRECISIONS)}")
+    b.add_argument("--decode-batch", type=_ints, default=None,
+                   help="decode at each of these batch sizes (e.g. 1,8,32) with prompts of --decode-prompt-len, "
+                        "one report per phase and batch (default: decode at --batch after the --batch prefill)")
+    b.add_argument("--decode-prompt-len", type=int, default=None, help="prompt length of the decode runs "
+                   "(default --prompt-len)")
+    b.add_argument("--compile-decode-batch", type=_ints, default=None,
+                   help="decode batches the compile backend runs (default all; torch.compile of a large model "
+                        "takes minutes per shape)")
     b.add_argument("--out", default=None, help="report directory (default benchmarks/results)")
     b.add_argument("--no-profile", action="store_true", help="skip the torch.profiler per-op breakdown")
     b.set_defaults(func=_run_bench)
@@ -191,7 +209,8 @@ def run_generate(args) -> int:
     precompiling = _start_precompile(args) if args.backend == "cute" else None
     import transformers
 
-    from .decode import StaticDecoder, decoder_for
+    from .decode import StaticDecoder
+    from .decoders import decoder_for
     from .models import load_config, load_model, load_tokenizer
     from .patch import patch_model
 

@@ -14,9 +14,9 @@ unpatched one (cuBLAS baseline, optionally torch.compile'd): the comparison
 only changes the kernels. Prompts in a batch must share one length (no padding),
 and generation runs for exactly max_new_tokens (no EOS stop).
 
-The step is GPT-2's (fused c_attn, LayerNorm prologue, learned positions in the glue);
-models outside that (the Llama family) decode with `EagerDecoder`, a plain greedy loop over
-the (patched) model with transformers' cache; `decoder_for` picks. `hf_generate` runs
+The step is GPT-2's (fused c_attn, LayerNorm prologue, learned positions in the glue); the
+Llama family's step is `decode_llama.LlamaStaticDecoder` (same loop); `decoders.decoder_for` picks.
+`EagerDecoder` is a plain greedy loop over the (patched) model with transformers' cache. `hf_generate` runs
 transformers' generate with a dynamic or static cache for comparison.
 """
 
@@ -72,17 +72,16 @@ class StaticDecoder(_Greedy):
         """compile: False, True (Inductor) or a torch.compile backend name; the step is compiled
         with fullgraph=True and then, on CUDA, captured in a CUDA graph like the eager one."""
         self.adapter = ad = adapter_for(model)
-        if not ad.static_decode:
-            raise ValueError(f"StaticDecoder's step is GPT-2's (fused c_attn, LayerNorm, learned positions); "
-                             f"a {model.config.model_type} model decodes with EagerDecoder (decoder_for picks)")
+        self._check_adapter(ad)
         if max_len > ad.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the model's {ad.max_positions} positions")
         self.model = model
         self.batch_size, self.max_len = batch_size, max_len
-        self.n_head, self.head_dim = ad.n_heads, ad.head_dim
+        self.head_dim = ad.head_dim
+        self.n_head, n_kv_heads = self._local_heads(ad)
         w = ad.token_embedding.weight
         dev, dt = w.device, w.dtype
-        shape = (batch_size, ad.n_kv_heads, max_len, self.head_dim)
+        shape = (batch_size, n_kv_heads, max_len, self.head_dim)
         # One tensor per layer (not slices of one big tensor): simpler aliasing for torch.compile.
         self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in range(ad.n_layers)]
         self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in range(ad.n_layers)]
@@ -108,6 +107,16 @@ class StaticDecoder(_Greedy):
             self._step_fn = torch.compile(self._decode_step, fullgraph=True, dynamic=False, backend=backend)
         self._graph = None
 
+    def _check_adapter(self, ad) -> None:
+        if not ad.static_decode:
+            raise ValueError(f"StaticDecoder's step is GPT-2's (fused c_attn, LayerNorm, learned positions); "
+                             f"a {ad.model.config.model_type} model decodes with LlamaStaticDecoder "
+                             f"(decoder_for picks)")
+
+    def _local_heads(self, ad) -> tuple[int, int]:
+        """(query heads, KV heads) this decoder's cache and step hold."""
+        return ad.n_heads, ad.n_kv_heads
+
     # ------------------------------------------------------------------ model math
 
     def _attend_prefill(self, q, k, v, scale):
@@ -115,7 +124,7 @@ class StaticDecoder(_Greedy):
         if self._flash_backend is not None:
             return ops.flash_attn(q, k, v, True, float(scale), self._flash_backend)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, scale=scale)
+                                           is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
         return o.transpose(1, 2)
 
     @staticmethod
@@ -162,18 +171,25 @@ class StaticDecoder(_Greedy):
         with the residual in its epilogue."""
         return apply_linear(layer.mlp_out, layer.mlp_act(self._ln_linear(layer.mlp_norm, layer.mlp_in, h)), h)
 
+    def _step_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool):
+        """(glued, h, seqlens) at the start of a forward: a glued decode step starts from what the
+        previous step's glue left (h and the attention lengths); otherwise the embedding, and for
+        decode the lengths pos + 1 (keys 0..pos are valid; everything after is stale or zero)."""
+        glued = decode and self._glue
+        if glued:
+            return True, self._h, self._seqlens
+        h = self.adapter.embed(tokens, positions)
+        seqlens = (positions[-1:] + 1).to(torch.int32).expand(tokens.shape[0]).contiguous() if decode else None
+        return False, h, seqlens
+
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """Run tokens [B, S] at positions [S]; write the cache; return the greedy next token [B, 1]
         (None for a glued decode step, whose glue launch stored it and moved the counters on)."""
         ad = self.adapter
         B, S = tokens.shape
-        glued = decode and self._glue  # the previous step's glue left h and the lengths ready
-        h = self._h if glued else ad.embed(tokens, positions)
-        if glued:
-            seqlens = self._seqlens
-        elif decode:  # keys 0..pos are valid; everything after is stale or zero
+        glued, h, seqlens = self._step_inputs(tokens, positions, decode)
+        if decode and not glued:
             mask = (self._arange <= positions[-1]).view(1, 1, 1, -1)
-            seqlens = (positions[-1:] + 1).to(torch.int32).expand(B).contiguous()
         for i, layer in enumerate(ad.layers()):
             qkv = self._qkv_append(layer.attn_norm, layer.qkv, h, i, positions) if decode else None
             if qkv is not None:
@@ -201,7 +217,8 @@ class StaticDecoder(_Greedy):
 
     def _next_token(self, logits: torch.Tensor) -> None:
         """The glue after the lm_head (next_token.py): token, counters, next h and lengths."""
-        wte, wpe = self.adapter.token_embedding.weight, self.adapter.position_embedding.weight
+        wpe = self.adapter.position_embedding
+        wte, wpe = self.adapter.token_embedding.weight, None if wpe is None else wpe.weight
         args = (logits, wte, wpe, self._tok, self._out, self._pos, self._step, self._h, self._seqlens)
         if self._flash_backend == "cute" and logits.is_cuda:
             next_token(*args, self._glue_buffers)
@@ -211,8 +228,7 @@ class StaticDecoder(_Greedy):
     def _prime_glue(self, first: torch.Tensor, pos: int) -> None:
         """What the glue would have left after the prompt: h and lengths for position pos."""
         if self._glue:
-            ad = self.adapter
-            self._h.copy_(ad.token_embedding(first) + ad.position_embedding.weight[pos])
+            self._h.copy_(self.adapter.embed(first, self._arange[pos:pos + 1]))
             self._seqlens.fill_(pos + 1)
 
     def _decode_step(self):
@@ -284,9 +300,9 @@ class StaticDecoder(_Greedy):
 
 class EagerDecoder(_Greedy):
     """Greedy decoding through the model's own forward with transformers' dynamic cache, one
-    eager forward per token (no CUDA graph): for models whose step StaticDecoder does not
-    run (adapter.static_decode False: the Llama family). Same interface as StaticDecoder;
-    prompts in a batch share one length, and it runs for exactly max_new_tokens."""
+    eager forward per token (no CUDA graph): the plain loop the static decoders are checked
+    against. Same interface as StaticDecoder; prompts in a batch share one length, and it
+    runs for exactly max_new_tokens."""
 
     cuda_graph = False
 
@@ -327,12 +343,6 @@ class EagerDecoder(_Greedy):
     def tokens(self, n: int) -> torch.Tensor:
         return torch.cat(self._out[:n], dim=1)
 
-
-
-def decoder_for(model, *, batch_size: int, max_len: int):
-    """StaticDecoder where the model's adapter allows its step (GPT-2), EagerDecoder otherwise."""
-    cls = StaticDecoder if adapter_for(model).static_decode else EagerDecoder
-    return cls(model, batch_size=batch_size, max_len=max_len)
 
 
 @torch.no_grad()

@@ -11,7 +11,8 @@ the last of them to finish does the rest for its sequence):
 
     tok[b]        = argmax(logits[b, :V])  (first maximal index, as torch.argmax)
     out[b, step]  = tok[b]
-    h[b, :]       = wte[tok[b]] + wpe[pos + 1]   (bf16 sum, as the unfused add rounds it)
+    h[b, :]       = wte[tok[b]] + wpe[pos + 1]   (bf16 sum, as the unfused add rounds it;
+                                                  wte[tok[b]] alone where wpe is None: RoPE models)
     seqlens[b]    = pos + 2                      (keys the next step attends to)
 
 and the last sequence to finish (an acq_rel ticket counter, reset by that program) moves
@@ -37,7 +38,7 @@ def next_token_reference(logits, wte, wpe, tok, out, pos, step, h, seqlens) -> N
     nxt = logits[:, :V].argmax(-1)  # [B]
     out[:, step] = nxt.view(-1, 1)
     tok.copy_(nxt.view(-1, 1))
-    h.copy_((wte[nxt] + wpe[pos + 1]).view(h.shape))
+    h.copy_((wte[nxt] if wpe is None else wte[nxt] + wpe[pos + 1]).view(h.shape))
     seqlens.copy_((pos + 2).to(torch.int32).expand(seqlens.shape[0]))
     pos.add_(1)
     step.add_(1)
@@ -62,7 +63,8 @@ if triton is not None:
     @triton.jit
     def _next_token_kernel(logits_ptr, l_stride, V, CH, wte_ptr, wpe_ptr, E, h_ptr, h_stride, tok_ptr, out_ptr,
                            out_stride, pos_ptr, step_ptr, seqlens_ptr, part_v_ptr, part_i_ptr, ticket_ptr, B,
-                           CHUNKS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
+                           CHUNKS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr,
+                           HAS_WPE: tl.constexpr = True):
         b = tl.program_id(0)
         c = tl.program_id(1)
         if PDL:
@@ -92,9 +94,11 @@ if triton is not None:
             e = tl.arange(0, BLOCK_E)
             for e0 in range(0, E, BLOCK_E):
                 me = e0 + e < E
-                w = tl.load(wte_ptr + tok * E + e0 + e, mask=me, other=0.0).to(tl.float32)
-                p = tl.load(wpe_ptr + (pos + 1) * E + e0 + e, mask=me, other=0.0).to(tl.float32)
-                tl.store(h_ptr + b.to(tl.int64) * h_stride + e0 + e, (w + p).to(h_ptr.dtype.element_ty), mask=me)
+                w = tl.load(wte_ptr + tok * E + e0 + e, mask=me, other=0.0)
+                if HAS_WPE:
+                    p = tl.load(wpe_ptr + (pos + 1) * E + e0 + e, mask=me, other=0.0).to(tl.float32)
+                    w = w.to(tl.float32) + p
+                tl.store(h_ptr + b.to(tl.int64) * h_stride + e0 + e, w.to(h_ptr.dtype.element_ty), mask=me)
             tl.store(seqlens_ptr + b, (pos + 2).to(tl.int32))
             # The batch's last row moves the shared counters on, after every row read them.
             t2 = tl.atomic_add(ticket_ptr + B, 1, sem="acq_rel")
@@ -107,14 +111,15 @@ if triton is not None:
 def next_token(logits, wte, wpe, tok, out, pos, step, h, seqlens, buffers) -> None:
     """One launch of the glue (see the module docstring) on CUDA tensors:
 
-    logits [B, >= V] (unit stride on the vocabulary), wte [V, E] and wpe [P, E] contiguous,
+    logits [B, >= V] (unit stride on the vocabulary), wte [V, E] and wpe [P, E] (or None) contiguous,
     tok [B, 1] and out [B, max_len] int64, pos and step int64 [1], h [B, 1, E] in wte's
     dtype, seqlens int32 [B], buffers from next_token_buffers(B) (tickets left at 0)."""
     from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
 
     B = logits.shape[0]
     V, E = wte.shape
-    if not (wte.is_contiguous() and wpe.is_contiguous() and logits.stride(-1) == 1 and h.stride(-1) == 1):
+    if not (wte.is_contiguous() and (wpe is None or wpe.is_contiguous()) and logits.stride(-1) == 1
+            and h.stride(-1) == 1):
         raise ValueError("next_token: wte, wpe must be contiguous and logits, h unit-stride rows")
     part_v, part_i, tickets = buffers
     if part_v.shape != (B, CHUNKS) or tickets.numel() != B + 1:
@@ -123,8 +128,8 @@ def next_token(logits, wte, wpe, tok, out, pos, step, h, seqlens, buffers) -> No
     pdl = pdl_enabled()
     kw = {"launch_pdl": True} if pdl else {}
     kernel = _next_token_kernel[(B, CHUNKS)](
-        logits, logits.stride(0), V, ch, wte, wpe, E, h, h.stride(0), tok, out, out.stride(0), pos, step, seqlens,
+        logits, logits.stride(0), V, ch, wte, wte if wpe is None else wpe, E, h, h.stride(0), tok, out, out.stride(0), pos, step, seqlens,
         part_v, part_i, tickets, B, CHUNKS=CHUNKS, BLOCK_V=triton.next_power_of_2(ch),
-        BLOCK_E=triton.next_power_of_2(min(E, 2048)), PDL=pdl, num_warps=4, **kw)
+        BLOCK_E=triton.next_power_of_2(min(E, 2048)), PDL=pdl, HAS_WPE=wpe is not None, num_warps=4, **kw)
     if pdl:
         prefer_max_shared(kernel)

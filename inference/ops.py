@@ -243,3 +243,127 @@ def cute_attention_available() -> tuple[bool, str]:
     except (AttributeError, ImportError) as e:
         return False, f"cute_kernels.flash_attn is not available ({type(e).__name__}: {e})"
     return callable(fn), "ok"
+
+
+# --------------------------------------------------------------------------- Llama-family decode ops
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Llama / Qwen2 / Mistral RMSNorm with its two roundings: fp32 statistics,
+    the normalised value rounded to x's dtype, then multiplied by the weight."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate_half_ref(x: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half: half-split (NeoX) pairs (i, i + D/2)."""
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb for one tensor, in its dtype: x * cos + rotate_half(x) * sin
+    (cos, sin broadcast against x)."""
+    return (x * cos) + (rotate_half_ref(x) * sin)
+
+
+@torch.library.custom_op("cute_inference::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, backend: str) -> torch.Tensor:
+    """transformers' Llama RMSNorm over the last dim (rms_norm_ref); backend "cute": one Triton
+    launch for 16-bit x on CUDA with a weight of its dtype, the reference otherwise."""
+    K = x.shape[-1]
+    if backend == "cute" and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype \
+            and x.numel():
+        from .llama_kernels import rms_norm_triton
+
+        return rms_norm_triton(x.reshape(-1, K).contiguous(), weight.contiguous(), eps).view(x.shape)
+    return rms_norm_ref(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, backend):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("cute_inference::rms_linear", mutates_args=())
+def rms_linear(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: Optional[torch.Tensor], backend: str,  # noqa: UP045
+) -> torch.Tensor:
+    """linear(RMSNorm(x)) for x [M, K] (transformers' rounding, rms_norm_ref); on the GPU one
+    launch of the skinny GEMV with the norm in its prologue (M <= 8, K <= 8192)."""
+    if backend == "reference":
+        h = rms_norm_ref(x, norm_weight, eps)
+        return linear(h, weight, bias, None, "", 1.0, 1.0, backend)[:, : weight.shape[0]].contiguous()
+    from cute_kernels.matmul.gemv import skinny_gemm
+
+    return skinny_gemm(x.contiguous(), weight, bias, rms=(norm_weight, eps))
+
+
+@rms_linear.register_fake
+def _(x, norm_weight, eps, weight, bias, backend):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def swiglu_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of [M, 2I] = [gate | up], in its dtype (silu rounded before the product, as
+    transformers' LlamaMLP)."""
+    g, u = gate_up.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+@torch.library.custom_op("cute_inference::rms_swiglu", mutates_args=())
+def rms_swiglu(
+    x: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float, gate_up: torch.Tensor,  # noqa: UP045
+    backend: str,
+) -> torch.Tensor:
+    """silu(RMSNorm(x) @ gate.T) * (RMSNorm(x) @ up.T) with gate_up = [gate; up] ([2I, K]); without
+    norm_weight, x itself. On the GPU one launch of the skinny GEMV (M <= 8): each program
+    holds matching gate and up rows and writes only the [M, I] product."""
+    if backend == "reference":
+        h = x if norm_weight is None else rms_norm_ref(x, norm_weight, eps)
+        y = linear(h, gate_up, None, None, "", 1.0, 1.0, backend)[:, : gate_up.shape[0]]
+        return swiglu_ref(y).contiguous()
+    from cute_kernels.matmul.gemv import skinny_gemm
+
+    return skinny_gemm(x.contiguous(), gate_up, rms=None if norm_weight is None else (norm_weight, eps), swiglu=True)
+
+
+@rms_swiglu.register_fake
+def _(x, norm_weight, eps, gate_up, backend):
+    return x.new_empty((x.shape[0], gate_up.shape[0] // 2))
+
+
+def rope_append_ref(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads: int) -> torch.Tensor:
+    """Reference for rope_append (in place on the caches; returns q)."""
+    M = qkv.shape[0]
+    Hkv, D = k_cache.shape[1], k_cache.shape[3]
+    qd, kd = n_q_heads * D, Hkv * D
+    c, s = cos[pos.long()].view(-1, 1, D), sin[pos.long()].view(-1, 1, D)
+    q = rope_ref(qkv[:, :qd].reshape(M, n_q_heads, D), c, s)
+    k = rope_ref(qkv[:, qd:qd + kd].reshape(M, Hkv, D), c, s)
+    rows, at = torch.arange(M, device=qkv.device), pos.long().expand(M)
+    k_cache[rows, :, at] = k
+    v_cache[rows, :, at] = qkv[:, qd + kd:qd + 2 * kd].reshape(M, Hkv, D)
+    return q.contiguous()
+
+
+@torch.library.custom_op("cute_inference::rope_append", mutates_args=("k_cache", "v_cache"))
+def rope_append(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, n_q_heads: int, backend: str,
+) -> torch.Tensor:
+    """One decode token per sequence: qkv [M, (Hq + 2 Hkv) D] ([q | k | v], head-major) ->
+    RoPE'd q [M, Hq, D], with RoPE'd k and v written to k_cache / v_cache [B >= M, Hkv, Smax, D]
+    at row pos (pos: one int64 position for every row; cos / sin [Smax, D] tables in qkv's
+    dtype, transformers' roundings: rope_ref). One launch on the GPU."""
+    if backend == "reference":
+        return rope_append_ref(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads)
+    from .llama_kernels import rope_append_triton
+
+    return rope_append_triton(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads)
+
+
+@rope_append.register_fake
+def _(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads, backend):
+    return qkv.new_empty((qkv.shape[0], n_q_heads, k_cache.shape[3]))

@@ -31,3 +31,52 @@ def fresh_process_results(script: str, modes, tmp_path) -> dict:
         assert r.returncode == 0, r.stderr[-3000:]
         outs[mode] = torch.load(f)
     return outs
+
+
+# --------------------------------------------------------------------------- greedy agreement with near ties
+
+
+@torch.no_grad()
+def logit_error_bound(reference, precise, ids: torch.Tensor) -> torch.Tensor:
+    """Per batch row, max |logit| difference between `reference` (the stock model in the
+    precision under test) and `precise` (the same weights in a higher precision) on ids:
+    how far the reference's own logits may be from the truth."""
+    a = reference(ids).logits.float()
+    b = precise(ids.to(next(precise.parameters()).device)).logits.float().to(a.device)
+    return (a - b).abs().amax(dim=(1, 2))
+
+
+@torch.no_grad()
+def greedy_divergences(reference, prompt: torch.Tensor, tokens: torch.Tensor, bound: torch.Tensor) -> list[dict]:
+    """Where greedy tokens of ours leave the reference, row by row.
+
+    The reference is teacher-forced over prompt + tokens, so position t asks what the
+    reference would pick after our first t tokens. At the first t where our token is not the
+    reference's argmax, the divergence is a near tie (acceptable) when the reference's logit
+    gap between its argmax and our token is below 2 * bound[row] (the reference's own error
+    bound, `logit_error_bound`): both choices are within the rounding noise of the logits.
+    That gap is at least the top-2 gap, so this is stricter than comparing the top two only.
+    Tokens after a divergence are not compared (the contexts differ from there on).
+    Returns per row {"first": t or None, "gap": float or None, "ok": bool}."""
+    S, N = prompt.shape[1], tokens.shape[1]
+    logits = reference(torch.cat([prompt, tokens.to(prompt.device)], 1)).logits[:, S - 1:S - 1 + N].float()
+    top = logits.argmax(-1)
+    out = []
+    for b in range(tokens.shape[0]):
+        bad = (top[b] != tokens[b].to(top.device)).nonzero()
+        if not len(bad):
+            out.append({"first": None, "gap": None, "ok": True})
+            continue
+        t = int(bad[0])
+        row = logits[b, t]
+        gap = float(row[top[b, t]] - row[int(tokens[b, t])])
+        out.append({"first": t, "gap": gap, "ok": gap < 2 * float(bound[b])})
+    return out
+
+
+def assert_greedy_agrees(reference, prompt, tokens, bound, what: str = "") -> list[dict]:
+    """greedy_divergences with every row acceptable; the report names the offending rows."""
+    rows = greedy_divergences(reference, prompt, tokens, bound)
+    bad = [(b, r, float(bound[b])) for b, r in enumerate(rows) if not r["ok"]]
+    assert not bad, f"{what}: divergences beyond a near tie (row, where, gap, bound): {bad}"
+    return rows

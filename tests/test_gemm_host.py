@@ -592,21 +592,25 @@ def test_gemv_routing(monkeypatch):
     assert api.kernel_for(a, w, torch.bfloat16, Epilogue(row_scale="vector")) == "wgmma"
 
 
+GEMV_SIGNATURE = {  # the skinny kernel's non-constexpr parameters, for sm_90 compiles
+"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
+    "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+    "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
+    "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32",
+    "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i32", "pos_stride": "i32", "kv_c": "i32",
+    "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32"}
+
+
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (1, 8)])
 def test_gemv_triton_compiles_for_sm90(block_m, block_n):
     """The skinny kernel through Triton's GPU pipeline (PTX for sm_90) on the CPU: the
     tl.dot form and the one-row FMA form."""
     from cute_kernels.matmul.gemv import _gemv_kernel as K
 
-    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "bias_ptr": "*bf16", "res_ptr": "*bf16",
-           "alpha": "fp32", "beta": "fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-           "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
-           "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32",
-           "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i32", "pos_stride": "i32", "kv_c": "i32",
-           "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32"}
+    sig = GEMV_SIGNATURE
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True,
-                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2)  # every option
+                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2, RMS=False, SWIGLU=False)  # every option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
     # PDL: the first weight tile is loaded before the wait,
@@ -615,6 +619,23 @@ def test_gemv_triton_compiles_for_sm90(block_m, block_n):
     i_wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert "ld.global" in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (1, 16)])
+def test_gemv_llama_prologue_compiles_for_sm90(block_m, block_n):
+    """The skinny kernel's Llama options (RMSNorm prologue, SwiGLU epilogue) through Triton's
+    sm_90 pipeline: gate and up weights both load before the PDL wait, nothing is stored
+    before it."""
+    from cute_kernels.matmul.gemv import _gemv_kernel as K
+
+    sig = GEMV_SIGNATURE
+    const = dict(ACT=0, HAS_BIAS=False, HAS_RES=False, USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m,
+                 BLOCK_N=block_n, BLOCK_K=256, LN=False, K_PAD=4096, COL_SCALE=0, XSCALE=False,
+                 PDL=True, KV=False, KV_D=64, FIRST_STEPS=2, RMS=True, SWIGLU=True)
+    ptx = _triton_ptx_sm90(K, sig, const, num_warps=8, num_stages=4)
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
+    assert ptx[:i_wait].count("ld.global") >= 2 and "st.global" not in ptx[:i_wait]
 
 
 def test_layernorm_linear_validates():

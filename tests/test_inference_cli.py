@@ -117,13 +117,13 @@ def test_bench_cpu_smoke(tiny_checkpoint, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "skip cublas/int8" in out and "skip tensorrt/bf16" in out
-    data = json.loads((tmp_path / "inference_tiny-gpt2_cpu.json").read_text())
+    data = json.loads((tmp_path / "inference_tiny-gpt2_decode_b2_cpu.json").read_text())
     rows = {(r["backend"], r["precision"]): r for r in data["results"]}
     assert set(rows) == {("cute", "bf16"), ("cute", "int8"), ("cublas", "bf16")}
     assert rows[("cute", "bf16")]["top1_vs_eager"] == 1.0 and rows[("cute", "bf16")]["decode_ms_per_step"] > 0
     gemm_ops = {g["op"] for g in rows[("cute", "bf16")]["breakdown"]["prefill"]["gemms"]}
     assert gemm_ops == {"cute_inference::linear"}
-    assert "| cute | int8 |" in (tmp_path / "inference_tiny-gpt2_cpu.md").read_text()
+    assert "| cute | int8 |" in (tmp_path / "inference_tiny-gpt2_decode_b2_cpu.md").read_text()
 
 
 def test_bench_prefill_only(tiny_checkpoint, tmp_path, capsys):
@@ -134,7 +134,7 @@ def test_bench_prefill_only(tiny_checkpoint, tmp_path, capsys):
                  "--gen-len", "0", "--backends", "cute", "--precisions", "bf16", "--no-profile", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    row = json.loads((tmp_path / "inference_tiny-gpt2_cpu.json").read_text())["results"][0]
+    row = json.loads((tmp_path / "inference_tiny-gpt2_prefill_b1_cpu.json").read_text())["results"][0]
     assert row["prefill_ms"] > 0 and row["decode_ms_per_step"] is None and "prefill only" in row["note"]
 
 
@@ -174,7 +174,7 @@ def test_generate_llama_family_reference_backend(tiny_llama_checkpoint, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "byte-level tokenizer" in out and "--- text ---" in out
-    assert "not one CUDA graph per token" in out
+    assert "(eager)" in out  # the static decoder, no CUDA graph on the CPU
     assert "same token at 8/8 positions (first divergence: none)" in out
 
 
@@ -196,11 +196,32 @@ def test_generate_llama_random_weights_banner(capsys, monkeypatch):
     assert "same token at 4/4 positions" in out
 
 
-def test_llama_family_bench_says_so_in_one_line(tiny_llama_checkpoint, capsys, monkeypatch):
-    monkeypatch.delenv("INFERENCE_DEBUG", raising=False)
-    for model in ("llama-3-8b", str(tiny_llama_checkpoint)):
-        assert main(["bench", "--model", model, "--random-weights", "--device", "cpu"]) == 2
-        assert "bench supports GPT-2 sizes; Llama-family bench" in one_error_line(capsys.readouterr().err)
+def test_llama_family_bench_cpu_smoke(tiny_llama_checkpoint, tmp_path, capsys):
+    """Llama-family bench: prefill at --batch, decode at each --decode-batch (the static
+    decoder for ours and the baselines), one report per phase and batch."""
+    import json
+
+    code = main(["bench", "--model", str(tiny_llama_checkpoint), "--device", "cpu", "--batch", "2", "--prompt-len",
+                 "16", "--gen-len", "8", "--decode-batch", "1,3", "--decode-prompt-len", "8", "--backends",
+                 "cute,cublas", "--precisions", "bf16", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    pre = json.loads((tmp_path / "inference_tiny-qwen2_prefill_b2_cpu.json").read_text())
+    assert {r["backend"] for r in pre["results"]} == {"cute", "cublas"}
+    assert all(r["prefill_ms"] > 0 and r["phase"] == "prefill" for r in pre["results"])
+    cute = next(r for r in pre["results"] if r["backend"] == "cute")
+    assert cute["top1_vs_eager"] == 1.0
+    for b in (1, 3):
+        dec = json.loads((tmp_path / f"inference_tiny-qwen2_decode_b{b}_cpu.json").read_text())
+        assert dec["batch"] == b and dec["prompt_len"] == 8
+        assert all(r["decode_ms_per_step"] > 0 and r["batch"] == b for r in dec["results"])
+        assert "decode_step" in dec["results"][0]["breakdown"]
+
+
+def test_bench_integer_lists_say_so_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--model", "gpt2", "--decode-batch", "1,x"])
+    assert e.value.code == 2 and "not a comma-separated list of positive integers" in capsys.readouterr().err
 
 
 def test_subprocess_llama_quantized_precision_no_traceback(tiny_llama_checkpoint):

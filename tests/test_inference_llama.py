@@ -15,7 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from inference import ops
 from inference.adapters import LlamaAdapter, adapter_for
-from inference.decode import EagerDecoder, StaticDecoder, decoder_for, hf_generate
+from inference.decode import EagerDecoder, StaticDecoder, hf_generate
+from inference.decode_llama import LlamaStaticDecoder, concat_rows
+from inference.decoders import decoder_for
 from inference.patch import CuteLinear, CuteLMHead, patch_model
 from inference.patch_llama import CuteLlamaAttention, CuteMistralDecoderLayer, CuteQwen2DecoderLayer
 from tests.model_util import fresh_process_results, vary_weights
@@ -125,15 +127,17 @@ def test_gqa_group_sizes(kind, heads):
 @pytest.mark.parametrize("attention", ["sdpa", "cute"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_tokens_match(model, attention, batch):
-    """32 greedy tokens: the patched model through EagerDecoder (the CLI's loop) and through
-    transformers' generate with a static cache equal the unpatched model's generate."""
+    """32 greedy tokens: the patched model through its static decoder (the CLI's loop), through
+    EagerDecoder and through transformers' generate with a static cache equal the unpatched
+    model's generate."""
     pm = patched(model, attention=attention)
     x = ids(batch=batch, seq=7)
     ref = hf_generate(model, x, 32)
     assert len(set(ref[0].tolist())) > 3, "degenerate test model"
     dec = decoder_for(pm, batch_size=batch, max_len=40)
-    assert isinstance(dec, EagerDecoder) and not dec.cuda_graph
+    assert isinstance(dec, LlamaStaticDecoder) and not dec.cuda_graph  # no graph on the CPU
     assert torch.equal(dec.generate(x, 32), ref)
+    assert torch.equal(EagerDecoder(pm, batch_size=batch, max_len=40).generate(x, 32), ref)
     assert torch.equal(hf_generate(pm, x, 32, cache="static"), ref)
 
 
@@ -212,8 +216,13 @@ def test_other_precisions_say_bf16_only(precision):
 
 
 def test_static_decoder_says_it_runs_gpt2_only():
-    with pytest.raises(ValueError, match="EagerDecoder"):
+    with pytest.raises(ValueError, match="LlamaStaticDecoder"):
         StaticDecoder(tiny("llama"), batch_size=1, max_len=16)
+    with pytest.raises(ValueError, match="not gpt2"):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        LlamaStaticDecoder(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)), batch_size=1,
+                           max_len=8)
     dec = EagerDecoder(tiny("llama"), batch_size=2, max_len=16)
     with pytest.raises(ValueError, match="max_len"):
         dec.generate(ids(seq=10), 10)
@@ -366,3 +375,233 @@ def test_class_names_are_importable():
     back = pickle.loads(pickle.dumps(pm))
     assert isinstance(back.model.layers[0], CuteMistralDecoderLayer)
     assert CuteLlamaAttention.__module__ == CuteQwen2DecoderLayer.__module__ == "inference.patch_llama"
+
+
+# --------------------------------------------------------------------------- near-tie rule
+
+
+def test_near_tie_rule():
+    """tests/model_util.greedy_divergences: the reference's own greedy tokens agree; a token
+    changed mid-way is the first divergence, acceptable only when the logit gap there is
+    below twice the bound; what follows a divergence is not compared."""
+    from tests.model_util import greedy_divergences, logit_error_bound
+
+    m = tiny("llama")
+    x = ids(batch=2, seq=6)
+    ref = hf_generate(m, x, 12)
+    bound = logit_error_bound(m, copy.deepcopy(m).double(), torch.cat([x, ref], 1))
+    assert bool((bound > 0).all()) and float(bound.max()) < 1e-3
+    assert [r["first"] for r in greedy_divergences(m, x, ref, bound)] == [None, None]
+    bad = ref.clone()
+    bad[1, 5] = (bad[1, 5] + 1) % VOCAB
+    bad[1, 6:] = 0  # after the divergence: not compared
+    rows = greedy_divergences(m, x, bad, bound)
+    assert rows[0]["ok"] and rows[1]["first"] == 5 and rows[1]["gap"] > 0 and not rows[1]["ok"]
+    assert greedy_divergences(m, x, bad, torch.full_like(bound, rows[1]["gap"]))[1]["ok"]
+
+
+# --------------------------------------------------------------------------- static decoder and its fusions
+
+FUSIONS = {"none": {"CUTE_KERNELS_LLAMA_QKV": "0"}, "default": {},
+           "all": {"CUTE_KERNELS_LLAMA_RMS_PROLOGUE": "1", "CUTE_KERNELS_LLAMA_SWIGLU": "1",
+                   "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1"}}
+
+
+@pytest.mark.parametrize("fusions", list(FUSIONS))
+@pytest.mark.parametrize("attention", ["sdpa", "cute"])
+@pytest.mark.parametrize("kind,kw", [("llama", {}), ("qwen2", {}), ("mistral", {"sliding_window": 5}),
+                                     ("llama", {"tie_word_embeddings": True}),
+                                     ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5,
+                                                                    "factor": 8.0, "low_freq_factor": 1.0,
+                                                                    "high_freq_factor": 4.0,
+                                                                    "original_max_position_embeddings": 16}})])
+def test_static_decoder_tokens_equal_stock(kind, kw, attention, fusions, monkeypatch):
+    """LlamaStaticDecoder on the references, with each set of decode fusions (their reference
+    forms: RMSNorm prologue, SwiGLU epilogue, RoPE + append), equals the stock model's greedy
+    tokens: Qwen2's biases, a tied head, Mistral's window (5) shorter than prompt + generation,
+    Llama-3 rope scaling. The unpatched model runs the same loop on its own modules."""
+    for name, value in FUSIONS[fusions].items():
+        monkeypatch.setenv(name, value)
+    m = tiny(kind, **kw)
+    x = ids(batch=2, seq=7)
+    ref = hf_generate(m, x, 20)
+    assert torch.equal(LlamaStaticDecoder(patched(m, attention=attention), batch_size=2, max_len=30).generate(x, 20),
+                       ref)
+    if fusions == "default" and attention == "sdpa":
+        assert torch.equal(LlamaStaticDecoder(m, batch_size=2, max_len=30).generate(x, 20), ref)
+
+
+def test_static_decoder_near_tie_rule_bf16():
+    """bf16 on the CPU: the static decoder's tokens against the stock bf16 model by the near-tie
+    rule (bound: the stock bf16 model against fp32)."""
+    from tests.model_util import assert_greedy_agrees, logit_error_bound
+
+    m = tiny("qwen2")
+    base = copy.deepcopy(m).to(torch.bfloat16)
+    x = ids(batch=4, seq=7)
+    out = LlamaStaticDecoder(patched(base, attention="cute"), batch_size=4, max_len=40).generate(x, 32)
+    assert_greedy_agrees(base, x, out, logit_error_bound(base, m, torch.cat([x, out], 1)), "qwen2 bf16 cpu")
+
+
+def test_concatenated_weights_are_the_modules_weights():
+    """q/k/v (and their biases) and gate/up become row blocks of one tensor each: the modules
+    see the same values, no second copy is held, and a second decoder reuses the blocks."""
+    pm = patched(tiny("qwen2"))
+    a, mlp = pm.model.layers[0].self_attn, pm.model.layers[0].mlp
+    before = [t.clone() for t in (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.q_proj.bias)]
+    dec = LlamaStaticDecoder(pm, batch_size=1, max_len=16)
+    f = dec._layers[0]
+    assert torch.equal(f.qkv_w, torch.cat(before[:3])) and torch.equal(f.qkv_b[:a.q_proj.bias.shape[0]], before[3])
+    assert a.k_proj.weight.data_ptr() == f.qkv_w[a.q_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == f.gate_up_w[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    again = LlamaStaticDecoder(pm, batch_size=1, max_len=16)._layers[0]
+    assert again.qkv_w.data_ptr() == f.qkv_w.data_ptr() and again.gate_up_w.data_ptr() == f.gate_up_w.data_ptr()
+    x = ids(batch=1, seq=5)
+    assert torch.equal(dec.generate(x, 8), hf_generate(tiny("qwen2"), x, 8))
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    assert torch.equal(concat_rows([w]), w.data)
+
+
+def test_fused_op_references_match_transformers():
+    """The fused ops' reference forms compute what transformers' modules do, bit for bit in bf16:
+    RMSNorm then linear, SwiGLU, RoPE with the cache append."""
+    m = tiny("llama").to(torch.bfloat16)
+    layer = m.model.layers[0]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16) * 4 + 1
+    norm, attn, mlp = layer.input_layernorm, layer.self_attn, layer.mlp
+    y = ops.rms_linear(x, norm.weight, norm.variance_epsilon, attn.q_proj.weight, None, "reference")
+    assert torch.equal(ops.rms_norm_ref(x, norm.weight, norm.variance_epsilon), norm(x))
+    assert torch.equal(ops.rms_norm(x[None], norm.weight, norm.variance_epsilon, "cute"), norm(x[None]))  # CPU
+    torch.testing.assert_close(y, attn.q_proj(norm(x)), rtol=0, atol=0)
+    gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    h = norm(x)
+    torch.testing.assert_close(ops.rms_swiglu(x, norm.weight, norm.variance_epsilon, gu, "reference"),
+                               mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), rtol=0, atol=0)
+    torch.testing.assert_close(ops.rms_swiglu(h, None, 0.0, gu, "reference"),
+                               mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h), rtol=0, atol=0)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    Hq, Hkv, D, L = 4, 2, 16, 10
+    qkv = torch.randn(3, (Hq + 2 * Hkv) * D, generator=g).to(torch.bfloat16)
+    pos = torch.tensor([6])
+    cos, sin = m.model.rotary_emb(qkv, torch.arange(L)[None])
+    kc, vc = torch.randn(3, Hkv, L, D).to(torch.bfloat16), torch.randn(3, Hkv, L, D).to(torch.bfloat16)
+    kc0 = kc.clone()
+    q = ops.rope_append(qkv, cos[0], sin[0], pos, kc, vc, Hq, "reference")
+    q_hf, k_hf = apply_rotary_pos_emb(qkv[:, :Hq * D].view(3, 1, Hq, D).transpose(1, 2),
+                                      qkv[:, Hq * D:(Hq + Hkv) * D].view(3, 1, Hkv, D).transpose(1, 2),
+                                      cos[:, 6:7], sin[:, 6:7])
+    assert torch.equal(q, q_hf.transpose(1, 2)[:, 0]) and torch.equal(kc[:, :, 6], k_hf[:, :, 0])
+    assert torch.equal(vc[:, :, 6], qkv[:, (Hq + Hkv) * D:].view(3, Hkv, D))
+    assert torch.equal(kc[:, :, :6], kc0[:, :, :6]) and torch.equal(kc[:, :, 7:], kc0[:, :, 7:])
+
+
+_FUSED_KERNELS_SCRIPT = """
+import torch
+from cute_kernels.matmul.gemv import skinny_gemm
+from inference import ops
+from inference.llama_kernels import rope_append_triton
+g = torch.Generator().manual_seed(0)
+# bf16 for one row; the interpreter's tl.dot (two or more rows) is wrong for bf16, so fp16 there
+for M, N, K, bf in ((1, 24, 96, torch.bfloat16), (3, 40, 80, torch.float16), (1, 2100, 320, torch.bfloat16)):
+    def r(*s): return torch.randn(*s, generator=g).to(bf)
+    x = r(M, K) * 3 + 0.5
+    nw = r(K)
+    w = r(N, K) * 0.2
+    b = r(N)
+    y = skinny_gemm(x, w, b, rms=(nw, 1e-5))
+    h = ops.rms_norm_ref(x, nw, 1e-5)
+    assert torch.equal(ops.rms_norm_ref(x, nw, 1e-5)[:, :4], h[:, :4])
+    ref = (h.float() @ w.float().t() + b.float())
+    err = (y.float() - ref).abs().max().item(); lim = 2e-2 * ref.abs().max().item()
+    assert err < lim, (M, N, K, err, lim)
+    # the prologue's rounding reproduces transformers' normalised row exactly
+    yi = skinny_gemm(x, torch.eye(K, dtype=bf), rms=(nw, 1e-5))
+    # within one bf16 step (the CPU interpreter's fp32 -> bf16 conversion may truncate; the
+    # GPU test checks the rounding itself)
+    assert ((yi.float() - h.float()).abs() <= h.float().abs() * 2.0 ** -6 + 1e-6).all()
+    wgu = r(2 * N, K) * 0.2
+    a = skinny_gemm(x, wgu, rms=(nw, 1e-5), swiglu=True)
+    gu = (h.float() @ wgu.float().t()).to(bf)
+    ref = ops.swiglu_ref(gu)
+    # three roundings, each possibly a truncation on the CPU interpreter: a few bf16 steps
+    tol = ref.float().abs() * 2.0 ** -5 + 2e-2 * ref.float().abs().max()
+    assert a.shape == (M, N) and bool(((a.float() - ref.float()).abs() <= tol).all())
+    a2 = skinny_gemm(h, wgu, swiglu=True)
+    assert bool(((a2.float() - ref.float()).abs() <= tol).all())
+bf = torch.bfloat16
+for Hq, Hkv, D, M in ((4, 2, 16, 3), (8, 2, 64, 1)):
+    L = 12
+    qkv = r(M, (Hq + 2 * Hkv) * D)
+    ang = torch.rand(L, D, generator=g) * 6.3
+    cos, sin = ang.cos().to(bf), ang.sin().to(bf)
+    pos = torch.tensor([7])
+    kc, vc = r(M + 1, Hkv, L, D), r(M + 1, Hkv, L, D)
+    kr, vr = kc.clone(), vc.clone()
+    q = rope_append_triton(qkv, cos, sin, pos, kc, vc, Hq)
+    qr = ops.rope_append_ref(qkv, cos, sin, pos, kr, vr, Hq)
+    # two bf16 steps of the largest operand (truncating conversions on the CPU interpreter)
+    close = lambda a, b: bool(((a.float() - b.float()).abs() <= 2.0 ** -6 * qkv.float().abs().max()).all())
+    assert close(q, qr) and close(kc, kr) and torch.equal(vc, vr)
+from inference.llama_kernels import rms_norm_triton
+for M, K in ((3, 96), (2, 5000)):
+    x = r(M, K) * 3 + 0.5
+    nw = r(K)
+    h = ops.rms_norm_ref(x, nw, 1e-6)
+    y = rms_norm_triton(x, nw, 1e-6)
+    assert bool(((y.float() - h.float()).abs() <= h.float().abs() * 2.0 ** -6 + 1e-6).all())
+print("OK")
+"""
+
+
+def test_fused_decode_kernels_interpreted():
+    """The Triton kernels behind the fused decode ops (the skinny GEMV's RMSNorm prologue and
+    SwiGLU epilogue, rope_append, rms_norm) against their references under TRITON_INTERPRET=1. The
+    interpreter may truncate fp32 -> bf16, so this checks the logic within a few bf16 steps;
+    the exact roundings are checked on the GPU (tests/test_inference_gpu.py)."""
+    from tests.test_gemm_host import _run_interpreted
+
+    _run_interpreted(_FUSED_KERNELS_SCRIPT)
+
+
+def test_rope_append_compiles_for_sm90():
+    """rope_append's Triton kernel through Triton's sm_90 pipeline, with its PDL trigger and wait
+    ahead of every load and store."""
+    from inference.llama_kernels import _rope_append_kernel as K
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"qkv_ptr": "*bf16", "qkv_stride": "i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
+           "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "c_sb": "i32", "c_sh": "i32", "c_ss": "i32",
+           "HQ": "i32", "HKV": "i32"}
+    ptx = _triton_ptx_sm90(K, sig, {"HALF": 64, "PDL": True}, num_warps=1)
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
+    assert "ld.global" not in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
+
+
+@pytest.mark.parametrize("has_wpe", [False, True])
+def test_next_token_glue_compiles_for_sm90(has_wpe):
+    """The decode glue kernel with and without position embeddings (the Llama family has none)
+    through Triton's sm_90 pipeline."""
+    from inference.next_token import _next_token_kernel as K
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"logits_ptr": "*bf16", "l_stride": "i32", "V": "i32", "CH": "i32", "wte_ptr": "*bf16", "wpe_ptr": "*bf16",
+           "E": "i32", "h_ptr": "*bf16", "h_stride": "i32", "tok_ptr": "*i64", "out_ptr": "*i64", "out_stride": "i32",
+           "pos_ptr": "*i64", "step_ptr": "*i64", "seqlens_ptr": "*i32", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
+           "ticket_ptr": "*i32", "B": "i32"}
+    ptx = _triton_ptx_sm90(K, sig, {"CHUNKS": 32, "BLOCK_V": 4096, "BLOCK_E": 2048, "PDL": True, "HAS_WPE": has_wpe},
+                           num_warps=4)
+    assert ".target sm_90" in ptx and "griddepcontrol.wait" in ptx
+
+
+def test_rms_norm_compiles_for_sm90():
+    from inference.llama_kernels import _rms_norm_kernel as K
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "K": "i32", "stride_x": "i32", "stride_o": "i32",
+           "eps": "fp32"}
+    ptx = _triton_ptx_sm90(K, sig, {"BLOCK": 4096, "PDL": True}, num_warps=8)
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert ".target sm_90" in ptx and "ld.global" not in ptx[:i_wait]

@@ -122,10 +122,18 @@ def epilogue_math(x, rows, cols, rmask, cmask, bias_ptr, res_ptr, row_ptr, col_p
 
 @triton.jit
 def _x_tile(x_ptrs, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN: tl.constexpr,
-            XSCALE: tl.constexpr):
-    """The activation tile for K columns [k0, k0 + BLOCK_K), LayerNorm and SmoothQuant applied."""
+            XSCALE: tl.constexpr, RMS: tl.constexpr = False):
+    """The activation tile for K columns [k0, k0 + BLOCK_K), LayerNorm (or RMSNorm) and
+    SmoothQuant applied."""
     kmask = (k0 + ks) < K
     x = tl.load(x_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
+    if RMS:
+        # transformers' Llama RMSNorm rounds twice: the normalised value to the activation
+        # dtype, then its product with the weight (rounding once in fp32 differs in ~25% of
+        # elements). Masked columns load 0 and stay 0.
+        g = tl.load(ln_w_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
+        xn = (x.to(tl.float32) * rstd[:, None]).to(x_ptrs.dtype.element_ty).to(tl.float32)
+        x = (xn * g[None, :]).to(x_ptrs.dtype.element_ty)
     if LN:
         g = tl.load(ln_w_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
         bb = tl.load(ln_b_ptr + k0 + ks, mask=kmask, other=0.0).to(tl.float32)
@@ -162,7 +170,8 @@ def _gemv_kernel(
     col_scale_ptr=None, xs_ptr=None, COL_SCALE: tl.constexpr = 0, XSCALE: tl.constexpr = False,
     PDL: tl.constexpr = False, FIRST_STEPS: tl.constexpr = 1,
     KV: tl.constexpr = False, k_cache_ptr=None, v_cache_ptr=None, pos_ptr=None, pos_stride=0,
-    kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64,
+    kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64, RMS: tl.constexpr = False,
+    SWIGLU: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -177,6 +186,13 @@ def _gemv_kernel(
     w0 = tl.load(w_ptrs, mask=(ks < K)[:, None] & cmask[None, :], other=0.0)
     if FIRST_STEPS == 2:
         w1 = tl.load(w_ptrs + BLOCK_K, mask=((BLOCK_K + ks) < K)[:, None] & cmask[None, :], other=0.0)
+    if SWIGLU:
+        # gate_up = [gate; up] ([2N, K]): this program's output columns need gate rows cols
+        # and up rows N + cols; both stream in the same K loop.
+        u_ptrs = w_ptrs + N.to(tl.int64) * stride_wn
+        u0 = tl.load(u_ptrs, mask=(ks < K)[:, None] & cmask[None, :], other=0.0)
+        if FIRST_STEPS == 2:
+            u1 = tl.load(u_ptrs + BLOCK_K, mask=((BLOCK_K + ks) < K)[:, None] & cmask[None, :], other=0.0)
     if PDL:
         # Programmatic dependent launch: this grid may be resident before the previous
         # kernel has finished. Nothing before gdc_wait may read what an earlier kernel
@@ -205,21 +221,50 @@ def _gemv_kernel(
             r = 1.0 / tl.sqrt(tl.sum(d * d, 0) / K + eps)
             mean = tl.where(rows == m, mu, mean)
             rstd = tl.where(rows == m, r, rstd)
+    if RMS:
+        # RMSNorm prologue (transformers' Llama family): rstd = rsqrt(mean(x^2) + eps) in fp32,
+        # recomputed per program like the LayerNorm statistics above.
+        kk = tl.arange(0, K_PAD)
+        kkmask = kk < K
+        for m in range(0, M):
+            xr = tl.load(x_ptr + m * stride_xm + kk, mask=kkmask, other=0.0).to(tl.float32)
+            r = 1.0 / tl.sqrt(tl.sum(xr * xr, 0) / K + eps)
+            rstd = tl.where(rows == m, r, rstd)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_K if BLOCK_M == 1 else 1, BLOCK_N), dtype=tl.float32)
-    x = _x_tile(x_ptrs, 0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE)
+    if SWIGLU:
+        accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        accu2 = tl.zeros((BLOCK_K if BLOCK_M == 1 else 1, BLOCK_N), dtype=tl.float32)
+    x = _x_tile(x_ptrs, 0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE, RMS)
     acc, acc2 = _mac(acc, acc2, x, w0, BLOCK_M)
+    if SWIGLU:
+        accu, accu2 = _mac(accu, accu2, x, u0, BLOCK_M)
     if FIRST_STEPS == 2:
-        x = _x_tile(x_ptrs + BLOCK_K, BLOCK_K, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE)
+        x = _x_tile(x_ptrs + BLOCK_K, BLOCK_K, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE,
+                    RMS)
         acc, acc2 = _mac(acc, acc2, x, w1, BLOCK_M)
+        if SWIGLU:
+            accu, accu2 = _mac(accu, accu2, x, u1, BLOCK_M)
     for k0 in range(FIRST_STEPS * BLOCK_K, K, BLOCK_K):
-        x = _x_tile(x_ptrs + k0, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE)
+        x = _x_tile(x_ptrs + k0, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE, RMS)
         w = tl.load(w_ptrs + k0, mask=((k0 + ks) < K)[:, None] & cmask[None, :], other=0.0)
         acc, acc2 = _mac(acc, acc2, x, w, BLOCK_M)
+        if SWIGLU:
+            u = tl.load(u_ptrs + k0, mask=((k0 + ks) < K)[:, None] & cmask[None, :], other=0.0)
+            accu, accu2 = _mac(accu, accu2, x, u, BLOCK_M)
     if BLOCK_M == 1:
         acc = tl.sum(acc2, 0)[None, :]
-    y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
-                      stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
+        if SWIGLU:
+            accu = tl.sum(accu2, 0)[None, :]
+    if SWIGLU:
+        # silu(gate) * up with transformers' roundings: gate and up projections to the output
+        # dtype, silu rounded, the product rounded by the store.
+        g = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        sg = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        y = sg * accu.to(out_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
+                          stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
     if KV:
@@ -299,7 +344,7 @@ LN_MAX_K = 8192  # the LayerNorm prologue holds a whole row in registers (K_PAD 
 
 
 def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None, alpha=1.0, beta=1.0, ln=None,
-                w_scale=None, x_scale=None, kv=None):
+                w_scale=None, x_scale=None, kv=None, rms=None, swiglu=False):
     """One launch of the skinny kernel for x [M <= GEMV_MAX_M, K] (unit stride on K):
 
         act(alpha * ((LN(x) if ln else x) * x_scale) @ (w_nk * w_scale).T + bias) + beta * residual
@@ -313,16 +358,22 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     kv = (k_cache, v_cache, pos) also writes columns [C, 2C) / [2C, 3C) of the result (C = N/3,
     c_attn's k and v) into the caches [B >= M, H, Smax, D] (any strides but unit D) at row
     pos[m] (pos: int tensor of M elements, or one for every row). See _check_kv.
+    rms = (weight, eps) runs transformers' Llama RMSNorm as the prologue instead (K <= LN_MAX_K;
+    both of its roundings). swiglu: w_nk is [gate; up] ([2N, K], 16-bit) and the result is
+    silu(gate) * up [M, N] (transformers' roundings), with no bias, activation, residual,
+    scales or kv. These two run on the Triton kernel only.
     On CUDA the launch is a programmatic dependent launch (see PDL_ENV).
     """
     M, K = x.shape
     N = w_nk.shape[0]
+    if rms is not None or swiglu:
+        N = _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_scale, kv, rms, swiglu)
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
+    if rms is None and not swiglu and gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
         return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, kv, w_scale)
     block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
-    ln_w, ln_b, eps = ln if ln is not None else (None, None, 1e-5)
+    ln_w, ln_b, eps = ln if ln is not None else (rms[0], None, rms[1]) if rms is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
     kv_args = (False, None, None, None, 0, 1, 0, 0, 0, 64)
     if kv is not None:
@@ -339,14 +390,36 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
          residual.stride(0) if residual is not None else 0,
          activation_code(activation), bias is not None, residual is not None,
          alpha != 1.0, residual is not None and beta != 1.0, block_m, block_n, block_k,
-         ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None else 16,
+         ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None or rms is not None else 16,
          w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,
-         pdl, FIRST_STEPS if K > block_k else 1, *kv_args),
+         pdl, FIRST_STEPS if K > block_k else 1, *kv_args, rms is not None, bool(swiglu)),
         num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
         prefer_max_shared(kernel)
     return out
+
+
+def _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_scale, kv, rms, swiglu) -> int:
+    """Validate skinny_gemm's rms / swiglu arguments; the output width."""
+    M, K = x.shape
+    if M > GEMV_MAX_M or x.stride(1) != 1 or w_nk.stride(1) != 1 or w_nk.shape[1] != K:
+        raise ValueError(f"rms/swiglu: x [M <= {GEMV_MAX_M}, K] and w [N, K] with unit stride on K, got "
+                         f"{tuple(x.shape)} and {tuple(w_nk.shape)}")
+    if ln is not None or w_scale is not None or x_scale is not None or kv is not None:
+        raise ValueError("rms/swiglu take no LayerNorm, 8-bit scales or kv append")
+    if rms is not None:
+        w, eps = rms
+        if not isinstance(w, torch.Tensor) or w.shape != (K,) or w.dtype != x.dtype or not w.is_contiguous() \
+                or not isinstance(eps, float) or K > LN_MAX_K:
+            raise ValueError(f"rms = (weight [K={K}] contiguous in {x.dtype}, float eps) with K <= {LN_MAX_K}")
+    N = w_nk.shape[0]
+    if swiglu:
+        if N % 2 or bias is not None or activation or residual is not None or w_nk.dtype != x.dtype:
+            raise ValueError("swiglu: w = [gate; up] with an even row count in x's dtype; no bias, activation "
+                             "or residual")
+        N //= 2
+    return N
 
 
 def _check_kv(k_cache, v_cache, pos, M, N):

@@ -39,6 +39,18 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: split-KV decode attention merges its splits through global memory instead of inside a cluster."),
     "CUTE_KERNELS_DECODE_GLUE": Switch(
         "1", "0: the decode step's argmax and bookkeeping run as torch ops instead of one Triton launch."),
+    "CUTE_KERNELS_LLAMA_QKV": Switch(
+        "1", "0: the Llama-family decode step runs q, k and v as three GEMVs instead of one over the "
+             "concatenated weights."),
+    "CUTE_KERNELS_LLAMA_RMS_PROLOGUE": Switch(
+        "0", "1: the Llama-family decode step runs each RMSNorm in the prologue of the GEMV after it (Triton "
+             "skinny GEMV, at most 8 rows), elsewhere as one Triton launch, instead of as transformers' module."),
+    "CUTE_KERNELS_LLAMA_SWIGLU": Switch(
+        "0", "1: the Llama-family decode step runs gate and up as one Triton GEMV whose epilogue writes "
+             "silu(gate) * up."),
+    "CUTE_KERNELS_LLAMA_ROPE_APPEND": Switch(
+        "0", "1: the Llama-family decode step applies RoPE to q and k and appends k and v to the cache in one "
+             "Triton launch instead of torch ops."),
     "CUTE_KERNELS_TRITON_DIRECT": Switch(
         "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),

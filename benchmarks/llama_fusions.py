@@ -1,0 +1,98 @@
+"""A/B of the Llama-family decode fusions (inference/decode_llama.py), same model, same run.
+
+    python -m benchmarks.llama_fusions --model llama-3-8b --random-weights --batch 1
+
+Loads and patches the model once, then builds one LlamaStaticDecoder per setting (the
+switches are read when a decoder is built) and times its CUDA-graph decode: every fusion on,
+each one turned off alone, and all off. Writes llama_fusions_<model>_b<batch>_<gpu>.{json,md}
+to --out (default benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+import torch
+
+ALL_ON = {"CUTE_KERNELS_LLAMA_QKV": "1", "CUTE_KERNELS_LLAMA_RMS_PROLOGUE": "1", "CUTE_KERNELS_LLAMA_SWIGLU": "1",
+          "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1", "CUTE_KERNELS_DECODE_GLUE": "1"}
+SETTINGS = {"all on": {}, **{f"{name} = 0": {name: "0"} for name in ALL_ON},
+            "all off": {name: "0" for name in ALL_ON}, "defaults": None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--gen-len", type=int, default=64)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from benchmarks.common import gpu_name, gpu_tag
+    from inference.bench import _decode_ms
+    from inference.decode_llama import LlamaStaticDecoder
+    from inference.models import llama_name, load_config, load_model
+    from inference.patch import patch_model
+
+    if not torch.cuda.is_available():
+        print("error: llama_fusions needs a CUDA GPU")
+        return 2
+    cfg = load_config(args.model, random_weights=args.random_weights)
+    model = load_model(args.model, cfg, random_weights=args.random_weights, device=torch.device("cuda"),
+                       dtype=torch.bfloat16)
+    patch_model(model, precision="bf16", attention="cute", backend="cute")
+    torch.manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), device="cuda")
+    rows, saved = [], {name: os.environ.get(name) for name in ALL_ON}
+    for label, setting in SETTINGS.items():
+        for name in ALL_ON:  # defaults: every switch unset
+            os.environ.pop(name, None)
+        if setting is not None:
+            os.environ.update({**ALL_ON, **setting})
+        dec = None
+        try:
+            with torch.inference_mode():
+                dec = LlamaStaticDecoder(model, batch_size=args.batch, max_len=args.prompt_len + args.gen_len)
+                ms = _decode_ms(dec, ids, args.gen_len - 1, True)
+                tokens = dec.generate(ids, args.gen_len)
+            rows.append({"setting": label, "ms_per_token": ms, "tok_s": args.batch / ms * 1e3,
+                         "tokens": tokens[0, :16].tolist()})
+        except Exception as e:  # noqa: BLE001 - one broken setting must not hide the others
+            rows.append({"setting": label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+        print(rows[-1], flush=True)
+        del dec
+        torch.cuda.empty_cache()
+    for name, value in saved.items():
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+    base = next((r["ms_per_token"] for r in rows if r["setting"] == "all on" and "ms_per_token" in r), None)
+    tag = llama_name(args.model) or Path(args.model).name
+    out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"llama_fusions_{tag}_b{args.batch}_{gpu_tag()}"
+    meta = {"model": args.model, "gpu": gpu_name(), "date": datetime.date.today().isoformat(), "batch": args.batch,
+            "prompt_len": args.prompt_len, "gen_len": args.gen_len, "torch": torch.__version__}
+    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    md = [f"# Llama-family decode fusions: {args.model} on {meta['gpu']} ({meta['date']})", "",
+          f"batch {args.batch}, prompt {args.prompt_len}, {args.gen_len} tokens; one CUDA graph per token; "
+          "\"all on\" turns every fusion on, each other row turns one off (same process, same weights).", "",
+          "| setting | ms/token | tokens/s | vs all on | first tokens |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['setting']} | - | - | - | {r['error']} |")
+            continue
+        rel = f"{r['ms_per_token'] / base:.3f}x" if base else "-"
+        md.append(f"| {r['setting']} | {r['ms_per_token']:.3f} | {r['tok_s']:,.0f} | {rel} | {r['tokens'][:8]} |")
+    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""The Llama-family decode step's small kernels: RoPE of q and k with the K/V append, and
+RMSNorm (where it is not a GEMV prologue), one launch each.
+
+Unfused, one decode step per layer runs about a dozen small torch kernels between the q/k/v
+GEMV and the attention (two rotate_half concatenations, four products and two sums in bf16,
+two index_copy appends), none of them in the programmatic-dependent-launch chain. Here one
+Triton program per (sequence, head) of q and k reads its head's D values of the fused
+[q | k | v] row, rotates them with the cos / sin table row of the current position (read
+from the device-side counter, so the launch is the same every step and CUDA-graph
+capturable), and writes q to its output and k (and the same head of v) to the caches.
+
+Math and roundings are transformers' apply_rotary_pos_emb in the activations' dtype:
+out = round(round(x * cos) + round(rotate_half(x) * sin)), rotate_half pairing i with i + D/2.
+`ops.rope_append_ref` is the same in torch.
+
+transformers' RMSNorm module is about seven kernels (pow, mean, add, rsqrt, two products, a
+cast); where the GEMV after it cannot take it as its prologue (more than 8 rows) it is one
+launch here, with the same two roundings (`ops.rms_norm_ref`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_half(x1, x2, c1, c2, s1, s2, dt: tl.constexpr):
+    """Both halves of rope(x) for x = [x1 | x2], rounding like the bf16 torch ops."""
+    o1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
+    o2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+    return o1.to(dt), o2.to(dt)
+
+
+@triton.jit
+def _rope_append_kernel(qkv_ptr, qkv_stride, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
+                        c_sb, c_sh, c_ss, HQ, HKV, HALF: tl.constexpr, PDL: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)  # 0..HQ-1: query heads; HQ..HQ+HKV-1: key heads (with their value head)
+    if PDL:
+        # Reads only activations and the position, all written by earlier kernels; the next
+        # kernel (the decode attention) reads nothing before its own wait.
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    D: tl.constexpr = 2 * HALF
+    d = tl.arange(0, HALF)
+    pos = tl.load(pos_ptr).to(tl.int64)
+    row = qkv_ptr + b.to(tl.int64) * qkv_stride + h * D
+    x1 = tl.load(row + d).to(tl.float32)
+    x2 = tl.load(row + HALF + d).to(tl.float32)
+    dt = qkv_ptr.dtype.element_ty
+    c1 = tl.load(cos_ptr + pos * D + d).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * D + HALF + d).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * D + d).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * D + HALF + d).to(tl.float32)
+    o1, o2 = _rope_half(x1, x2, c1, c2, s1, s2, dt)
+    if h < HQ:
+        out = q_ptr + (b.to(tl.int64) * HQ + h) * D
+        tl.store(out + d, o1)
+        tl.store(out + HALF + d, o2)
+    else:
+        kh = h - HQ
+        off = b.to(tl.int64) * c_sb + kh * c_sh + pos * c_ss
+        tl.store(k_ptr + off + d, o1)
+        tl.store(k_ptr + off + HALF + d, o2)
+        vrow = row + HKV * D  # the same head of v, HKV heads further along the row
+        tl.store(v_ptr + off + d, tl.load(vrow + d))
+        tl.store(v_ptr + off + HALF + d, tl.load(vrow + HALF + d))
+
+
+def check_rope_append(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads: int) -> None:
+    """The shapes and layouts rope_append_triton needs (ValueError / TypeError otherwise)."""
+    for t, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.stride(3) != 1:
+            raise ValueError(f"{n} must be a 4-D [B, Hkv, Smax, D] tensor with unit stride on D")
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same shape and strides")
+    B, Hkv, Smax, D = k_cache.shape
+    M = qkv.shape[0]
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != (n_q_heads + 2 * Hkv) * D or M > B:
+        raise ValueError(f"qkv must be [M <= {B}, (Hq + 2 Hkv) D = {(n_q_heads + 2 * Hkv) * D}] with unit stride, "
+                         f"got {tuple(qkv.shape)}")
+    if D % 2 or D & (D - 1):
+        raise ValueError(f"head dim {D} must be a power of two")
+    if cos.shape != (Smax, D) or sin.shape != (Smax, D) or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError(f"cos / sin must be contiguous [{Smax}, {D}] tables")
+    if len({qkv.dtype, cos.dtype, sin.dtype, k_cache.dtype, v_cache.dtype}) != 1:
+        raise TypeError("qkv, cos, sin and the caches must share one dtype")
+    if not isinstance(pos, torch.Tensor) or pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64):
+        raise ValueError("pos must be a one-element int32/int64 tensor (one position for every row)")
+
+
+def rope_append_triton(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads: int) -> torch.Tensor:
+    """ops.rope_append on the GPU (see the module docstring); returns q [M, Hq, D]."""
+    from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
+
+    check_rope_append(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads)
+    M = qkv.shape[0]
+    _, Hkv, _, D = k_cache.shape
+    q = torch.empty((M, n_q_heads, D), dtype=qkv.dtype, device=qkv.device)
+    pdl = qkv.is_cuda and pdl_enabled()
+    kernel = _rope_append_kernel[(M, n_q_heads + Hkv)](
+        qkv, qkv.stride(0), cos, sin, pos, q, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), n_q_heads, Hkv, HALF=D // 2, PDL=pdl, num_warps=1, **({"launch_pdl": True} if pdl else {}))
+    if pdl:
+        prefer_max_shared(kernel)
+    return q
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    """One row per program: transformers' Llama RMSNorm (fp32 statistics, the normalised value
+    rounded to x's dtype, then times the weight, rounded)."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        x = tl.load(x_ptr + row * stride_x + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / K + eps)
+    for k0 in range(0, K, BLOCK):
+        m = k0 + k < K
+        x = tl.load(x_ptr + row * stride_x + k0 + k, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + k0 + k, mask=m, other=0.0).to(tl.float32)
+        y = (x * rstd).to(dt).to(tl.float32) * w
+        tl.store(out_ptr + row * stride_o + k0 + k, y.to(dt), mask=m)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """ops.rms_norm on the GPU: x [M, K] (unit stride on K), weight [K] of x's dtype, one launch."""
+    from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
+
+    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype \
+            or not weight.is_contiguous():
+        raise ValueError(f"rms_norm: x [M, K] with unit stride and weight [K] of its dtype, got {tuple(x.shape)} "
+                         f"{x.dtype} and {tuple(weight.shape)} {weight.dtype}")
+    M, K = x.shape
+    out = torch.empty_like(x)
+    if M == 0:
+        return out
+    pdl = x.is_cuda and pdl_enabled()
+    block = min(triton.next_power_of_2(K), 4096)
+    kernel = _rms_norm_kernel[(M,)](x, weight, out, K, x.stride(0), out.stride(0), float(eps), BLOCK=block, PDL=pdl,
+                                    num_warps=4 if block <= 2048 else 8, **({"launch_pdl": True} if pdl else {}))
+    if pdl:
+        prefer_max_shared(kernel)
+    return out
