@@ -20,6 +20,7 @@ class _CuteLinearMixin:
     backend: str = "cute"
     activation: str | None = None
     fuses_residual = True  # protocol: forward(x, residual=...) adds it in the epilogue
+    tp = None  # a row-parallel linear's TPGroup (inference/tp.py): partial products, summed across ranks
 
     def _run(self, x: torch.Tensor, weight_nk: torch.Tensor, bias, residual):
         if not weight_nk.is_contiguous():  # only if someone replaced the storage layout
@@ -29,7 +30,11 @@ class _CuteLinearMixin:
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         r2 = None if residual is None else residual.reshape(-1, residual.shape[-1]).contiguous()
         N = weight_nk.shape[0]
+        if self.tp is not None and self.tp.rank != 0:  # row-parallel: bias and residual enter the sum once
+            bias = r2 = None
         y = ops.linear(x2, weight_nk, bias, r2, self.activation or "", 1.0, 1.0, self.backend)
+        if self.tp is not None:
+            y = self.tp.all_reduce(y)
         # The op returns rows padded to 16 bytes (lm_head: 50257 -> 50264); drop the padding as a view.
         return (y if y.shape[1] == N else y[:, :N]).view(*shape, N)
 

@@ -41,6 +41,9 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: the decode step's argmax and bookkeeping run as torch ops instead of one Triton launch."),
     "CUTE_KERNELS_TRITON_DIRECT": Switch(
         "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
+    "CUTE_KERNELS_TP_ALLREDUCE": Switch(
+        "auto", "Tensor parallelism's all-reduce: nccl (dist.all_reduce), one-shot or two-shot (PyTorch symmetric "
+                "memory for messages up to 1 MiB, NCCL above); auto: one-shot where symmetric memory is available."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 
