@@ -64,6 +64,20 @@ class _Greedy:
         return self.tokens(max_new_tokens)
 
 
+def capture_graph(fn, warmup: int) -> torch.cuda.CUDAGraph:
+    """fn run `warmup` times on a side stream (compiles, autotunes, loads kernels), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 class StaticDecoder(_Greedy):
     """Greedy decoder over a causal LM (through its model adapter, adapters.py) with a
     preallocated [B, H_kv, max_len, D] cache per layer."""
@@ -241,15 +255,7 @@ class StaticDecoder(_Greedy):
         saved = [t.clone() for t in state]
         self._pos.zero_()
         self._step.zero_()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                self._step_fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            self._step_fn()
+        self._graph = capture_graph(self._step_fn, warmup=3)
         for dst, src in zip(state, saved):
             dst.copy_(src)
 

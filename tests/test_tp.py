@@ -91,6 +91,12 @@ def _worker(rank: int, world: int, port: int, out: str, device: str, kinds, allr
                 ref, got = whole(ids).logits.float(), sharded(ids).logits.float()
             results[(kind, allreduce, "logits")] = (ref.cpu(), got.cpu())
             results[(kind, allreduce, "tokens")] = (_greedy(whole, ids, 6).cpu(), _greedy(sharded, ids, 6).cpu())
+            if kind != "gpt2":  # the bench's decoder: the HF forward on a StaticCache (a CUDA graph on the GPU)
+                from inference.tp_bench import HFGraphDecoder
+
+                dec = HFGraphDecoder(sharded, batch_size=ids.shape[0], max_len=ids.shape[1] + 6)
+                results[(kind, allreduce, "graph tokens")] = (results[(kind, allreduce, "tokens")][0],
+                                                              dec.generate(ids, 6).cpu())
     # Random weights built sharded are the whole model's slices: same logits.
     for kind in kinds[:2]:
         cfg = _tiny(kind).config
@@ -162,3 +168,18 @@ def test_patch_model_rejects_bad_tp():
     with pytest.raises(TypeError, match="tp must be"):
         patch_model(_tiny("gpt2"), backend="reference", tp="2")
     assert patch_model(_tiny("gpt2"), backend="reference", tp=1).cute_patch["backend"] == "reference"
+
+
+def test_cli_tp_must_match_the_launch(capsys, monkeypatch):
+    from inference.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["generate", "--model", "gpt2", "--random-weights", "--tp", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --tp 2 needs torchrun --nproc-per-node 2 "
+                                               "(this launch has WORLD_SIZE=1)")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["bench", "--model", "gpt2", "--random-weights"]) == 2
+    assert "pass --tp 2" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["generate", "--model", "gpt2", "--random-weights", "--allreduce", "nccl"]) == 2
+    assert "--allreduce goes with --tp" in capsys.readouterr().err

@@ -1,0 +1,295 @@
+"""`torchrun --nproc-per-node N -m inference bench --tp N ...`: the patched model sharded over N
+GPUs (inference/tp.py), timed per rank.
+
+What it measures (rank 0 writes `tp_<model>_tp<N>_<gpu>.json` under --out):
+- prefill: one no-cache forward over [batch, prompt_len] keeping the last position's logits
+  (what a generation needs; the full-vocabulary logits of every position would add an
+  all-gather of batch x prompt_len x vocab), CUDA-event timed, median of 5 after 2 warm-ups.
+  MFU = this rank's FLOPs / time / the GPU's bf16 peak.
+- decode, batch 1: greedy tokens after a --decode-prompt-len prompt, one CUDA graph per token
+  (GPT-2: StaticDecoder; the Llama family: `HFGraphDecoder`, transformers' forward with a
+  StaticCache captured whole), for every --allreduce backend (the graph is captured again
+  per backend). MBU = this rank's weights + its KV rows read per step / time / HBM bandwidth.
+- the greedy tokens (and the top-1 minus top-2 logit margin at each position, teacher-forced)
+  so that runs at different TP degrees can be compared token by token.
+- all-reduce latency: 64 all-reduces of one decode row [1, hidden] captured in one CUDA graph,
+  per backend (what a decode step of Llama-3-8B issues).
+
+Random weights are built sharded and are the same model at every TP degree (tp.build_random).
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from cute_kernels.runtime import hardware
+
+from .adapters import adapter_for
+from .decode import StaticDecoder, capture_graph
+from .tp import ALLREDUCES, build_random, init_tp, shutdown
+
+
+class HFGraphDecoder(StaticDecoder):
+    """Greedy decoding through the patched model's own forward with transformers' StaticCache,
+    each token's forward captured in one CUDA graph (static buffers for the token, position
+    and step; the cache's fill counter lives on the device). For models whose step
+    StaticDecoder does not run (the Llama family), so that their decode latency is timed
+    without the host's per-token Python. StaticDecoder's driving (decode, step, tokens) with
+    its own step, capture and prefill; its GPT-2 __init__ is not called."""
+
+    def __init__(self, model, *, batch_size: int, max_len: int, cuda_graph: bool | None = None):
+        from transformers import StaticCache
+
+        ad = adapter_for(model)
+        if max_len > ad.max_positions:
+            raise ValueError(f"max_len {max_len} exceeds the model's {ad.max_positions} positions")
+        self.model, self.batch_size, self.max_len = model, batch_size, max_len
+        dev = ad.token_embedding.weight.device
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._tok = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        self._pos = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        self._step = torch.zeros(1, dtype=torch.long, device=dev)
+        self._out = torch.zeros(batch_size, max_len, dtype=torch.long, device=dev)
+        self.cuda_graph = dev.type == "cuda" if cuda_graph is None else cuda_graph
+        self._graph = None
+        self._prompt = None
+        self._step_fn = self._hf_step
+
+    def _next(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                         **{self._cache_arg: self.cache})
+        return out.logits[:, -1:].argmax(-1)
+
+    def _hf_step(self) -> None:
+        nxt = self._next(self._tok, self._pos)
+        self._out.index_copy_(1, self._step, nxt)
+        self._tok.copy_(nxt)
+        self._pos.add_(1)
+        self._step.add_(1)
+
+    def _capture(self) -> None:
+        """Warm-up steps on a side stream, the capture, then the cache and counters back to the
+        prompt (prefill runs again: the warm-up wrote cache rows)."""
+        self._graph = capture_graph(self._step_fn, warmup=2)
+        self.prefill(self._prompt)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> None:
+        S = self._check_prompt(input_ids)[1]
+        self._prompt = input_ids
+        self.cache.reset()  # in place: the graph keeps the buffers' addresses
+        first = self._next(input_ids, torch.arange(S, device=input_ids.device).unsqueeze(0))
+        self._out[:, :1].copy_(first)
+        self._tok.copy_(first)
+        self._pos.fill_(S)
+        self._step.fill_(1)
+
+
+
+def _decoder(model, batch: int, max_len: int):
+    if adapter_for(model).static_decode:
+        return StaticDecoder(model, batch_size=batch, max_len=max_len)
+    return HFGraphDecoder(model, batch_size=batch, max_len=max_len)
+
+
+def _events_ms(fn, cuda: bool, warmup: int = 2, reps: int = 5) -> float:
+    """Median wall time of fn (CUDA events on the current stream), after warm-up calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def _decode_ms(dec, ids, steps: int, cuda: bool) -> float:
+    dec.prefill(ids)
+    dec.decode(1)  # captures outside the timing
+    times = []
+    for _ in range(3):
+        dec.prefill(ids)
+        if cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dec.decode(steps)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / steps)
+        else:
+            t0 = time.perf_counter()
+            dec.decode(steps)
+            times.append(1e3 * (time.perf_counter() - t0) / steps)
+    return sorted(times)[1]
+
+
+def _margins(model, seq: torch.Tensor, prompt_len: int) -> list[float]:
+    """Teacher-forced top-1 minus top-2 logit at each generated position: how near a tie each
+    greedy choice was (a TP degree may flip only near-ties)."""
+    with torch.no_grad():
+        logits = model(seq, use_cache=False).logits[0, prompt_len - 1:-1].float()
+    top = logits.topk(2, -1).values
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def allreduce_us(group, hidden: int, dtype, device, n: int = 64, reps: int = 20) -> float | None:
+    """Microseconds per all-reduce of a [1, hidden] row: n of them back to back in one CUDA graph,
+    replayed `reps` times (CUDA only)."""
+    if device.type != "cuda" or group is None:
+        return None
+    x = torch.randn(1, hidden, device=device, dtype=dtype)
+
+    def run():
+        y = x
+        for _ in range(n):
+            y = group.all_reduce(y.clone())
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    group.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        graph.replay()
+    b.record()
+    b.synchronize()
+    return 1e3 * a.elapsed_time(b) / (reps * n)
+
+
+def run_tp_bench(args) -> int:
+    import transformers
+
+    from .bench import decode_bytes, prefill_flops
+    from .models import RANDOM_BANNER, UserError, check_positions, load_config, load_model
+    from .patch import patch_model
+
+    transformers.utils.logging.disable_progress_bar()
+    cuda = (args.device or "cuda") == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise UserError("bench --tp needs CUDA GPUs (none found); --device cpu smoke-tests it on gloo")
+    group = init_tp(args.tp, None) if args.tp > 1 else None
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    backend = "cute" if cuda else "reference"
+    cfg = load_config(args.model, random_weights=args.random_weights)
+    gen = max(args.gen_len, 2)
+    check_positions(cfg, max(args.prompt_len, args.decode_prompt_len), gen)
+    if args.random_weights:
+        print(RANDOM_BANNER.format(name=args.model))
+        model = build_random(cfg, device=device, dtype=dtype, tp=group)
+    else:
+        model = load_model(args.model, cfg, random_weights=False, device=device, dtype=dtype)
+    t0 = time.perf_counter()
+    allreduces = [a for a in (args.allreduce or ["auto"])]
+    if group is not None:
+        group.requested = "auto" if "auto" in allreduces or any(a in ("one-shot", "two-shot") for a in allreduces) \
+            else allreduces[0]
+        group.setup(device, dtype)
+    patch_model(model, backend=backend, attention=args.attention, tp=group)
+    ad = adapter_for(model)
+    size = 1 if group is None else group.size
+    print(f"model={args.model} tp={size} attention={args.attention} backend={backend} "
+          f"weights per rank {sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9:.2f} GB")
+    gen_ids = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), generator=gen_ids).to(device)
+    dec_ids = torch.randint(0, cfg.vocab_size, (1, args.decode_prompt_len), generator=gen_ids).to(device)
+    part = hardware.current() if cuda else None
+    result = {"model": args.model, "tp": size, "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+              "transformers": transformers.__version__, "random_weights": args.random_weights,
+              "attention": args.attention, "batch": args.batch, "prompt_len": args.prompt_len,
+              "decode_prompt_len": args.decode_prompt_len, "gen_len": gen,
+              "weight_gb_per_rank": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9}
+
+    with torch.no_grad():
+        ms = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
+    # FLOPs per rank; logits for the last position only.
+    flops = prefill_flops(ad, args.batch, args.prompt_len) - 2.0 * args.batch * (args.prompt_len - 1) * \
+        ad.head_vocab * ad.hidden
+    result["prefill"] = {"ms": ms, "tok_s": args.batch * args.prompt_len / ms * 1e3,
+                         "tflops_per_rank": flops / (ms * 1e-3) / 1e12,
+                         "mfu_pct": 100 * flops / (ms * 1e-3) / (part.bf16_tflops * 1e12) if part else None}
+    print(f"prefill {args.batch} x {args.prompt_len}: {ms:.2f} ms, {result['prefill']['tok_s']:,.0f} tokens/s"
+          + (f", MFU {result['prefill']['mfu_pct']:.1f}% per rank" if part else ""))
+    if cuda:
+        torch.cuda.empty_cache()
+
+    result["decode"] = {}
+    for allreduce in (allreduces if group is not None else ["none"]):
+        if group is not None:
+            if allreduce == "auto":
+                allreduce = "one-shot" if group._symm else "nccl"
+            try:
+                group.use(allreduce)
+            except ValueError as e:
+                print(f"skip decode with {allreduce}: {e}")
+                continue
+        row = {}
+        try:
+            dec = _decoder(model, 1, args.decode_prompt_len + gen)
+            dms = _decode_ms(dec, dec_ids, gen - 1, cuda)
+            row = {"ms_per_token": dms, "tok_s": 1e3 / dms, "cuda_graph": bool(dec.cuda_graph)}
+            if part:
+                ctx = args.decode_prompt_len + gen / 2
+                row["mbu_pct"] = 100 * decode_bytes(model, ad, 1, ctx) / (dms * 1e-3) / (part.hbm_tbps * 1e12)
+            dec.prefill(dec_ids)
+            dec.decode(gen - 1)
+            toks = dec.tokens(gen)
+            row["tokens"] = toks[0].tolist()
+            seq = torch.cat([dec_ids, toks], 1)
+            row["margins"] = _margins(model, seq, args.decode_prompt_len)
+            del dec
+        except (RuntimeError, ValueError) as e:  # a capture that fails on this machine: say so, keep the rest
+            row = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        if group is not None and cuda:
+            row["allreduce_us"] = allreduce_us(group, ad.hidden, dtype, device)
+        result["decode"][allreduce] = row
+        shown = {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in row.items()
+                 if k not in ("tokens", "margins")}
+        print(f"decode b1 ({allreduce}): {shown}")
+        if cuda:
+            torch.cuda.empty_cache()
+    result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    result["wall_s"] = time.perf_counter() - t0
+    out = Path(args.out) if args.out else Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    from benchmarks.common import gpu_tag
+
+    tag = args.model.rstrip("/").split("/")[-1].lower()
+    path = out / f"tp_{tag}_tp{size}_{gpu_tag() if cuda else 'cpu'}.json"
+    if group is None or group.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {path}")
+    if group is not None:
+        shutdown()
+    return 0
+
+
+__all__ = ["ALLREDUCES", "HFGraphDecoder", "allreduce_us", "run_tp_bench"]
