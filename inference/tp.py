@@ -115,7 +115,7 @@ class TPGroup:
         if want == "nccl" or device.type != "cuda" or self.size == 1:
             self.allreduce = "nccl"
             return
-        why = symm_mem_problem()
+        why = symm_mem_problem("one-shot" if want == "auto" else want)
         if why is not None:
             if want != "auto":
                 raise ValueError(f"all-reduce backend {want!r} needs PyTorch symmetric memory: {why}")
@@ -126,6 +126,8 @@ class TPGroup:
         if dtype not in self._symm:
             group = self.group or dist.group.WORLD
             self._group_name = group.group_name
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # required by older releases, a no-op later
+                symm_mem.enable_symm_mem_for_group(self._group_name)
             buf = symm_mem.empty(max_bytes // torch.finfo(dtype).bits * 8, dtype=dtype, device=device)
             symm_mem.rendezvous(buf, self._group_name)
             self._symm[dtype] = buf
@@ -137,8 +139,11 @@ class TPGroup:
         """Switch the all-reduce backend (A/B runs); symmetric memory needs setup() first."""
         if allreduce not in ALLREDUCES or allreduce == "auto":
             raise ValueError(f"all-reduce backend must be one of {ALLREDUCES[1:]}, got {allreduce!r}")
-        if allreduce != "nccl" and not self._symm:
-            raise ValueError(f"all-reduce backend {allreduce!r} needs setup() with it (a symmetric buffer)")
+        if allreduce != "nccl":
+            why = symm_mem_problem(allreduce)
+            if why is not None or not self._symm:
+                raise ValueError(f"all-reduce backend {allreduce!r} is not available: "
+                                 f"{why or 'setup() allocated no symmetric buffer (CPU, or nccl requested)'}")
         self.allreduce = allreduce
 
     # ------------------------------------------------------------------ collectives
@@ -200,15 +205,18 @@ class TPGroup:
         dist.barrier(group=self.group)
 
 
-def symm_mem_problem() -> str | None:
-    """Why PyTorch symmetric memory's one-/two-shot all-reduce is not usable here, or None."""
+_SYMM_OPS = {"one-shot": "one_shot_all_reduce_out", "two-shot": "two_shot_all_reduce_out"}
+
+
+def symm_mem_problem(allreduce: str = "one-shot") -> str | None:
+    """Why PyTorch symmetric memory's one-shot / two-shot all-reduce is not usable here, or None."""
     try:
         import torch.distributed._symmetric_memory as symm_mem  # noqa: F401
     except ImportError as e:
         return f"torch.distributed._symmetric_memory does not import ({e})"
-    ops = getattr(torch.ops, "symm_mem", None)
-    missing = [n for n in ("one_shot_all_reduce_out", "two_shot_all_reduce_out") if not hasattr(ops, n)]
-    return f"torch.ops.symm_mem lacks {', '.join(missing)}" if missing else None
+    if not hasattr(getattr(torch.ops, "symm_mem", None), _SYMM_OPS[allreduce]):
+        return f"torch.ops.symm_mem has no {_SYMM_OPS[allreduce]} in torch {torch.__version__}"
+    return None
 
 
 def init_tp(size: int, allreduce: str | None = None) -> TPGroup:

@@ -194,7 +194,9 @@ def run_tp_bench(args) -> int:
     cuda = (args.device or "cuda") == "cuda"
     if cuda and not torch.cuda.is_available():
         raise UserError("bench --tp needs CUDA GPUs (none found); --device cpu smoke-tests it on gloo")
-    group = init_tp(args.tp, None) if args.tp > 1 else None
+    allreduces = list(args.allreduce or ["auto"])
+    # The symmetric buffer is set up when any backend that needs it is asked for.
+    group = init_tp(args.tp, "nccl" if allreduces == ["nccl"] else "auto") if args.tp > 1 else None
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     backend = "cute" if cuda else "reference"
@@ -207,10 +209,7 @@ def run_tp_bench(args) -> int:
     else:
         model = load_model(args.model, cfg, random_weights=False, device=device, dtype=dtype)
     t0 = time.perf_counter()
-    allreduces = [a for a in (args.allreduce or ["auto"])]
     if group is not None:
-        group.requested = "auto" if "auto" in allreduces or any(a in ("one-shot", "two-shot") for a in allreduces) \
-            else allreduces[0]
         group.setup(device, dtype)
     patch_model(model, backend=backend, attention=args.attention, tp=group)
     ad = adapter_for(model)
@@ -258,7 +257,9 @@ def run_tp_bench(args) -> int:
             row = {"ms_per_token": dms, "tok_s": 1e3 / dms, "cuda_graph": bool(dec.cuda_graph)}
             if part:
                 ctx = args.decode_prompt_len + gen / 2
-                row["mbu_pct"] = 100 * decode_bytes(model, ad, 1, ctx) / (dms * 1e-3) / (part.hbm_tbps * 1e12)
+                step_bytes = decode_bytes(model, ad, 1, ctx)  # this rank's weights + KV rows
+                row["roofline_ms"] = step_bytes / (part.hbm_tbps * 1e12) * 1e3
+                row["mbu_pct"] = 100 * row["roofline_ms"] / dms
             dec.prefill(dec_ids)
             dec.decode(gen - 1)
             toks = dec.tokens(gen)

@@ -25,7 +25,9 @@ from inference import tp as TP  # noqa: E402
 VOCAB = 1001  # odd: the last vocabulary shard is padded
 
 
-def _tiny(kind: str, dtype=torch.float32):
+def _tiny(kind: str, dtype=torch.float32, width: int = 64):
+    """2 layers, 4 heads (GQA: 2 KV heads) of width / 4: 16 on the CPU, 64 on the GPU (our
+    attention kernels' smallest head dim)."""
     from transformers import (
         GPT2Config,
         GPT2LMHeadModel,
@@ -41,13 +43,13 @@ def _tiny(kind: str, dtype=torch.float32):
 
     torch.manual_seed(0)
     if kind == "gpt2":
-        cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+        cfg = GPT2Config(n_layer=2, n_embd=width, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
                          eos_token_id=0)
         model = GPT2LMHeadModel(cfg)
     else:
         cfg_cls, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                         "mistral": (MistralConfig, MistralForCausalLM)}[kind]
-        cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        cfg = cfg_cls(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0,
                       eos_token_id=0, pad_token_id=0, tie_word_embeddings=kind == "llama")
         model = cls(cfg)
@@ -76,12 +78,13 @@ def _worker(rank: int, world: int, port: int, out: str, device: str, kinds, allr
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     backend = "cute" if cuda else "reference"
+    width = 256 if cuda else 64
     from inference.patch import patch_model
 
     results = {}
     ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1)).to(dev)
     for kind in kinds:
-        base = _tiny(kind, dtype).to(dev)
+        base = _tiny(kind, dtype, width).to(dev)
         whole = patch_model(copy.deepcopy(base), backend=backend, attention="cute")
         sharded = patch_model(copy.deepcopy(base), backend=backend, attention="cute", tp=group)
         group.setup(dev, dtype)
@@ -99,7 +102,7 @@ def _worker(rank: int, world: int, port: int, out: str, device: str, kinds, allr
                                                               dec.generate(ids, 6).cpu())
     # Random weights built sharded are the whole model's slices: same logits.
     for kind in kinds[:2]:
-        cfg = _tiny(kind).config
+        cfg = _tiny(kind, width=width).config
         models = [TP.build_random(cfg, device=dev, dtype=dtype, tp=t) for t in (None, group)]
         with torch.no_grad():
             ref, got = (patch_model(m, backend=backend, attention="cute")(ids).logits.float() for m in models)
@@ -135,7 +138,7 @@ def test_sharded_equals_whole_cpu(tmp_path):
 def test_sharded_equals_whole_gpu(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    allreduces = ["nccl"] + (["one-shot", "two-shot"] if TP.symm_mem_problem() is None else [])
+    allreduces = ["nccl"] + [a for a in ("one-shot", "two-shot") if TP.symm_mem_problem(a) is None]
     results = _run(tmp_path, "cuda", ("gpt2", "llama", "qwen2"), allreduces)
     # bf16: the partial sums round differently; tokens of these varied-weight models are well separated.
     _check(results, 2e-2, 2e-2, exact_tokens=True)
