@@ -253,11 +253,22 @@ def run_tp_bench(args) -> int:
         row = {}
         try:
             dec = _decoder(model, 1, args.decode_prompt_len + gen)
-            dms = _decode_ms(dec, dec_ids, gen - 1, cuda)
-            row = {"ms_per_token": dms, "tok_s": 1e3 / dms, "cuda_graph": bool(dec.cuda_graph)}
+            try:
+                dms = _decode_ms(dec, dec_ids, gen - 1, cuda)
+            except RuntimeError as e:  # the capture failed here: time the same steps eagerly, and say so
+                if not dec.cuda_graph:
+                    raise
+                row["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                dec = _decoder(model, 1, args.decode_prompt_len + gen)
+                dec.cuda_graph = False
+                dms = _decode_ms(dec, dec_ids, gen - 1, cuda)
+            row.update({"ms_per_token": dms, "tok_s": 1e3 / dms, "cuda_graph": bool(dec.cuda_graph)})
             if part:
                 ctx = args.decode_prompt_len + gen / 2
                 step_bytes = decode_bytes(model, ad, 1, ctx)  # this rank's weights + KV rows
+                emb = ad.token_embedding.weight
+                if emb is not ad.lm_head.weight:  # an untied embedding is one row per step, not read whole
+                    step_bytes -= emb.numel() * emb.element_size()
                 row["roofline_ms"] = step_bytes / (part.hbm_tbps * 1e12) * 1e3
                 row["mbu_pct"] = 100 * row["roofline_ms"] / dms
             dec.prefill(dec_ids)
@@ -267,8 +278,8 @@ def run_tp_bench(args) -> int:
             seq = torch.cat([dec_ids, toks], 1)
             row["margins"] = _margins(model, seq, args.decode_prompt_len)
             del dec
-        except (RuntimeError, ValueError) as e:  # a capture that fails on this machine: say so, keep the rest
-            row = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        except (RuntimeError, ValueError) as e:  # this backend fails here: say so, keep the rest
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if group is not None and cuda:
             row["allreduce_us"] = allreduce_us(group, ad.hidden, dtype, device)
         result["decode"][allreduce] = row
