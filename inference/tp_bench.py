@@ -31,7 +31,7 @@ import torch
 from cute_kernels.runtime import hardware
 
 from .adapters import adapter_for
-from .decode import StaticDecoder, capture_graph
+from .decode import StaticDecoder, capture_graph, decoder_for
 from .tp import ALLREDUCES, build_random, init_tp, shutdown
 
 
@@ -95,8 +95,11 @@ class HFGraphDecoder(StaticDecoder):
 
 
 def _decoder(model, batch: int, max_len: int):
-    if adapter_for(model).static_decode:
-        return StaticDecoder(model, batch_size=batch, max_len=max_len)
+    """The model's own decoder (decode.decoder_for) where it is StaticDecoder's GPT-2 step or
+    captures a CUDA graph per token, HFGraphDecoder otherwise."""
+    dec = decoder_for(model, batch_size=batch, max_len=max_len)
+    if adapter_for(model).static_decode or getattr(dec, "cuda_graph", False):
+        return dec
     return HFGraphDecoder(model, batch_size=batch, max_len=max_len)
 
 
@@ -262,7 +265,8 @@ def run_tp_bench(args) -> int:
                 dec = _decoder(model, 1, args.decode_prompt_len + gen)
                 dec.cuda_graph = False
                 dms = _decode_ms(dec, dec_ids, gen - 1, cuda)
-            row.update({"ms_per_token": dms, "tok_s": 1e3 / dms, "cuda_graph": bool(dec.cuda_graph)})
+            row.update({"ms_per_token": dms, "tok_s": 1e3 / dms, "cuda_graph": bool(dec.cuda_graph),
+                        "decoder": type(dec).__name__})
             if part:
                 ctx = args.decode_prompt_len + gen / 2
                 step_bytes = decode_bytes(model, ad, 1, ctx)  # this rank's weights + KV rows
