@@ -110,6 +110,7 @@ def _worker(rank: int, world: int, port: int, out: str, device: str, kinds, allr
     if rank == 0:
         torch.save(results, out)
     TP.shutdown()
+    os._exit(0)  # no interpreter teardown of the process group: it can hang or abort after the results are in
 
 
 def _run(tmp_path, device, kinds, allreduces=("nccl",), world=2) -> dict:
