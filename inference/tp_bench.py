@@ -228,7 +228,9 @@ def run_tp_bench(args) -> int:
               "transformers": transformers.__version__, "random_weights": args.random_weights,
               "attention": args.attention, "batch": args.batch, "prompt_len": args.prompt_len,
               "decode_prompt_len": args.decode_prompt_len, "gen_len": gen,
-              "weight_gb_per_rank": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9}
+              "weight_gb_per_rank": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9,
+              # two row-parallel projections per layer and the embedding; the head adds one all-gather
+              "allreduces_per_token": 2 * ad.n_layers + 1 if size > 1 else 0}
 
     with torch.no_grad():
         ms = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
