@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-profile", action="store_true", help="skip the torch.profiler per-op breakdown")
     b.add_argument("--decode-prompt-len", type=int, default=128,
                    help="with --tp: the prompt of the batch-1 decode timing and the greedy-token check")
+    b.add_argument("--tp-reference", default=None,
+                   help="with --tp: the results file of another TP degree's run (same model and prompt): its "
+                        "greedy tokens are teacher-forced through this model and the agreement reported")
     b.set_defaults(func=_run_bench)
     return p
 

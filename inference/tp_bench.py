@@ -145,13 +145,31 @@ def _decode_ms(dec, ids, steps: int, cuda: bool) -> float:
     return sorted(times)[1]
 
 
-def _margins(model, seq: torch.Tensor, prompt_len: int) -> list[float]:
-    """Teacher-forced top-1 minus top-2 logit at each generated position: how near a tie each
-    greedy choice was (a TP degree may flip only near-ties)."""
+def _teacher_forced(model, seq: torch.Tensor, prompt_len: int) -> tuple[list[int], list[float]]:
+    """The argmax and the top-1 minus top-2 logit at each generated position of seq [1, S],
+    teacher-forced: how near a tie each greedy choice was (another TP degree may flip only
+    near-ties)."""
     with torch.no_grad():
         logits = model(seq, use_cache=False).logits[0, prompt_len - 1:-1].float()
-    top = logits.topk(2, -1).values
-    return (top[:, 0] - top[:, 1]).tolist()
+    top = logits.topk(2, -1)
+    return top.indices[:, 0].tolist(), (top.values[:, 0] - top.values[:, 1]).tolist()
+
+
+def _agreement(model, prompt: torch.Tensor, path: str) -> dict:
+    """Another run's greedy tokens (its results file) teacher-forced through this model: at how
+    many positions this model picks the same token, and the margins where it does not."""
+    if not Path(path).is_file():
+        return {"error": f"{path}: no such results file"}
+    ref = json.loads(Path(path).read_text())
+    row = next((r for r in ref["decode"].values() if "tokens" in r), None)
+    if row is None or ref.get("decode_prompt_len") != prompt.shape[1]:
+        return {"error": f"{path}: no greedy tokens for a {prompt.shape[1]}-token prompt"}
+    toks = torch.tensor([row["tokens"]], device=prompt.device)
+    picks, margins = _teacher_forced(model, torch.cat([prompt, toks], 1), prompt.shape[1])
+    off = [i for i, (a, b) in enumerate(zip(picks, row["tokens"])) if a != b]
+    return {"reference_tp": ref.get("tp"), "positions": len(picks), "agree": len(picks) - len(off),
+            "disagree_at": off, "margin_here": [margins[i] for i in off],
+            "margin_reference": [row["margins"][i] for i in off]}
 
 
 def allreduce_us(group, hidden: int, dtype, device, n: int = 64, reps: int = 20) -> float | None:
@@ -282,7 +300,7 @@ def run_tp_bench(args) -> int:
             toks = dec.tokens(gen)
             row["tokens"] = toks[0].tolist()
             seq = torch.cat([dec_ids, toks], 1)
-            row["margins"] = _margins(model, seq, args.decode_prompt_len)
+            row["margins"] = _teacher_forced(model, seq, args.decode_prompt_len)[1]
             del dec
         except (RuntimeError, ValueError) as e:  # this backend fails here: say so, keep the rest
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -294,6 +312,9 @@ def run_tp_bench(args) -> int:
         print(f"decode b1 ({allreduce}): {shown}")
         if cuda:
             torch.cuda.empty_cache()
+    if getattr(args, "tp_reference", None):
+        result["teacher_forced_vs_reference"] = _agreement(model, dec_ids, args.tp_reference)
+        print(f"teacher-forced agreement with {args.tp_reference}: {result['teacher_forced_vs_reference']}")
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     result["wall_s"] = time.perf_counter() - t0
     out = Path(args.out) if args.out else Path(__file__).resolve().parents[1] / "benchmarks" / "results"

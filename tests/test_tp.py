@@ -187,3 +187,23 @@ def test_cli_tp_must_match_the_launch(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert main(["generate", "--model", "gpt2", "--random-weights", "--allreduce", "nccl"]) == 2
     assert "--allreduce goes with --tp" in capsys.readouterr().err
+
+
+def test_bench_tp_writes_tokens_and_agreement(tmp_path, monkeypatch):
+    """bench --tp on the CPU (one process, the reference kernels): the results file carries what
+    the GPU script compares across TP degrees."""
+    import json
+
+    from inference.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = ["bench", "--model", "gpt2", "--random-weights", "--device", "cpu", "--tp", "1", "--batch", "1",
+            "--prompt-len", "4", "--decode-prompt-len", "4", "--gen-len", "3", "--out", str(tmp_path)]
+    assert main(args) == 0
+    first = tmp_path / "tp_gpt2_tp1_cpu.json"
+    assert main(args + ["--tp-reference", str(first)]) == 0
+    d = json.loads(first.read_text())
+    row = d["decode"]["none"]
+    assert len(row["tokens"]) == 3 and len(row["margins"]) == 3 and row["decoder"] == "StaticDecoder"
+    assert d["teacher_forced_vs_reference"] == {"reference_tp": 1, "positions": 3, "agree": 3, "disagree_at": [],
+                                                "margin_here": [], "margin_reference": []}
