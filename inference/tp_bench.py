@@ -207,7 +207,7 @@ def allreduce_us(group, hidden: int, dtype, device, n: int = 64, reps: int = 20)
 def run_tp_bench(args) -> int:
     import transformers
 
-    from .bench import decode_bytes, prefill_flops
+    from .bench import decode_bytes, decode_timeline, prefill_flops, profile_breakdown
     from .models import RANDOM_BANNER, UserError, check_positions, load_config, load_model
     from .patch import patch_model
 
@@ -258,6 +258,10 @@ def run_tp_bench(args) -> int:
     result["prefill"] = {"ms": ms, "tok_s": args.batch * args.prompt_len / ms * 1e3,
                          "tflops_per_rank": flops / (ms * 1e-3) / 1e12,
                          "mfu_pct": 100 * flops / (ms * 1e-3) / (part.bf16_tflops * 1e12) if part else None}
+    if not args.no_profile:
+        with torch.no_grad():
+            result["prefill"]["breakdown"] = profile_breakdown(
+                lambda: model(ids, use_cache=False, logits_to_keep=1), cuda=cuda)
     print(f"prefill {args.batch} x {args.prompt_len}: {ms:.2f} ms, {result['prefill']['tok_s']:,.0f} tokens/s"
           + (f", MFU {result['prefill']['mfu_pct']:.1f}% per rank" if part else ""))
     if cuda:
@@ -301,6 +305,9 @@ def run_tp_bench(args) -> int:
             row["tokens"] = toks[0].tolist()
             seq = torch.cat([dec_ids, toks], 1)
             row["margins"] = _teacher_forced(model, seq, args.decode_prompt_len)[1]
+            if not args.no_profile and cuda and dec.cuda_graph and gen >= 9:  # where the step's time goes
+                dec.prefill(dec_ids)
+                row["timeline"] = decode_timeline(dec) or {}
             del dec
         except (RuntimeError, ValueError) as e:  # this backend fails here: say so, keep the rest
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
