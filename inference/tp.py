@@ -47,6 +47,10 @@ from torch import nn
 from .modules import CuteLMHead
 
 ALLREDUCE_ENV = "CUTE_KERNELS_TP_ALLREDUCE"
+SP_NORM_ENV = "CUTE_KERNELS_TP_SP_NORM"
+# Sequence-parallel norms from this many rows on: below it (decode, short prompts) the
+# all-gather's latency costs more than the rows it saves.
+SP_MIN_ROWS = 1024
 # nccl: dist.all_reduce always. one-shot / two-shot: symmetric memory up to SYMM_MAX_BYTES,
 # NCCL above. auto: one-shot where symmetric memory is available on CUDA, NCCL otherwise.
 ALLREDUCES = ("auto", "nccl", "one-shot", "two-shot")
@@ -95,6 +99,12 @@ class TPGroup:
             raise ValueError(f"all-reduce backend must be one of {ALLREDUCES}, got {allreduce!r}")
         self.requested = allreduce
         self.allreduce = "nccl"  # until setup() has a symmetric buffer
+        from cute_kernels.runtime import env
+
+        # The Llama family's RMSNorms over >= sp_min_rows rows: each rank normalizes its share
+        # of the rows, an all-gather assembles them (SeqParallelNorm).
+        self.sp_norms = env.enabled(SP_NORM_ENV)
+        self.sp_min_rows = SP_MIN_ROWS
         self._symm: dict[torch.dtype, torch.Tensor] = {}
         self._group_name = None
 
@@ -333,6 +343,34 @@ class VocabParallelLMHead(CuteLMHead):
         return parts.movedim(0, -2).reshape(*local.shape[:-1], -1)[..., :self.vocab]
 
 
+class SeqParallelNorm:
+    """Mixed in before a family's RMSNorm: over many rows, each rank normalizes its 1/size of
+    the rows and one all-gather assembles the whole. Without it every rank normalizes every
+    row of the replicated hidden state (the norm's fp32 passes are a large share of a TP
+    prefill's non-GEMM time); RMSNorm is row-wise, so the result is the replicated one, bit
+    for bit."""
+
+    norm_tp: TPGroup
+
+    def forward(self, x):
+        tp = self.norm_tp
+        rows = x.numel() // x.shape[-1] if x.dim() else 0
+        if not tp.sp_norms or rows < tp.sp_min_rows or rows % tp.size:
+            return super().forward(x)
+        n = rows // tp.size
+        y = super().forward(x.reshape(rows, x.shape[-1])[tp.rank * n:(tp.rank + 1) * n])
+        return tp.all_gather(y).view(*x.shape[:-1], y.shape[-1])
+
+
+_SP_CLASSES: dict[type, type] = {}
+
+
+def _seq_parallel_class(cls: type) -> type:
+    if cls not in _SP_CLASSES:
+        _SP_CLASSES[cls] = type(f"SeqParallel{cls.__name__}", (SeqParallelNorm, cls), {})
+    return _SP_CLASSES[cls]
+
+
 def greedy_tokens(head, logits: torch.Tensor) -> torch.Tensor:
     """argmax(-1) of the logits that `head` computed: its local vocabulary slice when it is
     vocabulary-parallel (a distributed argmax), the full row otherwise."""
@@ -486,7 +524,8 @@ def shard_model(model, tp) -> TPGroup | None:
 
 
 def finish_patch(model) -> None:
-    """After patch_model's module swaps: the lm_head computes its vocabulary slice."""
+    """After patch_model's module swaps: the lm_head computes its vocabulary slice; the Llama
+    family's RMSNorms become sequence-parallel over long inputs (SeqParallelNorm)."""
     group = tp_of(model)
     head = model.lm_head
     if not isinstance(head, CuteLMHead):
@@ -495,6 +534,12 @@ def finish_patch(model) -> None:
     head.__class__ = VocabParallelLMHead
     head.vocab_tp, head.vocab, head.vocab_start, head.n_valid = group, model.config.vocab_size, start, n
     head.out_features = per
+    if model.config.model_type != "gpt2":  # GPT-2's LayerNorms run inside our fused ops, not as modules
+        body = model.model
+        for norm in [n for layer in body.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + \
+                [body.norm]:
+            norm.__class__ = _seq_parallel_class(type(norm))
+            norm.norm_tp = group
 
 
 # --------------------------------------------------------------------------- random weights

@@ -258,6 +258,13 @@ def run_tp_bench(args) -> int:
     result["prefill"] = {"ms": ms, "tok_s": args.batch * args.prompt_len / ms * 1e3,
                          "tflops_per_rank": flops / (ms * 1e-3) / 1e12,
                          "mfu_pct": 100 * flops / (ms * 1e-3) / (part.bf16_tflops * 1e12) if part else None}
+    if group is not None and ad.model.config.model_type != "gpt2" and group.sp_norms:  # A/B: replicated norms
+        group.sp_norms = False
+        with torch.no_grad():
+            ms_rep = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
+        group.sp_norms = True
+        result["prefill_replicated_norms"] = {"ms": ms_rep, "tok_s": args.batch * args.prompt_len / ms_rep * 1e3}
+        print(f"prefill with replicated RMSNorms: {ms_rep:.2f} ms (sequence-parallel: {ms:.2f} ms)")
     if not args.no_profile:
         with torch.no_grad():
             result["prefill"]["breakdown"] = profile_breakdown(
