@@ -63,19 +63,6 @@ MAX_VOCAB = 1 << 24
 INIT_TIMEOUT = timedelta(minutes=5)
 
 
-def _rank_env() -> tuple[int, int]:
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def is_rank0() -> bool:
-    """Whether this process prints: rank 0 of a torchrun launch, or a single process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank() == 0
-    return _rank_env()[0] == 0
-
-
 class TPGroup:
     """A tensor-parallel group: its ranks, and the all-reduce / all-gather the parallel
     modules use. `allreduce` is one of ALLREDUCES (None: the CUTE_KERNELS_TP_ALLREDUCE
@@ -91,16 +78,14 @@ class TPGroup:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.comm_backend = str(dist.get_backend(group)).lower()  # "nccl" or "gloo"
-        if allreduce is None:
-            from cute_kernels.runtime import env
+        from cute_kernels.runtime import env
 
+        if allreduce is None:
             allreduce = env.get(ALLREDUCE_ENV)
         if allreduce not in ALLREDUCES:
             raise ValueError(f"all-reduce backend must be one of {ALLREDUCES}, got {allreduce!r}")
         self.requested = allreduce
         self.allreduce = "nccl"  # until setup() has a symmetric buffer
-        from cute_kernels.runtime import env
-
         # The Llama family's RMSNorms over >= sp_min_rows rows: each rank normalizes its share
         # of the rows, an all-gather assembles them (SeqParallelNorm).
         self.sp_norms = env.enabled(SP_NORM_ENV)
@@ -283,6 +268,8 @@ def as_group(tp) -> TPGroup | None:
         if isinstance(tp, dist.ProcessGroup):
             return TPGroup(tp)
         raise TypeError(f"tp must be None, an int world size, a TPGroup or a ProcessGroup, got {type(tp).__name__}")
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
     if tp == 1:
         return None
     import torch.distributed as dist
