@@ -16,6 +16,12 @@ import torch
 from torch import nn
 
 
+def _tp_size(model) -> int:
+    """Ranks the model is sharded over (inference/tp.py); head counts, MLP width and the head's
+    vocabulary are per rank below, the hidden size and the full vocabulary are not."""
+    return getattr(getattr(model, "cute_tp", None), "size", 1)
+
+
 @dataclass(frozen=True)
 class Layer:
     """One transformer block as the decoder runs it: h += out_proj(attn(qkv(attn_norm(h))));
@@ -56,10 +62,11 @@ class GPT2Adapter:
         if getattr(cfg, "add_cross_attention", False):
             raise ValueError("only decoder-only GPT-2 is supported (no cross-attention)")
         self.model, self.body = model, model.transformer
+        self.tp = _tp_size(model)
         self.n_layers, self.hidden = cfg.n_layer, cfg.n_embd
-        self.n_heads = self.n_kv_heads = cfg.n_head
+        self.n_heads = self.n_kv_heads = cfg.n_head // self.tp
         self.head_dim = cfg.n_embd // cfg.n_head
-        self.mlp_hidden = cfg.n_inner or 4 * cfg.n_embd
+        self.mlp_hidden = (cfg.n_inner or 4 * cfg.n_embd) // self.tp
         self.vocab, self.max_positions = cfg.vocab_size, cfg.n_positions
 
     @property
@@ -87,10 +94,16 @@ class GPT2Adapter:
         return self.model.lm_head
 
     def matmul_params(self) -> int:
-        """Weights that take part in matmuls per token: qkv, out, mlp in/out per layer, and the head."""
-        e = self.hidden
+        """Weights that take part in matmuls per token (on this rank): qkv, out, mlp in/out per
+        layer, and the head."""
+        e, q = self.hidden, self.n_heads * self.head_dim
         kv = 2 * self.n_kv_heads * self.head_dim
-        return self.n_layers * (e * (e + kv) + e * e + 2 * e * self.mlp_hidden) + self.vocab * e
+        return self.n_layers * (e * (q + kv) + q * e + 2 * e * self.mlp_hidden) + self.head_vocab * e
+
+    @property
+    def head_vocab(self) -> int:
+        """The lm_head's rows on this rank (the whole vocabulary without tensor parallelism)."""
+        return -(-self.vocab // self.tp)
 
 
 class LlamaAdapter:
@@ -106,12 +119,14 @@ class LlamaAdapter:
         cfg = model.config
         self.model, self.body = model, model.model
         self.model_type = cfg.model_type
+        self.tp = _tp_size(model)
         self.n_layers, self.hidden = cfg.num_hidden_layers, cfg.hidden_size
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        n_heads = cfg.num_attention_heads
+        self.n_heads = n_heads // self.tp
+        self.n_kv_heads = (getattr(cfg, "num_key_value_heads", None) or n_heads) // self.tp
         # The attention module's own value: Qwen2Config has no head_dim field, the others default it.
-        self.head_dim = self.body.layers[0].self_attn.head_dim if self.n_layers else cfg.hidden_size // self.n_heads
-        self.mlp_hidden = cfg.intermediate_size
+        self.head_dim = self.body.layers[0].self_attn.head_dim if self.n_layers else cfg.hidden_size // n_heads
+        self.mlp_hidden = cfg.intermediate_size // self.tp
         self.vocab, self.max_positions = cfg.vocab_size, cfg.max_position_embeddings
 
     @property
@@ -153,7 +168,9 @@ class LlamaAdapter:
         the embedding is a row lookup, the head a GEMM over all of it."""
         e, q = self.hidden, self.n_heads * self.head_dim
         kv = 2 * self.n_kv_heads * self.head_dim
-        return self.n_layers * (e * (q + kv) + q * e + 3 * e * self.mlp_hidden) + self.vocab * e
+        return self.n_layers * (e * (q + kv) + q * e + 3 * e * self.mlp_hidden) + self.head_vocab * e
+
+    head_vocab = GPT2Adapter.head_vocab
 
 
 ADAPTERS = {"gpt2": GPT2Adapter, **{t: LlamaAdapter for t in LlamaAdapter.model_types}}

@@ -17,6 +17,7 @@ from .device import resolve_device
 from .models import GPT2_SIZES, LLAMA_CONFIGS, PRECISIONS, RANDOM_BANNER, UserError, check_positions
 
 BACKENDS = ("cute", "cublas", "compile", "tensorrt")
+ALLREDUCES = ("auto", "nccl", "one-shot", "two-shot")  # inference.tp.ALLREDUCES (not imported: no torch here)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="cpu: the PyTorch references on the CPU (checks the pipeline; no meaningful speed). "
                              "Default: cuda, or cpu where there is no GPU and the backend is the reference")
+        sp.add_argument("--tp", type=int, default=None,
+                        help="tensor parallelism over N processes: launch with torchrun --nproc-per-node N "
+                             "(bf16, our kernels; only rank 0 prints)")
+        sp.add_argument("--allreduce", type=_csv(ALLREDUCES), default=None,
+                        help=f"with --tp: the all-reduce backend, from {','.join(ALLREDUCES)} (default: "
+                             "CUTE_KERNELS_TP_ALLREDUCE, else auto); bench takes a comma-separated list to compare")
 
     g = sub.add_parser("generate", help="greedy generation with the patched model")
     common(g)
@@ -87,20 +94,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode at each of these batch sizes (e.g. 1,8,32) with prompts of --decode-prompt-len, "
                         "one report per phase and batch (default: decode at --batch after the --batch prefill)")
     b.add_argument("--decode-prompt-len", type=int, default=None, help="prompt length of the decode runs "
-                   "(default --prompt-len)")
+                   "(default --prompt-len; with --tp: 128, also the greedy-token check's prompt)")
     b.add_argument("--compile-decode-batch", type=_ints, default=None,
                    help="decode batches the compile backend runs (default all; torch.compile of a large model "
                         "takes minutes per shape)")
     b.add_argument("--out", default=None, help="report directory (default benchmarks/results)")
     b.add_argument("--no-profile", action="store_true", help="skip the torch.profiler per-op breakdown")
+    b.add_argument("--tp-reference", default=None,
+                   help="with --tp: the results file of another TP degree's run (same model and prompt): its "
+                        "greedy tokens are teacher-forced through this model and the agreement reported")
     b.set_defaults(func=_run_bench)
     return p
 
 
 def _run_bench(args) -> int:
+    if args.tp is not None:
+        from .tp_bench import run_tp_bench
+
+        return run_tp_bench(args)
     from .bench import run_bench
 
     return run_bench(args)
+
+
+def _launch_problem(args) -> str | None:
+    """What is wrong with --tp for this launch (read from torchrun's environment, before any import)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.tp is None:
+        return f"launched as {world} processes: pass --tp {world}" if world > 1 else None
+    if args.tp < 1:
+        return "--tp must be >= 1"
+    if args.tp != world:
+        return (f"--tp {args.tp} needs torchrun --nproc-per-node {args.tp} (this launch has WORLD_SIZE={world})"
+                if world == 1 else f"--tp {args.tp} but torchrun started {world} processes (WORLD_SIZE={world})")
+    if getattr(args, "precision", "bf16") != "bf16" or getattr(args, "backend", "cute") not in ("cute", "reference"):
+        return "--tp runs the bf16 patched model (--precision bf16)"
+    return None
 
 
 def main(argv=None) -> int:
@@ -110,16 +139,30 @@ def main(argv=None) -> int:
             return _fail(f"--{flag.replace('_', '-')} must be >= 1")
     if getattr(args, "gen_len", 0) < 0:
         return _fail("--gen-len must be >= 0 (0: prefill only)")
+    problem = _launch_problem(args)
+    if problem:
+        return _fail(problem)
+    if args.allreduce is not None and args.tp is None:
+        return _fail("--allreduce goes with --tp")
+    if _rank() != 0:  # only rank 0 prints; errors still reach stderr
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         return args.func(args)
     except (UserError, NotImplementedError, ValueError, ImportError, OSError) as e:
         if os.environ.get("INFERENCE_DEBUG"):
             raise
-        return _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        return _fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, every_rank=True)
 
 
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _fail(msg: str, every_rank: bool = False) -> int:
+    """One line on stderr: from rank 0, or from every rank (prefixed) for errors a rank hit alone."""
+    rank = _rank()
+    if rank == 0 or every_rank:
+        print(f"error: {msg}" if rank == 0 else f"error (rank {rank}): {msg}", file=sys.stderr)
     return 2
 
 
@@ -205,13 +248,16 @@ def run_generate(args) -> int:
     import torch
 
     device = resolve_device(args)
+    group = _tp_group(args, device)
+    if group is not None:
+        device = torch.device(device.type, torch.cuda.current_device()) if device.type == "cuda" else device
     # The model's kernels build in worker processes while this one imports and loads the model.
     precompiling = _start_precompile(args) if args.backend == "cute" else None
     import transformers
 
     from .decode import StaticDecoder
     from .decoders import decoder_for
-    from .models import load_config, load_model, load_tokenizer
+    from .models import load_config, load_tokenizer
     from .patch import patch_model
 
     phases("imports")
@@ -231,10 +277,11 @@ def run_generate(args) -> int:
         print(RANDOM_BANNER.format(name=args.model))
     if tok_note:
         print(f"note: {tok_note}")
-    model = load_model(args.model, config, random_weights=args.random_weights, device=device, dtype=dtype)
+    model = _load(args, config, device, dtype, group)
     ids = torch.tensor([prompt_ids], device=device)
     calibration = [ids] if args.precision == "int8-smoothquant" else None
-    reference = None if args.no_compare else copy.deepcopy(model)  # unpatched, for the agreement check
+    # unpatched, for the agreement check (a sharded model has no unsharded twin in this process)
+    reference = None if args.no_compare or group is not None else copy.deepcopy(model)
     phases("model")
     if args.tune:
         if device.type == "cuda" and args.backend == "cute":
@@ -256,10 +303,13 @@ def run_generate(args) -> int:
             print(f"note: building the model's kernels ahead failed ({stats['error']}); they compile on first use")
         phases("kernels")
     patch_model(model, precision=args.precision, attention=args.attention, backend=args.backend,
-                calibration=calibration)
+                calibration=calibration, tp=group)
+    if group is not None:
+        group.setup(device, dtype)  # collective; before any CUDA graph captures an all-reduce
     dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    tp_note = f" tp={group.size} allreduce={group.allreduce}" if group is not None else ""
     print(f"model={args.model} precision={args.precision} attention={args.attention} backend={args.backend} "
-          f"device={dev_name} dtype={str(dtype).replace('torch.', '')}")
+          f"device={dev_name} dtype={str(dtype).replace('torch.', '')}{tp_note}")
 
     n = args.max_new_tokens
     decoder = decoder_for(model, batch_size=1, max_len=len(prompt_ids) + n)
@@ -313,4 +363,29 @@ def run_generate(args) -> int:
                                              f"the disk cache ({st['load_s']:.1f} s), {st['compiles']} compiled "
                                              f"({st['compile_s']:.1f} s)") if x)
     print(f"--- startup ---\n{phases.line()}" + (f"; {kernels_note}" if kernels_note else ""))
+    if group is not None:
+        from .tp import shutdown
+
+        shutdown()
     return 0
+
+
+def _tp_group(args, device):
+    """The TPGroup of a --tp N > 1 launch (process group initialized here), else None."""
+    if not args.tp or args.tp == 1:
+        return None
+    from .tp import init_tp
+
+    return init_tp(args.tp, args.allreduce[0] if args.allreduce else None)
+
+
+def _load(args, config, device, dtype, group):
+    """The model: with --tp, random weights built sharded for the group (the same model for every
+    TP degree); otherwise loaded whole (patch_model shards it)."""
+    from .models import load_model
+
+    if args.tp and args.random_weights:
+        from .tp import build_random
+
+        return build_random(config, device=device, dtype=dtype, tp=group)
+    return load_model(args.model, config, random_weights=args.random_weights, device=device, dtype=dtype)

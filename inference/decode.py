@@ -35,6 +35,7 @@ from . import ops
 from .adapters import adapter_for
 from .next_token import next_token, next_token_buffers, next_token_reference
 from .patch import CuteConv1D, CuteLinear, apply_linear
+from .tp import greedy_tokens, tp_of
 
 # CUTE_KERNELS_DECODE_GLUE=0 runs the step's glue as the plain torch ops (A/B runs).
 GLUE_ENV = "CUTE_KERNELS_DECODE_GLUE"
@@ -61,6 +62,20 @@ class _Greedy:
         self.prefill(input_ids)
         self.decode(max_new_tokens - 1)
         return self.tokens(max_new_tokens)
+
+
+def capture_graph(fn, warmup: int) -> torch.cuda.CUDAGraph:
+    """fn run `warmup` times on a side stream (compiles, autotunes, loads kernels), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 class StaticDecoder(_Greedy):
@@ -96,7 +111,9 @@ class StaticDecoder(_Greedy):
         # On our kernels (not under torch.compile) the step's glue - argmax, token and counter
         # bookkeeping, the next step's embedding and attention lengths - is one launch
         # (next_token.py) writing _h and _seqlens, which the next step starts from.
-        self._glue = self._flash_backend is not None and not compile and env.enabled(GLUE_ENV)
+        # Tensor parallelism: the glue's argmax and embedding would see one vocabulary slice.
+        self._glue = (self._flash_backend is not None and not compile and env.enabled(GLUE_ENV)
+                      and tp_of(model) is None)
         self._h = torch.zeros(batch_size, 1, ad.hidden, device=dev, dtype=dt)
         self._seqlens = torch.zeros(batch_size, dtype=torch.int32, device=dev)
         self._glue_buffers = next_token_buffers(batch_size, dev) if self._glue else None
@@ -213,7 +230,7 @@ class StaticDecoder(_Greedy):
         if glued:
             self._next_token(logits[:, 0])
             return None
-        return logits.argmax(-1)
+        return greedy_tokens(ad.lm_head, logits)  # a distributed argmax over a vocabulary-parallel head
 
     def _next_token(self, logits: torch.Tensor) -> None:
         """The glue after the lm_head (next_token.py): token, counters, next h and lengths."""
@@ -254,15 +271,7 @@ class StaticDecoder(_Greedy):
         saved = [t.clone() for t in state]
         self._pos.zero_()
         self._step.zero_()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                self._step_fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            self._step_fn()
+        self._graph = capture_graph(self._step_fn, warmup=3)
         for dst, src in zip(state, saved):
             dst.copy_(src)
 

@@ -41,6 +41,7 @@ from . import ops
 from .adapters import LlamaAdapter
 from .decode import StaticDecoder
 from .modules import CuteLinear, apply_linear
+from .tp import greedy_tokens
 
 QKV_ENV = "CUTE_KERNELS_LLAMA_QKV"
 RMS_ENV = "CUTE_KERNELS_LLAMA_RMS_PROLOGUE"
@@ -249,4 +250,4 @@ class LlamaStaticDecoder(StaticDecoder):
         if glued:
             self._next_token(logits[:, 0])
             return None
-        return logits.argmax(-1)
+        return greedy_tokens(head, logits)  # a distributed argmax over a vocabulary-parallel head

@@ -38,6 +38,10 @@ LLAMA_CONFIGS = {
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192,
                        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+    "llama-3-70b": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
     "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                          rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072,
@@ -77,7 +81,8 @@ def size_name(name: str) -> str | None:
 def llama_name(name: str) -> str | None:
     """'meta-llama/Llama-3.2-1B' or 'llama-3.2-1b' -> 'llama-3.2-1b'; None if not in LLAMA_CONFIGS."""
     base = name.rstrip("/").split("/")[-1].lower()
-    base = {"meta-llama-3-8b": "llama-3-8b", "mistral-7b-v0.1": "mistral-7b"}.get(base, base)
+    base = {"meta-llama-3-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b",
+            "mistral-7b-v0.1": "mistral-7b"}.get(base, base)
     return base if base in LLAMA_CONFIGS else None
 
 

@@ -20,6 +20,7 @@ class _CuteLinearMixin:
     backend: str = "cute"
     activation: str | None = None
     fuses_residual = True  # protocol: forward(x, residual=...) adds it in the epilogue
+    tp = None  # a row-parallel linear's TPGroup (inference/tp.py): partial products, summed across ranks
 
     def _run(self, x: torch.Tensor, weight_nk: torch.Tensor, bias, residual):
         if not weight_nk.is_contiguous():  # only if someone replaced the storage layout
@@ -29,9 +30,25 @@ class _CuteLinearMixin:
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         r2 = None if residual is None else residual.reshape(-1, residual.shape[-1]).contiguous()
         N = weight_nk.shape[0]
-        y = ops.linear(x2, weight_nk, bias, r2, self.activation or "", 1.0, 1.0, self.backend)
+        bias, r2 = row_parallel_operands(self, bias, r2)
+        y = reduce_partial(self, ops.linear(x2, weight_nk, bias, r2, self.activation or "", 1.0, 1.0, self.backend))
         # The op returns rows padded to 16 bytes (lm_head: 50257 -> 50264); drop the padding as a view.
         return (y if y.shape[1] == N else y[:, :N]).view(*shape, N)
+
+
+def row_parallel_operands(module, bias, residual):
+    """(bias, residual) that `module`'s epilogue adds on this rank: for a row-parallel linear
+    (module.tp set, inference/tp.py) both on rank 0 and neither elsewhere, so that they enter
+    the all-reduced sum once. A decode step that calls the linear op on a module's weights
+    directly goes through this and `reduce_partial` too."""
+    tp = getattr(module, "tp", None)
+    return (None, None) if tp is not None and tp.rank != 0 else (bias, residual)
+
+
+def reduce_partial(module, y):
+    """The row-parallel linear's output summed across its ranks (y itself otherwise)."""
+    tp = getattr(module, "tp", None)
+    return y if tp is None else tp.all_reduce(y)
 
 
 class CuteLinear(_CuteLinearMixin, nn.Linear):

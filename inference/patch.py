@@ -329,7 +329,7 @@ def _own_config(model) -> None:
 
 
 def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", calibration: Iterable | None = None,
-                backend: str = "cute"):
+                backend: str = "cute", tp=None):
     """Run `model` on our kernels, in place; returns the same object.
 
     model: a GPT2LMHeadModel or GPT2Model, or a LlamaForCausalLM / Qwen2ForCausalLM /
@@ -342,6 +342,10 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
       int8-smoothquant only.
     attention: "sdpa" (transformers' SDPA) or "cute" (cute_kernels.flash_attn).
     backend: "cute" (Hopper kernels) or "reference" (the PyTorch references; CPU ok).
+    tp: tensor parallelism (inference/tp.py; bf16 only): None or 1, the world size of the
+      initialized default process group, a tp.TPGroup or a ProcessGroup. The weights are
+      sharded for this rank first, unless tp.shard_model / tp.build_random did it with
+      this group.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -362,6 +366,16 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
             ok, why = ops.cute_attention_available()
             if not ok:
                 raise NotImplementedError(f"attention='cute' needs cute_kernels.flash_attn: {why}; use attention='sdpa'")
+    # Tensor parallelism: shard before the swaps (they re-lay out the weights they see).
+    from . import tp as _tp
+
+    group, sharded = _tp.as_group(tp), _tp.tp_of(model)
+    if (group or sharded) is not None and precision != "bf16":
+        raise ValueError(f"tensor parallelism runs bf16 models; precision={precision!r} is not supported with tp")
+    if sharded is not None and group is not None and group.size != sharded.size:
+        raise ValueError(f"the model is sharded for tp={sharded.size}, patch_model got tp={group.size}")
+    if sharded is None and group is not None:
+        _tp.shard_model(model, group)
     _own_config(model)
     if family == "llama":
         from .patch_llama import patch_llama_modules
@@ -369,6 +383,8 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
         patch_llama_modules(model, backend=backend)
     else:
         _patch_gpt2_modules(model, precision, calibration, backend)
+    if _tp.tp_of(model) is not None:
+        _tp.finish_patch(model)
     if attention == "cute":
         model.set_attn_implementation(register_attention(backend))
     elif model.config._attn_implementation != "sdpa":

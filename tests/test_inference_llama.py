@@ -274,6 +274,7 @@ def test_bench_flops_count_gqa():
 EXPECTED = {  # H, I, L, Hq, Hkv, D, V, theta, rope_type, factor, tie, sliding window, eps, max_pos
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 64, 128256, 5e5, "llama3", 32.0, True, None, 1e-5, 131072),
     "llama-3-8b": (4096, 14336, 32, 32, 8, 128, 128256, 5e5, "default", None, False, None, 1e-5, 8192),
+    "llama-3-70b": (8192, 28672, 80, 64, 8, 128, 128256, 5e5, "default", None, False, None, 1e-5, 8192),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128, 128256, 5e5, "llama3", 8.0, False, None, 1e-5, 131072),
     "qwen2.5-7b": (3584, 18944, 28, 28, 4, 128, 152064, 1e6, "default", None, False, None, 1e-6, 131072),
     "mistral-7b": (4096, 14336, 32, 32, 8, 128, 32000, 1e4, "default", None, False, 4096, 1e-5, 32768),

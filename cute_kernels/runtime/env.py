@@ -53,6 +53,12 @@ SWITCHES: dict[str, Switch] = {
              "Triton launch instead of torch ops."),
     "CUTE_KERNELS_TRITON_DIRECT": Switch(
         "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
+    "CUTE_KERNELS_TP_ALLREDUCE": Switch(
+        "auto", "Tensor parallelism's all-reduce: nccl (dist.all_reduce), one-shot or two-shot (PyTorch symmetric "
+                "memory for messages up to 1 MiB, NCCL above); auto: one-shot where symmetric memory is available."),
+    "CUTE_KERNELS_TP_SP_NORM": Switch(
+        "1", "0: with tensor parallelism, every rank runs the Llama family's RMSNorms over all rows (default: "
+             "each rank normalizes its share of >= 1024 rows and an all-gather assembles them)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 

@@ -1,0 +1,218 @@
+"""Tensor parallelism (inference/tp.py): a model sharded over 2 processes computes what the
+unsharded model computes.
+
+CPU: 2 processes on gloo, tiny fp32 GPT-2 / Llama / Qwen2 / Mistral models on the reference
+backend (vocabularies that do not split evenly, GQA, Qwen2's q/k/v biases, a tied head):
+logits within fp32 rounding, identical greedy tokens (StaticDecoder for GPT-2, EagerDecoder
+for the Llama family), and random-weights models built sharded equal to the whole one.
+GPU (`gpu`, >= 2 Hopper GPUs): the same on NCCL with our kernels in bf16, every all-reduce
+backend, the decode step in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from inference import tp as TP  # noqa: E402
+
+VOCAB = 1001  # odd: the last vocabulary shard is padded
+
+
+def _tiny(kind: str, dtype=torch.float32, width: int = 64):
+    """2 layers, 4 heads (GQA: 2 KV heads) of width / 4: 16 on the CPU, 64 on the GPU (our
+    attention kernels' smallest head dim)."""
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    from tests.model_util import vary_weights
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = GPT2Config(n_layer=2, n_embd=width, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+                         eos_token_id=0)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        cfg_cls, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                        "mistral": (MistralConfig, MistralForCausalLM)}[kind]
+        cfg = cfg_cls(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0,
+                      eos_token_id=0, pad_token_id=0, tie_word_embeddings=kind == "llama")
+        model = cls(cfg)
+    return vary_weights(model).to(dtype).eval()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _greedy(model, ids, n):
+    from inference.decoders import decoder_for
+
+    dec = decoder_for(model, batch_size=ids.shape[0], max_len=ids.shape[1] + n)
+    return dec.generate(ids, n)
+
+
+def _worker(rank: int, world: int, port: int, out: str, device: str, kinds, allreduces) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    cuda = device == "cuda"
+    group = TP.init_tp(world)
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    backend = "cute" if cuda else "reference"
+    width = 256 if cuda else 64
+    from inference.patch import patch_model
+
+    results = {}
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1)).to(dev)
+    for kind in kinds:
+        base = _tiny(kind, dtype, width).to(dev)
+        whole = patch_model(copy.deepcopy(base), backend=backend, attention="cute")
+        sharded = patch_model(copy.deepcopy(base), backend=backend, attention="cute", tp=group)
+        group.setup(dev, dtype)
+        for allreduce in allreduces:
+            group.use(allreduce) if allreduce != "auto" else None
+            with torch.no_grad():
+                ref, got = whole(ids).logits.float(), sharded(ids).logits.float()
+            results[(kind, allreduce, "logits")] = (ref.cpu(), got.cpu())
+            results[(kind, allreduce, "tokens")] = (_greedy(whole, ids, 6).cpu(), _greedy(sharded, ids, 6).cpu())
+            if kind != "gpt2":  # sequence-parallel RMSNorms (here from 2 rows on): the same logits, bit for bit
+                group.sp_min_rows = 2
+                with torch.no_grad():
+                    results[(kind, allreduce, "sp-norm identical")] = (got.cpu(), sharded(ids).logits.float().cpu())
+                group.sp_min_rows = TP.SP_MIN_ROWS
+            if kind != "gpt2":  # the sharded model's own forward with transformers' cache, token by token
+                from inference.decode import EagerDecoder
+
+                dec = EagerDecoder(sharded, batch_size=ids.shape[0], max_len=ids.shape[1] + 6)
+                results[(kind, allreduce, "hf forward tokens")] = (results[(kind, allreduce, "tokens")][0],
+                                                                   dec.generate(ids, 6).cpu())
+    # Random weights built sharded are the whole model's slices: same logits.
+    for kind in kinds[:2]:
+        cfg = _tiny(kind, width=width).config
+        models = [TP.build_random(cfg, device=dev, dtype=dtype, tp=t) for t in (None, group)]
+        with torch.no_grad():
+            ref, got = (patch_model(m, backend=backend, attention="cute")(ids).logits.float() for m in models)
+        results[(kind, "random", "logits")] = (ref.cpu(), got.cpu())
+    if rank == 0:
+        torch.save(results, out)
+    TP.shutdown()
+    os._exit(0)  # no interpreter teardown of the process group: it can hang or abort after the results are in
+
+
+def _run(tmp_path, device, kinds, allreduces=("nccl",), world=2) -> dict:
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "tp.pt")
+    mp.spawn(_worker, args=(world, _free_port(), out, device, kinds, allreduces), nprocs=world, join=True)
+    return torch.load(out)
+
+
+def _check(results, rtol, atol_frac, exact_tokens=True, exact_sp=True):
+    """exact_sp: sequence-parallel norms bit-identical to replicated ones (the CPU; on the GPU a
+    reduction over fewer rows may be scheduled differently)."""
+    for key, (ref, got) in results.items():
+        if key[-1].endswith("logits") or (key[-1] == "sp-norm identical" and not exact_sp):
+            assert got.shape == ref.shape, key
+            torch.testing.assert_close(got, ref, rtol=rtol, atol=atol_frac * float(ref.abs().max()), msg=str(key))
+        elif key[-1] == "sp-norm identical":
+            assert torch.equal(got, ref), key
+        elif exact_tokens:
+            assert torch.equal(got, ref), f"{key}: {got.tolist()} != {ref.tolist()}"
+
+
+def test_sharded_equals_whole_cpu(tmp_path):
+    results = _run(tmp_path, "cpu", ("gpt2", "llama", "qwen2", "mistral"))
+    _check(results, 1e-4, 1e-4)
+
+
+@pytest.mark.gpu
+def test_sharded_equals_whole_gpu(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    allreduces = ["nccl"] + [a for a in ("one-shot", "two-shot") if TP.symm_mem_problem(a) is None]
+    results = _run(tmp_path, "cuda", ("gpt2", "llama", "qwen2"), allreduces)
+    # bf16: the partial sums round differently; tokens of these varied-weight models are well separated.
+    _check(results, 2e-2, 2e-2, exact_tokens=True, exact_sp=False)
+
+
+# --------------------------------------------------------------------------- single process
+
+
+def test_kv_heads_must_split():
+    model = _tiny("llama")
+    with pytest.raises(ValueError, match="num_key_value_heads % tp"):
+        TP._plan(model, 0, 4)
+
+
+def test_vocab_shards_cover_vocab():
+    for size in (1, 2, 3, 8):
+        rows = []
+        for r in range(size):
+            per, start, n = TP.vocab_shard(50257, r, size)
+            rows += list(range(start, start + n))
+            assert n <= per
+        assert rows == list(range(50257))
+
+
+def test_patch_model_rejects_bad_tp():
+    from inference.patch import patch_model
+
+    with pytest.raises(ValueError, match="needs torch.distributed"):
+        patch_model(_tiny("gpt2"), backend="reference", tp=2)
+    with pytest.raises(TypeError, match="tp must be"):
+        patch_model(_tiny("gpt2"), backend="reference", tp="2")
+    assert patch_model(_tiny("gpt2"), backend="reference", tp=1).cute_patch["backend"] == "reference"
+
+
+def test_cli_tp_must_match_the_launch(capsys, monkeypatch):
+    from inference.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["generate", "--model", "gpt2", "--random-weights", "--tp", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --tp 2 needs torchrun --nproc-per-node 2 "
+                                               "(this launch has WORLD_SIZE=1)")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["bench", "--model", "gpt2", "--random-weights"]) == 2
+    assert "pass --tp 2" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["generate", "--model", "gpt2", "--random-weights", "--allreduce", "nccl"]) == 2
+    assert "--allreduce goes with --tp" in capsys.readouterr().err
+
+
+def test_bench_tp_writes_tokens_and_agreement(tmp_path, monkeypatch):
+    """bench --tp on the CPU (one process, the reference kernels): the results file carries what
+    the GPU script compares across TP degrees."""
+    import json
+
+    from inference.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = ["bench", "--model", "gpt2", "--random-weights", "--device", "cpu", "--tp", "1", "--batch", "1",
+            "--prompt-len", "4", "--decode-prompt-len", "4", "--gen-len", "3", "--out", str(tmp_path)]
+    assert main(args) == 0
+    first = tmp_path / "tp_gpt2_tp1_cpu.json"
+    assert main(args + ["--tp-reference", str(first)]) == 0
+    d = json.loads(first.read_text())
+    row = d["decode"]["none"]
+    assert len(row["tokens"]) == 3 and len(row["margins"]) == 3 and row["decoder"] == "StaticDecoder"
+    assert d["teacher_forced_vs_reference"] == {"reference_tp": 1, "positions": 3, "agree": 3, "disagree_at": [],
+                                                "margin_here": [], "margin_reference": []}
