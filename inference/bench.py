@@ -81,10 +81,12 @@ def prefill_flops(ad, batch: int, seq: int) -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of every parameter and buffer once (tied wte/lm_head counted once), minus wpe (one row read)."""
+    """Bytes of every parameter and buffer once (tied wte/lm_head counted once), minus wpe (one row read).
+    A tensor is identified by its own address and size, not its storage's: the Llama decoder
+    re-points q/k/v and gate/up at row blocks of one concatenated storage."""
     seen, total = set(), 0
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        key = (t.untyped_storage().data_ptr(), t.dtype)
+        key = (t.data_ptr(), t.numel(), t.dtype)
         if name.endswith("wpe.weight") or key in seen:
             continue
         seen.add(key)

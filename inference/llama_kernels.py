@@ -28,6 +28,9 @@ import triton.language as tl
 @triton.jit
 def _rope_half(x1, x2, c1, c2, s1, s2, dt: tl.constexpr):
     """Both halves of rope(x) for x = [x1 | x2], rounding like the bf16 torch ops."""
+    # Launched with enable_fp_fusion=False: sm_90 has bf16 FMA, and LLVM contracts the second
+    # product into the add (fma.rn.bf16), skipping its rounding; where the two products nearly
+    # cancel, that moves the result by many ulps from the torch ops' value.
     o1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
     o2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
     return o1.to(dt), o2.to(dt)
@@ -102,7 +105,8 @@ def rope_append_triton(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads: int) -> 
     pdl = qkv.is_cuda and pdl_enabled()
     kernel = _rope_append_kernel[(M, n_q_heads + Hkv)](
         qkv, qkv.stride(0), cos, sin, pos, q, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), n_q_heads, Hkv, HALF=D // 2, PDL=pdl, num_warps=1, **({"launch_pdl": True} if pdl else {}))
+        k_cache.stride(2), n_q_heads, Hkv, HALF=D // 2, PDL=pdl, num_warps=1, enable_fp_fusion=False,
+        **({"launch_pdl": True} if pdl else {}))
     if pdl:
         prefer_max_shared(kernel)
     return q

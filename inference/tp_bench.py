@@ -147,7 +147,11 @@ def run_tp_bench(args) -> int:
     cuda = (args.device or "cuda") == "cuda"
     if cuda and not torch.cuda.is_available():
         raise UserError("bench --tp needs CUDA GPUs (none found); --device cpu smoke-tests it on gloo")
-    allreduces = list(args.allreduce or ["auto"])
+    from cute_kernels.runtime import env
+
+    from .tp import ALLREDUCE_ENV
+
+    allreduces = list(args.allreduce or [env.get(ALLREDUCE_ENV)])
     # The symmetric buffer is set up when any backend that needs it is asked for.
     group = init_tp(args.tp, "nccl" if allreduces == ["nccl"] else "auto") if args.tp > 1 else None
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")

@@ -575,7 +575,8 @@ def test_rope_append_compiles_for_sm90():
     sig = {"qkv_ptr": "*bf16", "qkv_stride": "i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "pos_ptr": "*i64",
            "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "c_sb": "i32", "c_sh": "i32", "c_ss": "i32",
            "HQ": "i32", "HKV": "i32"}
-    ptx = _triton_ptx_sm90(K, sig, {"HALF": 64, "PDL": True}, num_warps=1)
+    ptx = _triton_ptx_sm90(K, sig, {"HALF": 64, "PDL": True}, num_warps=1, enable_fp_fusion=False)
+    assert "fma.rn" not in ptx  # every product rounded on its own, as the torch ops do
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert "ld.global" not in ptx[:i_wait] and "st.global" not in ptx[:i_wait]
@@ -606,3 +607,18 @@ def test_rms_norm_compiles_for_sm90():
     ptx = _triton_ptx_sm90(K, sig, {"BLOCK": 4096, "PDL": True}, num_warps=8)
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and "ld.global" not in ptx[:i_wait]
+
+
+def test_weight_bytes_count_concatenated_projections_whole():
+    """The static decoder re-points q/k/v and gate/up at blocks of one storage: the bench's
+    MBU still counts every weight once."""
+    from torch import nn
+
+    from inference.bench import weight_bytes
+    from inference.decode_llama import concat_rows
+
+    m = nn.Module()
+    m.q, m.k, m.v = (nn.Linear(16, n, bias=False) for n in (32, 8, 8))
+    before = weight_bytes(m)
+    concat_rows([m.q.weight, m.k.weight, m.v.weight])
+    assert weight_bytes(m) == before == 4 * 16 * 48

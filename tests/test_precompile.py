@@ -275,6 +275,11 @@ def test_triton_recorder_notes_the_compiled_specialization(monkeypatch):
     assert seen == ["k"]
     assert triton_warm.recorded() == [{"fn": "tests.test_precompile:_fake_jit", "spec": '{"s": 1}',
                                        "cache_dir": _base32("ab" * 32)}]
+    # a preload (Triton's warm-up path) is not recorded: replaying a manifest must not grow it
+    knobs.runtime.jit_post_compile_hook(key="k", repr="", fn=types.SimpleNamespace(jit_function=jit),
+                                        compile={"device": 0, "specialization_data": '{"s": 2}'},
+                                        is_manual_warmup=True, already_compiled=False)
+    assert len(triton_warm.recorded()) == 1 and seen == ["k", "k"]
 
 
 def test_triton_preload_failure_is_a_status_not_an_error(tmp_path, monkeypatch):
@@ -339,3 +344,18 @@ def test_startup_benchmark_reads_the_commands_breakdown_and_needs_a_gpu():
     if not torch.cuda.is_available():
         out = subprocess.run([sys.executable, "-m", "benchmarks.startup"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
+
+
+def test_shipped_triton_records_match_the_kernels_signatures():
+    """A recorded specialization names every parameter of its kernel: one recorded before a
+    parameter was added would only fail its preload (and cost a cold start its head start)."""
+    pytest.importorskip("triton")
+    import importlib
+
+    from cute_kernels.precompile import available_manifests, load_triton, manifest_path
+
+    for name in available_manifests():
+        for t in load_triton(manifest_path(name)):
+            module, fn = t["fn"].split(":")
+            jit = getattr(importlib.import_module(module), fn)
+            assert list(json.loads(t["spec"])["signature"]) == list(jit.arg_names), (name, t["fn"])

@@ -340,6 +340,7 @@ class GemvLaunch:
                            out=out, alpha=alpha if e.alpha else 1.0, beta=beta if e.beta else 1.0)
 
 
+SMEM_TILE_BUDGET = 200 * 1024  # pipelined tiles; the rest of the 227 KB for the prologue's row and the epilogue
 LN_MAX_K = 8192  # the LayerNorm prologue holds a whole row in registers (K_PAD / 128 fp32 per thread)
 
 
@@ -373,6 +374,11 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     if rms is None and not swiglu and gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
         return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, kv, w_scale)
     block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
+    if block_m > 1:  # the tl.dot form stages x and weight tiles in shared memory: keep them under the H100's 227 KB
+        if swiglu:  # two weight tiles (gate and up) per step
+            block_k = min(block_k, 256)
+        per_stage = (block_n * w_nk.element_size() * (2 if swiglu else 1) + block_m * x.element_size()) * block_k
+        stages = max(2, min(stages, SMEM_TILE_BUDGET // per_stage))
     ln_w, ln_b, eps = ln if ln is not None else (rms[0], None, rms[1]) if rms is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
     kv_args = (False, None, None, None, 0, 1, 0, 0, 0, 64)

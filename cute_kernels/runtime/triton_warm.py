@@ -37,9 +37,13 @@ def cache_root() -> Path:
 
 
 def is_cached(entry: dict) -> bool:
-    """Whether Triton's disk cache already holds the entry's kernel (its group file is written last)."""
+    """Whether Triton's disk cache already holds the entry's kernel (its group file is written
+    last), or a preload here already did what it could: a record whose cache directory differs
+    from what this Triton builds (an edited kernel source, another Triton) leaves a marker, so
+    that every later start does not spawn a worker to retry it."""
     d = entry.get("cache_dir")
-    return bool(d) and bool(glob.glob(str(cache_root() / d / "__grp__*.json")))
+    root = cache_root()
+    return bool(d) and (bool(glob.glob(str(root / d / "__grp__*.json"))) or (root / f"{d}.preloaded").exists())
 
 
 def install_recorder() -> None:
@@ -49,6 +53,11 @@ def install_recorder() -> None:
     previous = knobs.runtime.jit_post_compile_hook
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        # A warm-up is not a launch: preload workers (which inherit the recording switch) would
+        # otherwise record the very specializations they replay, stale ones included.
+        if is_manual_warmup:
+            return previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                            already_compiled=already_compiled) if previous is not None else None
         try:
             jit = fn.jit_function
             kernel = jit.device_caches[compile["device"]][0].get(key)
@@ -87,6 +96,11 @@ def preload(entry: dict) -> tuple[str, str, float]:
         _build_launcher(kernel)
     except Exception as e:  # noqa: BLE001 - another Triton version or no GPU: compiled on first use instead
         status = f"failed: {type(e).__name__}: {e}"
+    if not is_cached(entry):
+        try:
+            (cache_root() / f"{entry['cache_dir']}.preloaded").write_text(status)
+        except OSError:
+            pass
     return entry["fn"], status, time.perf_counter() - t0
 
 
