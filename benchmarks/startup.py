@@ -92,7 +92,9 @@ def main(argv=None) -> int:
                              "Python bytecode compiled beforehand (as pip install does); wall = the whole command in a fresh "
                              "process; phases as the command prints them",
                "rows": rows, "summary": summary}
-    out_dir = Path(os.environ.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
+    from cute_kernels.runtime import env
+
+    out_dir = Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"startup_{gpu_tag()}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
