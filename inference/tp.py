@@ -48,6 +48,7 @@ from .modules import CuteLMHead
 
 ALLREDUCE_ENV = "CUTE_KERNELS_TP_ALLREDUCE"
 SP_NORM_ENV = "CUTE_KERNELS_TP_SP_NORM"
+SEQ_PARALLEL_ENV = "CUTE_KERNELS_TP_SEQ_PARALLEL"
 # Sequence-parallel norms from this many rows on: below it (decode, short prompts) the
 # all-gather's latency costs more than the rows it saves.
 SP_MIN_ROWS = 1024
@@ -90,6 +91,11 @@ class TPGroup:
         # of the rows, an all-gather assembles them (SeqParallelNorm).
         self.sp_norms = env.enabled(SP_NORM_ENV)
         self.sp_min_rows = SP_MIN_ROWS
+        # The Llama family's residual stream split by rows between decoder layers over
+        # >= sp_min_rows rows (SeqParallelDecoderLayer); sp_shape is the full [B, S, hidden]
+        # of the forward in flight, which the layers and the final norm gather back to.
+        self.seq_parallel = env.enabled(SEQ_PARALLEL_ENV)
+        self.sp_shape: torch.Size | None = None
         self._symm: dict[torch.dtype, torch.Tensor] = {}
         self._group_name = None
 
@@ -182,6 +188,25 @@ class TPGroup:
         else:  # gloo has no all_gather_into_tensor
             dist.all_gather(list(out.unbind(0)), x, group=self.group)
         return out
+
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's 1/size of the rows (dim 0, in rank order) of the sum of x over the group.
+        x may be overwritten."""
+        if self.size == 1:
+            return x
+        if x.dim() == 0 or x.shape[0] % self.size:
+            raise ValueError(f"reduce_scatter splits dim 0 evenly over {self.size} ranks, got shape {tuple(x.shape)}")
+        import torch.distributed as dist
+
+        x = x.contiguous()
+        n = x.shape[0] // self.size
+        if self.comm_backend == "nccl":
+            out = x.new_empty((n, *x.shape[1:]))
+            dist.reduce_scatter_tensor(out, x, group=self.group)
+            return out
+        # gloo (the CPU tests) has no reduce-scatter: the whole sum, then this rank's rows.
+        dist.all_reduce(x, group=self.group)
+        return x[self.rank * n:(self.rank + 1) * n]
 
     def argmax(self, logits: torch.Tensor, start: int, n_valid: int) -> torch.Tensor:
         """Greedy token ids [...] from this rank's vocabulary slice of the logits [..., >= n_valid]
@@ -335,12 +360,22 @@ class SeqParallelNorm:
     the rows and one all-gather assembles the whole. Without it every rank normalizes every
     row of the replicated hidden state (the norm's fp32 passes are a large share of a TP
     prefill's non-GEMM time); RMSNorm is row-wise, so the result is the replicated one, bit
-    for bit."""
+    for bit. A 2-D input is a sequence-parallel residual stream's local rows (the model's
+    final norm after SeqParallelDecoderLayers): normalized here, gathered to tp.sp_shape,
+    which ends the sequence-parallel forward."""
 
     norm_tp: TPGroup
 
+    def local(self, x):
+        """The stock norm of these rows only, no communication."""
+        return super().forward(x)
+
     def forward(self, x):
         tp = self.norm_tp
+        shape = tp.sp_shape
+        if x.dim() == 2 and shape is not None and x.shape[0] * tp.size == shape[:-1].numel():
+            tp.sp_shape = None  # the forward's last gather: a later 2-D call (a decode step's norm) is plain
+            return tp.all_gather(super().forward(x)).view(*shape[:-1], x.shape[-1])
         rows = x.numel() // x.shape[-1] if x.dim() else 0
         if not tp.sp_norms or rows < tp.sp_min_rows or rows % tp.size:
             return super().forward(x)
@@ -349,13 +384,80 @@ class SeqParallelNorm:
         return tp.all_gather(y).view(*x.shape[:-1], y.shape[-1])
 
 
-_SP_CLASSES: dict[type, type] = {}
+class SeqParallelDecoderLayer:
+    """Mixed in before our Llama-family decoder layer (patch_llama._CuteDecoderLayer): Megatron
+    sequence parallelism. Between layers each rank holds 1/size of the residual stream's
+    B*S rows (a 2-D [rows / size, hidden] tensor; the first layer takes its share of the
+    replicated embedding output). Per half-layer: the norm on the local rows, an all-gather
+    to full rows for the column-parallel projections, the row-parallel projection's partial
+    product reduce-scattered back to local rows, plus the local residual. That is one
+    reduce-scatter and one all-gather where the replicated stream needs an all-reduce (twice
+    the traffic of either) and, with SP norms, an all-gather too. Under tp.sp_min_rows rows,
+    or rows that do not split evenly, the layer runs as it does without it (decode, short
+    prompts). Hidden states recorded between layers (output_hidden_states) are local rows."""
+
+    sp_tp: TPGroup
+
+    def forward(self, hidden_states, *args, **kwargs):
+        from .modules import _stock_arguments, apply_linear
+        from .patch_llama import _CuteAttention
+
+        tp = self.sp_tp
+        x = hidden_states
+        if x.dim() != 2:  # the first layer: the replicated stream, split here when it is long enough
+            rows = x.numel() // x.shape[-1]
+            if (not tp.seq_parallel or self.training or rows < tp.sp_min_rows or rows % tp.size
+                    or not isinstance(self.self_attn, _CuteAttention)):
+                tp.sp_shape = None
+                return super().forward(hidden_states, *args, **kwargs)
+            tp.sp_shape = x.shape
+            n = rows // tp.size
+            x = x.reshape(rows, x.shape[-1])[tp.rank * n:(tp.rank + 1) * n]
+        elif tp.sp_shape is None:
+            raise ValueError("a 2-D hidden state reached a sequence-parallel decoder layer outside a "
+                             "sequence-parallel forward")
+        shape = tp.sp_shape
+        a = _stock_arguments(self._stock.forward, args, kwargs)
+        full = tp.all_gather(self.input_layernorm.local(x)).view(shape)
+        h, _ = self.self_attn(full, residual=x, **a)  # o_proj: SeqParallelRowLinear, local rows out
+        mlp = self.mlp
+        full = tp.all_gather(self.post_attention_layernorm.local(h)).view(*shape[:-1], h.shape[-1])
+        return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(full)) * mlp.up_proj(full), h)
 
 
-def _seq_parallel_class(cls: type) -> type:
-    if cls not in _SP_CLASSES:
-        _SP_CLASSES[cls] = type(f"SeqParallel{cls.__name__}", (SeqParallelNorm, cls), {})
-    return _SP_CLASSES[cls]
+class SeqParallelRowLinear:
+    """Mixed in before our row-parallel linear (o_proj, down_proj of the Llama family): given
+    full rows x and a 2-D residual of this rank's local rows (SeqParallelDecoderLayer), the
+    partial product (bias on rank 0) is reduce-scattered and the local residual added after;
+    otherwise the fused epilogue and all-reduce as before."""
+
+    def forward(self, x, residual=None):
+        if residual is None or residual.dim() != 2 or x.dim() == 2:
+            return super().forward(x, residual)
+        from . import ops
+
+        tp = self.tp
+        w = self.weight if self.weight.is_contiguous() else self.weight.contiguous()
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        if x2.shape[0] != residual.shape[0] * tp.size:
+            raise ValueError(f"sequence-parallel {type(self).__name__}: {x2.shape[0]} input rows over {tp.size} "
+                             f"ranks, but {residual.shape[0]} local residual rows")
+        bias = self.bias if tp.rank == 0 else None
+        y = ops.linear(x2, w, bias, None, self.activation or "", 1.0, 1.0, self.backend)
+        N = w.shape[0]
+        if y.shape[1] != N:  # the op pads rows to 16 bytes
+            y = y[:, :N]
+        return tp.reduce_scatter(y) + residual
+
+
+_SP_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _seq_parallel_class(cls: type, mixin: type = SeqParallelNorm) -> type:
+    key = (cls, mixin)
+    if key not in _SP_CLASSES:
+        _SP_CLASSES[key] = type(f"SeqParallel{cls.__name__}", (mixin, cls), {})
+    return _SP_CLASSES[key]
 
 
 def greedy_tokens(head, logits: torch.Tensor) -> torch.Tensor:
@@ -512,7 +614,9 @@ def shard_model(model, tp) -> TPGroup | None:
 
 def finish_patch(model) -> None:
     """After patch_model's module swaps: the lm_head computes its vocabulary slice; the Llama
-    family's RMSNorms become sequence-parallel over long inputs (SeqParallelNorm)."""
+    family's RMSNorms become sequence-parallel over long inputs (SeqParallelNorm), and its
+    decoder layers and row-parallel linears can keep the residual stream split by rows
+    (SeqParallelDecoderLayer, SeqParallelRowLinear; CUTE_KERNELS_TP_SEQ_PARALLEL)."""
     group = tp_of(model)
     head = model.lm_head
     if not isinstance(head, CuteLMHead):
@@ -527,6 +631,11 @@ def finish_patch(model) -> None:
                 [body.norm]:
             norm.__class__ = _seq_parallel_class(type(norm))
             norm.norm_tp = group
+        for layer in body.layers:
+            layer.__class__ = _seq_parallel_class(type(layer), SeqParallelDecoderLayer)
+            layer.sp_tp = group
+            for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                lin.__class__ = _seq_parallel_class(type(lin), SeqParallelRowLinear)
 
 
 # --------------------------------------------------------------------------- random weights

@@ -5,7 +5,9 @@ What it measures (rank 0 writes `tp_<model>_tp<N>_<gpu>.json` under --out):
 - prefill: one no-cache forward over [batch, prompt_len] keeping the last position's logits
   (what a generation needs; the full-vocabulary logits of every position would add an
   all-gather of batch x prompt_len x vocab), CUDA-event timed, median of 5 after 2 warm-ups.
-  MFU = this rank's FLOPs / time / the GPU's bf16 peak.
+  MFU = this rank's FLOPs / time / the GPU's bf16 peak. The Llama family's prefill is timed
+  again with the sequence-parallel residual stream switched the other way
+  (CUTE_KERNELS_TP_SEQ_PARALLEL; `prefill_seq_parallel`: on and off, the other setting profiled).
 - decode, batch 1: greedy tokens after a --decode-prompt-len prompt, one CUDA graph per token
   (the model's static decoder, decoders.decoder_for), for every --allreduce backend (the graph is captured again
   per backend). MBU = this rank's weights + its KV rows read per step / time / HBM bandwidth.
@@ -201,6 +203,19 @@ def run_tp_bench(args) -> int:
         group.sp_norms = True
         result["prefill_replicated_norms"] = {"ms": ms_rep, "tok_s": args.batch * args.prompt_len / ms_rep * 1e3}
         print(f"prefill with replicated RMSNorms: {ms_rep:.2f} ms (sequence-parallel: {ms:.2f} ms)")
+    if group is not None and ad.model.config.model_type != "gpt2":  # A/B: the sequence-parallel residual stream
+        on = group.seq_parallel
+        group.seq_parallel = not on
+        with torch.no_grad():
+            ms_other = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
+            breakdown = None if args.no_profile else profile_breakdown(
+                lambda: model(ids, use_cache=False, logits_to_keep=1), cuda=cuda)
+        group.seq_parallel = on
+        ab = {on: {"ms": ms}, not on: {"ms": ms_other, "breakdown": breakdown}}
+        result["prefill_seq_parallel"] = {
+            k: {**v, "tok_s": args.batch * args.prompt_len / v["ms"] * 1e3} for k, v in
+            (("on", ab[True]), ("off", ab[False]))}
+        print(f"prefill with CUTE_KERNELS_TP_SEQ_PARALLEL=1: {ab[True]['ms']:.2f} ms, =0: {ab[False]['ms']:.2f} ms")
     if not args.no_profile:
         with torch.no_grad():
             result["prefill"]["breakdown"] = profile_breakdown(

@@ -60,6 +60,10 @@ SWITCHES: dict[str, Switch] = {
     "CUTE_KERNELS_TP_SP_NORM": Switch(
         "1", "0: with tensor parallelism, every rank runs the Llama family's RMSNorms over all rows (default: "
              "each rank normalizes its share of >= 1024 rows and an all-gather assembles them)."),
+    "CUTE_KERNELS_TP_SEQ_PARALLEL": Switch(
+        "0", "1: with tensor parallelism, the Llama family's prefill keeps the residual stream split by rows "
+             "between decoder layers over >= 1024 rows (a reduce-scatter and an all-gather per half-layer instead "
+             "of an all-reduce)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 
