@@ -18,6 +18,11 @@ Each rank holds a slice of every large weight and runs the same forward on its s
   all-gather) in the decode loops. A vocabulary that does not split evenly (GPT-2's 50257)
   pads the last shard with zero rows, which the gather and the argmax leave out.
 
+Sequence parallelism (the Llama family's prefill, CUTE_KERNELS_TP_SEQ_PARALLEL): over long
+inputs the residual stream between decoder layers is split by rows, 1/size per rank; each
+half-layer all-gathers its normalized rows for the column-parallel projections and ends its
+row-parallel projection in a reduce-scatter instead of an all-reduce (SeqParallelDecoderLayer).
+
 The all-reduce is one function (`TPGroup.all_reduce`) with two families of backends: NCCL
 (`dist.all_reduce`; gloo on the CPU) and PyTorch symmetric memory's one-shot / two-shot
 kernels, which run inside a CUDA graph with a few microseconds of latency where NCCL's

@@ -4,7 +4,8 @@ unsharded model computes.
 CPU: 2 processes on gloo, tiny fp32 GPT-2 / Llama / Qwen2 / Mistral models on the reference
 backend (vocabularies that do not split evenly, GQA, Qwen2's q/k/v biases, a tied head):
 logits within fp32 rounding, identical greedy tokens (StaticDecoder for GPT-2, EagerDecoder
-for the Llama family), and random-weights models built sharded equal to the whole one.
+for the Llama family), and random-weights models built sharded equal to the whole one; the
+Llama family with its residual stream split by rows (sequence parallelism) equal to both.
 GPU (`gpu`, >= 2 Hopper GPUs): the same on NCCL with our kernels in bf16, every all-reduce
 backend, the decode step in a CUDA graph.
 """
