@@ -176,22 +176,12 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 @triton.jit
-def _rope_rows(x_ptr, o_ptr, cos_ptr, sin_ptr, b, h, S, sx_b, sx_h, sx_s, so_b, so_h, so_s, sc_b, sc_s,
-               HALF: tl.constexpr, BLOCK_S: tl.constexpr):
-    s = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S))[:, None].to(tl.int64)
-    d = tl.arange(0, HALF)[None, :]
-    m = s < S
+def _rope_rows(x_ptr, o_ptr, b, h, s, m, d, c1, c2, s1, s2, sx_b, sx_h, sx_s, so_b, so_h, so_s,
+               HALF: tl.constexpr):
     x = x_ptr + b * sx_b + h * sx_h + s * sx_s + d
-    dt = x_ptr.dtype.element_ty
     x1 = tl.load(x, mask=m).to(tl.float32)
     x2 = tl.load(x + HALF, mask=m).to(tl.float32)
-    c = cos_ptr + b * sc_b + s * sc_s + d
-    sn = sin_ptr + b * sc_b + s * sc_s + d
-    c1 = tl.load(c, mask=m).to(tl.float32)
-    c2 = tl.load(c + HALF, mask=m).to(tl.float32)
-    s1 = tl.load(sn, mask=m).to(tl.float32)
-    s2 = tl.load(sn + HALF, mask=m).to(tl.float32)
-    o1, o2 = _rope_half(x1, x2, c1, c2, s1, s2, dt)
+    o1, o2 = _rope_half(x1, x2, c1, c2, s1, s2, o_ptr.dtype.element_ty)
     o = o_ptr + b * so_b + h * so_h + s * so_s + d
     tl.store(o, o1, mask=m)
     tl.store(o + HALF, o2, mask=m)
@@ -201,16 +191,22 @@ def _rope_rows(x_ptr, o_ptr, cos_ptr, sin_ptr, b, h, S, sx_b, sx_h, sx_s, so_b, 
 def _rope_prefill_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, S, HQ, HK,
                          sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sqo_b, sqo_h, sqo_s, sko_b, sko_h, sko_s, sc_b, sc_s,
                          HALF: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (s block, b * (HQ + HK) + head): BLOCK_S positions of one head of q or of k."""
-    bh = tl.program_id(1)
-    b = (bh // (HQ + HK)).to(tl.int64)
-    h = bh % (HQ + HK)
-    if h < HQ:
-        _rope_rows(q_ptr, qo_ptr, cos_ptr, sin_ptr, b, h, S, sq_b, sq_h, sq_s, sqo_b, sqo_h, sqo_s, sc_b, sc_s,
-                   HALF, BLOCK_S)
-    else:
-        _rope_rows(k_ptr, ko_ptr, cos_ptr, sin_ptr, b, h - HQ, S, sk_b, sk_h, sk_s, sko_b, sko_h, sko_s, sc_b, sc_s,
-                   HALF, BLOCK_S)
+    """Program (s block, b): BLOCK_S positions of every head of q and k, so that each cos / sin
+    row is read once rather than once per head."""
+    b = tl.program_id(1).to(tl.int64)
+    s = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S))[:, None].to(tl.int64)
+    d = tl.arange(0, HALF)[None, :]
+    m = s < S
+    c = cos_ptr + b * sc_b + s * sc_s + d
+    sn = sin_ptr + b * sc_b + s * sc_s + d
+    c1 = tl.load(c, mask=m).to(tl.float32)
+    c2 = tl.load(c + HALF, mask=m).to(tl.float32)
+    s1 = tl.load(sn, mask=m).to(tl.float32)
+    s2 = tl.load(sn + HALF, mask=m).to(tl.float32)
+    for h in range(HQ):
+        _rope_rows(q_ptr, qo_ptr, b, h, s, m, d, c1, c2, s1, s2, sq_b, sq_h, sq_s, sqo_b, sqo_h, sqo_s, HALF)
+    for h in range(HK):
+        _rope_rows(k_ptr, ko_ptr, b, h, s, m, d, c1, c2, s1, s2, sk_b, sk_h, sk_s, sko_b, sko_h, sko_s, HALF)
 
 
 def check_rope_prefill(q, k, cos, sin) -> None:
@@ -243,8 +239,9 @@ def rope_prefill_triton(q, k, cos, sin):
     qo, ko = torch.empty_like(q), torch.empty_like(k)
     if q.numel() == 0:
         return qo, ko
-    block_s = max(1, min(triton.next_power_of_2(S), 2048 // D))
-    _rope_prefill_kernel[(triton.cdiv(S, block_s), B * (Hq + Hk))](
+    # 4x2048 tokens of 128-wide heads: 1024 programs of 8 positions x 40 heads
+    block_s = max(1, min(triton.next_power_of_2(S), 1024 // D))
+    _rope_prefill_kernel[(triton.cdiv(S, block_s), B)](
         q, k, qo, ko, cos, sin, S, Hq, Hk, *q.stride()[:3], *k.stride()[:3], *qo.stride()[:3], *ko.stride()[:3],
         cos.stride(0), cos.stride(1), HALF=D // 2, BLOCK_S=block_s, num_warps=4, enable_fp_fusion=False)
     return qo, ko
