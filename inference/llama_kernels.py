@@ -277,6 +277,9 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """ops.silu_mul on the GPU: gate, up [M, N] (unit stride on N, any row stride: the halves of
     a [gate | up] GEMM output), one launch; returns a contiguous [M, N]."""
     check_silu_mul(gate, up)
+    if gate.dim() != 2:
+        raise ValueError(f"silu_mul_triton: gate and up [M, N], got {tuple(gate.shape)}")
+    gate, up = (t if t.stride(1) == 1 else t.contiguous() for t in (gate, up))
     M, N = gate.shape
     out = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
