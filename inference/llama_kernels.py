@@ -16,6 +16,11 @@ out = round(round(x * cos) + round(rotate_half(x) * sin)), rotate_half pairing i
 transformers' RMSNorm module is about seven kernels (pow, mean, add, rsqrt, two products, a
 cast); where the GEMV after it cannot take it as its prologue (more than 8 rows) it is one
 launch here, with the same two roundings (`ops.rms_norm_ref`).
+
+The prefill (patch_llama's switches) uses the same RMSNorm launch and two elementwise kernels
+of its own: RoPE of q and k over all positions (transformers' apply_rotary_pos_emb is about
+eight torch kernels) and silu(gate) * up (two). Both round as the torch ops do, so the fused
+model's prefill is the unfused one's bit for bit where the GEMMs are.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -114,7 +120,7 @@ def rope_append_triton(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads: int) -> 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, LIBDEVICE: tl.constexpr):
     """One row per program: transformers' Llama RMSNorm (fp32 statistics, the normalised value
     rounded to x's dtype, then times the weight, rounded)."""
     row = tl.program_id(0).to(tl.int64)
@@ -127,7 +133,14 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK: t
     for k0 in range(0, K, BLOCK):
         x = tl.load(x_ptr + row * stride_x + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
         acc += x * x
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / K + eps)
+    # torch.rsqrt is CUDA's rsqrtf (libdevice's rsqrt, rsqrt.approx.f32 without FTZ); 1 / sqrt
+    # rounds twice and moves rstd by an ulp now and then. Only the order of the fp32 sum of
+    # squares then differs from torch's mean.
+    var = tl.div_rn(tl.sum(acc, 0), K.to(tl.float32)) + eps
+    if LIBDEVICE:
+        rstd = libdevice.rsqrt(var)
+    else:  # Triton's CPU interpreter has no libdevice
+        rstd = 1.0 / tl.sqrt(var)
     for k0 in range(0, K, BLOCK):
         m = k0 + k < K
         x = tl.load(x_ptr + row * stride_x + k0 + k, mask=m, other=0.0).to(tl.float32)
@@ -150,8 +163,129 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         return out
     pdl = x.is_cuda and pdl_enabled()
     block = min(triton.next_power_of_2(K), 4096)
+    # No FP contraction: torch rounds each x * x before summing (pow(2)), and no FTZ (rsqrtf's).
     kernel = _rms_norm_kernel[(M,)](x, weight, out, K, x.stride(0), out.stride(0), float(eps), BLOCK=block, PDL=pdl,
-                                    num_warps=4 if block <= 2048 else 8, **({"launch_pdl": True} if pdl else {}))
+                                    LIBDEVICE=x.is_cuda, num_warps=4 if block <= 2048 else 8, enable_fp_fusion=False,
+                                    enable_reflect_ftz=False, **({"launch_pdl": True} if pdl else {}))
     if pdl:
         prefer_max_shared(kernel)
+    return out
+
+
+# --------------------------------------------------------------------------- prefill
+
+
+@triton.jit
+def _rope_rows(x_ptr, o_ptr, b, h, s, m, d, c1, c2, s1, s2, sx_b, sx_h, sx_s, so_b, so_h, so_s,
+               HALF: tl.constexpr):
+    x = x_ptr + b * sx_b + h * sx_h + s * sx_s + d
+    x1 = tl.load(x, mask=m).to(tl.float32)
+    x2 = tl.load(x + HALF, mask=m).to(tl.float32)
+    o1, o2 = _rope_half(x1, x2, c1, c2, s1, s2, o_ptr.dtype.element_ty)
+    o = o_ptr + b * so_b + h * so_h + s * so_s + d
+    tl.store(o, o1, mask=m)
+    tl.store(o + HALF, o2, mask=m)
+
+
+@triton.jit
+def _rope_prefill_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, S, HQ, HK,
+                         sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sqo_b, sqo_h, sqo_s, sko_b, sko_h, sko_s, sc_b, sc_s,
+                         HALF: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (s block, b): BLOCK_S positions of every head of q and k, so that each cos / sin
+    row is read once rather than once per head."""
+    b = tl.program_id(1).to(tl.int64)
+    s = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S))[:, None].to(tl.int64)
+    d = tl.arange(0, HALF)[None, :]
+    m = s < S
+    c = cos_ptr + b * sc_b + s * sc_s + d
+    sn = sin_ptr + b * sc_b + s * sc_s + d
+    c1 = tl.load(c, mask=m).to(tl.float32)
+    c2 = tl.load(c + HALF, mask=m).to(tl.float32)
+    s1 = tl.load(sn, mask=m).to(tl.float32)
+    s2 = tl.load(sn + HALF, mask=m).to(tl.float32)
+    for h in range(HQ):
+        _rope_rows(q_ptr, qo_ptr, b, h, s, m, d, c1, c2, s1, s2, sq_b, sq_h, sq_s, sqo_b, sqo_h, sqo_s, HALF)
+    for h in range(HK):
+        _rope_rows(k_ptr, ko_ptr, b, h, s, m, d, c1, c2, s1, s2, sk_b, sk_h, sk_s, sko_b, sko_h, sko_s, HALF)
+
+
+def check_rope_prefill(q, k, cos, sin) -> None:
+    """The shapes rope_prefill takes (ValueError otherwise)."""
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"rope_prefill: q [B, Hq, S, D] and k [B, Hk, S, D], got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
+    B, _, S, D = q.shape
+    if D % 2 or cos.dim() != 3 or cos.shape != sin.shape or tuple(cos.shape[1:]) != (S, D) \
+            or cos.shape[0] not in (1, B):
+        raise ValueError(f"rope_prefill: cos / sin [B or 1, S, D] = [{B}, {S}, {D}] (D even), got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if len({q.dtype, k.dtype, cos.dtype, sin.dtype}) != 1:
+        raise ValueError(f"rope_prefill: q, k, cos and sin must share one dtype, got {q.dtype}, {k.dtype}, "
+                         f"{cos.dtype}, {sin.dtype}")
+
+
+def rope_prefill_triton(q, k, cos, sin):
+    """ops.rope_prefill on the GPU: q [B, Hq, S, D], k [B, Hk, S, D] (any strides, unit on D),
+    cos / sin [B or 1, S, D]; returns (q, k) rotated, laid out like the inputs. One launch."""
+    check_rope_prefill(q, k, cos, sin)
+    B, Hq, S, D = q.shape
+    Hk = k.shape[1]
+    if D & (D - 1):
+        raise ValueError(f"rope_prefill: head dim {D} must be a power of two")
+    q, k, cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, cos, sin))
+    cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)
+    if cos.stride() != sin.stride():  # the kernel reads both with cos's strides
+        cos, sin = cos.contiguous(), sin.contiguous()
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    if q.numel() == 0:
+        return qo, ko
+    # 4x2048 tokens of 128-wide heads: 1024 programs of 8 positions x 40 heads
+    block_s = max(1, min(triton.next_power_of_2(S), 1024 // D))
+    _rope_prefill_kernel[(triton.cdiv(S, block_s), B)](
+        q, k, qo, ko, cos, sin, S, Hq, Hk, *q.stride()[:3], *k.stride()[:3], *qo.stride()[:3], *ko.stride()[:3],
+        cos.stride(0), cos.stride(1), HALF=D // 2, BLOCK_S=block_s, num_warps=4, enable_fp_fusion=False)
+    return qo, ko
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, N, s_g, s_u, s_o, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """silu(g) * u over one row block, with torch's bf16 roundings: silu as the CUDA kernel
+    computes it (x / (1 + expf(-x)) in fp32, IEEE division), rounded, then the product rounded."""
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = n < N
+    dt = o_ptr.dtype.element_ty
+    g = tl.load(g_ptr + row * s_g + n, mask=m).to(tl.float32)
+    u = tl.load(u_ptr + row * s_u + n, mask=m).to(tl.float32)
+    # libdevice expf and div_rn, not tl.exp / `/` (ex2.approx, div.full): torch's silu rounds
+    # from the accurate quotient, and an approximate one flips the bf16 rounding now and then.
+    if LIBDEVICE:
+        e = libdevice.exp(-g)
+    else:  # Triton's CPU interpreter has no libdevice
+        e = tl.exp(-g)
+    silu = tl.div_rn(g, 1.0 + e).to(dt).to(tl.float32)
+    tl.store(o_ptr + row * s_o + n, (silu * u).to(dt), mask=m)
+
+
+def check_silu_mul(gate, up) -> None:
+    if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device or gate.dim() == 0:
+        raise ValueError(f"silu_mul: gate and up of one shape, dtype and device, got {tuple(gate.shape)} "
+                         f"{gate.dtype} {gate.device} and {tuple(up.shape)} {up.dtype} {up.device}")
+
+
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ops.silu_mul on the GPU: gate, up [M, N] (unit stride on N, any row stride: the halves of
+    a [gate | up] GEMM output), one launch; returns a contiguous [M, N]."""
+    check_silu_mul(gate, up)
+    if gate.dim() != 2:
+        raise ValueError(f"silu_mul_triton: gate and up [M, N], got {tuple(gate.shape)}")
+    gate, up = (t if t.stride(1) == 1 else t.contiguous() for t in (gate, up))
+    M, N = gate.shape
+    out = torch.empty((M, N), dtype=gate.dtype, device=gate.device)
+    if out.numel() == 0:
+        return out
+    block = min(triton.next_power_of_2(N), 2048)
+    _silu_mul_kernel[(M, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), out.stride(0),
+                                                BLOCK=block, LIBDEVICE=gate.is_cuda, num_warps=4, enable_fp_fusion=False,
+                                                enable_reflect_ftz=False)
     return out

@@ -76,6 +76,26 @@ class CuteLMHead(CuteLinear):
         return super().adopt(module, backend=backend)
 
 
+def concat_rows(params) -> torch.Tensor:
+    """One tensor whose row blocks are the given parameters' data, which are re-pointed at their
+    blocks (the weights are not held twice). Parameters that already are consecutive blocks of
+    one storage (a decoder built before) are viewed, not copied."""
+    ts = [p.data for p in params]
+    first = ts[0]
+    shape = (sum(t.shape[0] for t in ts), *first.shape[1:])
+    same = all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+               and t.shape[1:] == first.shape[1:] for t in ts)
+    if same and all(b.storage_offset() == a.storage_offset() + a.numel() for a, b in zip(ts, ts[1:])):
+        return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), shape,
+                                       torch.empty(shape, device="meta").stride())
+    cat = torch.cat(ts)
+    row = 0
+    for p in params:
+        p.data = cat[row:row + p.shape[0]]
+        row += p.shape[0]
+    return cat
+
+
 def apply_linear(module, x, residual):
     """module(x) + residual, in the epilogue when the module supports it."""
     if residual is None:

@@ -367,3 +367,54 @@ def rope_append(
 @rope_append.register_fake
 def _(qkv, cos, sin, pos, k_cache, v_cache, n_q_heads, backend):
     return qkv.new_empty((qkv.shape[0], n_q_heads, k_cache.shape[3]))
+
+
+# --------------------------------------------------------------------------- Llama-family prefill ops
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+@torch.library.custom_op("cute_inference::rope_prefill", mutates_args=())
+def rope_prefill(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' apply_rotary_pos_emb for q [B, Hq, S, D] and k [B, Hk, S, D] with the
+    rotary embedding's cos / sin [B, S, D], in their dtype (rope_ref's roundings). Backend
+    "cute": one Triton launch for 16-bit CUDA tensors (power-of-two D), the reference otherwise."""
+    from .llama_kernels import check_rope_prefill
+
+    check_rope_prefill(q, k, cos, sin)
+    D = q.shape[-1]
+    if backend == "cute" and q.is_cuda and q.dtype in _HALF and not D & (D - 1):
+        from .llama_kernels import rope_prefill_triton
+
+        return rope_prefill_triton(q, k, cos, sin)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return rope_ref(q, c, s), rope_ref(k, c, s)
+
+
+@rope_prefill.register_fake
+def _(q, k, cos, sin, backend):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("cute_inference::silu_mul", mutates_args=())
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
+    """F.silu(gate) * up in their dtype (silu rounded before the product, as transformers'
+    LlamaMLP), contiguous. Backend "cute": one Triton launch for 16-bit CUDA tensors; gate and
+    up may be strided views (the halves of one [gate | up] GEMM output)."""
+    from .llama_kernels import check_silu_mul
+
+    check_silu_mul(gate, up)
+    if backend == "cute" and gate.is_cuda and gate.dtype in _HALF and gate.numel():
+        from .llama_kernels import silu_mul_triton
+
+        N = gate.shape[-1]
+        g, u = gate.reshape(-1, N), up.reshape(-1, N)
+        g, u = (t if t.stride(-1) == 1 else t.contiguous() for t in (g, u))
+        return silu_mul_triton(g, u).view(gate.shape)
+    return (F.silu(gate) * up).contiguous()
+
+
+@silu_mul.register_fake
+def _(gate, up, backend):
+    return gate.new_empty(gate.shape)

@@ -15,7 +15,22 @@ What changes, and why it is done this way:
   name (`_stock_arguments`) so that the `past_key_values` -> `cache` rename between
   transformers releases does not matter.
 - RMSNorm, RoPE and the SiLU gate stay transformers' modules and functions (the MLP module
-  is not swapped; the layer calls its gate/up/act and the fused down_proj).
+  is not swapped; the layer calls its gate/up/act and the fused down_proj), unless the
+  prefill switches say otherwise (read when patch_model runs; `set_prefill_fusions` flips
+  them on a patched model):
+  - CUTE_KERNELS_LLAMA_PREFILL_RMSNORM: the RMSNorm modules' eval-mode forward is
+    ops.rms_norm (one launch instead of about five). Every RMSNorm is class-swapped to a
+    subclass that checks the flag, so it stays a module with the stock weight and the stock
+    forward as its super(), and a tensor-parallel mixin placed before it later
+    (tp.SeqParallelNorm) wraps it whether the flag is on or off.
+  - CUTE_KERNELS_LLAMA_PREFILL_ROPE: the attention's RoPE is ops.rope_prefill (one launch
+    for q and k instead of about eight torch kernels).
+  - CUTE_KERNELS_LLAMA_PREFILL_SWIGLU: gate and up become one GEMM over their weights
+    concatenated (modules.concat_rows re-points the two Parameters at row blocks of one
+    storage, as the decode step does) and silu(gate) * up one launch (ops.silu_mul); "split"
+    keeps the two GEMMs.
+  All three reproduce transformers' bf16 roundings; they are separate switches so that each
+  can be measured on its own.
 - Attention is patch.py's `register_attention`, whose mask function is transformers' sdpa
   mask: Mistral's sliding window and padding arrive as an explicit mask (SDPA for a prefill,
   our decode kernel with that mask as key mask for one token), and the mask is None only
@@ -26,12 +41,16 @@ What changes, and why it is done this way:
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from transformers.models.llama import modeling_llama as _LLAMA
 from transformers.models.mistral import modeling_mistral as _MISTRAL
 from transformers.models.qwen2 import modeling_qwen2 as _QWEN2
 
-from .modules import CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear
+from cute_kernels.runtime import env
+
+from . import ops
+from .modules import CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear, concat_rows
 
 
 class _CuteAttention:
@@ -40,6 +59,7 @@ class _CuteAttention:
 
     _family = _LLAMA
     _stock = _LLAMA.LlamaAttention
+    fused_rope = False
 
     def _interface_kwargs(self) -> dict:
         """What the stock forward passes the attention function beyond the layer's kwargs."""
@@ -57,7 +77,10 @@ class _CuteAttention:
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
+        if self.fused_rope and _fusable(q, self.q_proj.backend) and cos.dtype == q.dtype:
+            q, k = ops.rope_prefill(q, k, cos, sin, self.q_proj.backend)
+        else:
+            q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         attention = fam.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
@@ -72,6 +95,8 @@ class _CuteDecoderLayer:
     """Decoder layer with both residual adds in the o_proj / down_proj epilogues (eval mode)."""
 
     _stock = _LLAMA.LlamaDecoderLayer
+    fused_swiglu = False
+    gate_up: tuple | None = None  # (weight, bias) over [gate; up] when the two run as one GEMM
 
     def forward(self, hidden_states, *args, **kwargs):
         if self.training or not isinstance(self.self_attn, _CuteAttention):
@@ -80,7 +105,42 @@ class _CuteDecoderLayer:
         h, _ = self.self_attn(self.input_layernorm(hidden_states), residual=hidden_states, **a)
         mlp, x = self.mlp, self.post_attention_layernorm(h)
         # The stock MLP's forward, down_proj taking the residual.
-        return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), h)
+        if not (self.fused_swiglu and _fusable(x, mlp.gate_proj.backend)):
+            return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), h)
+        gate = mlp.gate_proj
+        if self.gate_up is not None:
+            n = gate.weight.shape[0]
+            y = gate._run(x, *self.gate_up, None)
+            act = ops.silu_mul(y[..., :n], y[..., n:], gate.backend)
+        else:
+            act = ops.silu_mul(gate(x), mlp.up_proj(x), gate.backend)
+        return apply_linear(mlp.down_proj, act, h)
+
+
+class _CuteRMSNorm:
+    """RMSNorm whose eval-mode forward on 16-bit CUDA inputs is ops.rms_norm (transformers'
+    two roundings, one launch); the stock forward otherwise."""
+
+    backend = "cute"
+    fused = False
+
+    def forward(self, hidden_states):
+        x = hidden_states
+        if not self.fused or self.training or not _fusable(x, self.backend) or self.weight.dtype != x.dtype:
+            return super().forward(x)
+        return ops.rms_norm(x, self.weight, self.variance_epsilon, self.backend)
+
+
+class CuteLlamaRMSNorm(_CuteRMSNorm, _LLAMA.LlamaRMSNorm):
+    pass
+
+
+class CuteQwen2RMSNorm(_CuteRMSNorm, _QWEN2.Qwen2RMSNorm):
+    pass
+
+
+class CuteMistralRMSNorm(_CuteRMSNorm, _MISTRAL.MistralRMSNorm):
+    pass
 
 
 class CuteLlamaAttention(_CuteAttention, _LLAMA.LlamaAttention):
@@ -121,7 +181,21 @@ SWAPS = {
     _MISTRAL.MistralAttention: CuteMistralAttention,
     _MISTRAL.MistralDecoderLayer: CuteMistralDecoderLayer,
 }
+NORM_SWAPS = {
+    _LLAMA.LlamaRMSNorm: CuteLlamaRMSNorm,
+    _QWEN2.Qwen2RMSNorm: CuteQwen2RMSNorm,
+    _MISTRAL.MistralRMSNorm: CuteMistralRMSNorm,
+}
 _MLPS = (_LLAMA.LlamaMLP, _QWEN2.Qwen2MLP, _MISTRAL.MistralMLP)
+_HALF = (torch.bfloat16, torch.float16)
+RMSNORM_ENV, ROPE_ENV, SWIGLU_ENV = ("CUTE_KERNELS_LLAMA_PREFILL_RMSNORM", "CUTE_KERNELS_LLAMA_PREFILL_ROPE",
+                                     "CUTE_KERNELS_LLAMA_PREFILL_SWIGLU")
+
+
+def _fusable(x, backend: str) -> bool:
+    """16-bit activations on the GPU; on the CPU only with the reference backend, whose torch
+    forms are transformers' own ops (this is what lets CPU tests reach the fused paths)."""
+    return x.dtype in _HALF and (x.is_cuda or backend == "reference")
 
 
 def patch_llama_modules(model, *, backend: str) -> None:
@@ -137,5 +211,46 @@ def patch_llama_modules(model, *, backend: str) -> None:
     head = getattr(model, "lm_head", None)
     if type(head) in (nn.Linear, CuteLinear):
         CuteLMHead.adopt(head, backend=backend)
+    for module in model.modules():
+        if type(module) in NORM_SWAPS:
+            module.__class__ = NORM_SWAPS[type(module)]
+            module.backend = backend
     for stock in {cls._stock.forward for cls in SWAPS.values()}:
         _positional_names(stock)  # resolve the signatures outside any Dynamo trace
+    swiglu = env.get(SWIGLU_ENV)
+    set_prefill_fusions(model, rmsnorm=env.enabled(RMSNORM_ENV), rope=env.enabled(ROPE_ENV),
+                        swiglu="split" if swiglu == "split" else swiglu != "0")
+
+
+def _gate_up_operands(mlp):
+    """(weight, bias) of gate and up as one GEMM, their Parameters re-pointed at row blocks of
+    one storage; None where the two cannot run as one (not our plain linears, a tensor-parallel
+    reduction, bias on one only, an activation other than SiLU)."""
+    gate, up = mlp.gate_proj, mlp.up_proj
+    act = getattr(getattr(mlp, "config", None), "hidden_act", None)
+    if type(gate) is not CuteLinear or type(up) is not CuteLinear or act not in ("silu", "swish") \
+            or gate.tp is not None or up.tp is not None or (gate.bias is None) != (up.bias is None) \
+            or gate.activation or up.activation or gate.weight.shape[1:] != up.weight.shape[1:]:
+        return None
+    with torch.no_grad():
+        w = concat_rows([gate.weight, up.weight])
+        b = None if gate.bias is None else concat_rows([gate.bias, up.bias])
+    return w, b
+
+
+def set_prefill_fusions(model, *, rmsnorm: bool, rope: bool, swiglu: bool | str) -> None:
+    """Turn the prefill fusions of a patched Llama-family model on or off in place (the
+    switches RMSNORM_ENV, ROPE_ENV and SWIGLU_ENV set them at patch time; a benchmark A/Bs them
+    in one process). swiglu: True (one [gate; up] GEMM where possible, then ops.silu_mul), "split"
+    (ops.silu_mul after the two GEMMs) or False."""
+    for module in model.modules():
+        if isinstance(module, _CuteRMSNorm):
+            module.fused = rmsnorm
+        elif isinstance(module, _CuteAttention):
+            module.fused_rope = rope
+        elif isinstance(module, _CuteDecoderLayer):
+            module.fused_swiglu = bool(swiglu)
+            if swiglu is True and module.gate_up is None:
+                module.gate_up = _gate_up_operands(module.mlp)
+            elif swiglu is not True:
+                module.gate_up = None

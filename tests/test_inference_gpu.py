@@ -401,3 +401,89 @@ def test_llama_static_decoder_unpatched_baseline(compile):
     tokens = LlamaStaticDecoder(base, batch_size=2, max_len=32 + n, compile=compile).generate(x, n)
     assert_greedy_agrees(base, x, tokens, logit_error_bound(base, fp32, torch.cat([x, tokens], 1)),
                          f"unpatched compile={compile}")
+
+
+# --------------------------------------------------------------------------- Llama-family prefill fusions
+
+PREFILL_SWITCHES = ("CUTE_KERNELS_LLAMA_PREFILL_RMSNORM", "CUTE_KERNELS_LLAMA_PREFILL_ROPE",
+                    "CUTE_KERNELS_LLAMA_PREFILL_SWIGLU")
+
+
+@pytest.mark.parametrize("D,Hq,Hk", [(64, 8, 2), (128, 32, 8)])
+@torch.no_grad()
+def test_llama_prefill_rope_kernel_is_exact(D, Hq, Hk):
+    """ops.rope_prefill's kernel equals transformers' apply_rotary_pos_emb bit for bit in bf16
+    (q as the attention's transposed view, cos / sin from the model's rotary embedding)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from inference import ops
+
+    B, S = 2, 300
+    m = random_llama("llama", layers=1, hidden=Hq * D, heads=Hq, kv_heads=Hk).to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q = (torch.randn(B, S, Hq, D, device="cuda", generator=g) * 3).bfloat16().transpose(1, 2)
+    k = (torch.randn(B, S, Hk, D, device="cuda", generator=g) * 3).bfloat16().transpose(1, 2)
+    pos = torch.arange(S, device="cuda")[None].expand(B, S) + torch.tensor([[0], [500]], device="cuda")
+    cos, sin = m.model.rotary_emb(q, pos)
+    qr, kr = apply_rotary_pos_emb(q, k, cos, sin)
+    qo, ko = ops.rope_prefill(q, k, cos, sin, "cute")
+    assert torch.equal(qo, qr) and torch.equal(ko, kr)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@torch.no_grad()
+def test_llama_prefill_silu_mul_and_rmsnorm_kernels(dtype):
+    """ops.silu_mul's kernel equals F.silu(g) * u bit for bit (on the halves of one [gate | up]
+    output, as the concatenated GEMM hands them over); ops.rms_norm's launch equals transformers'
+    RMSNorm in all but a few elements (the fp32 sum of squares is reduced in another order) and
+    stays within 2x the stock module's error against fp32."""
+    import torch.nn.functional as F
+
+    from inference import ops
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    M, N = 1000, 14336
+    gu = (torch.randn(M, 2 * N, device="cuda", generator=g) * 3).to(dtype)
+    gu[0, :8] = torch.tensor([-100, -90, -20, 0, 20, 90, 100, 1e-3])  # silu's tails
+    gate, up = gu[:, :N], gu[:, N:]
+    assert torch.equal(ops.silu_mul(gate, up, "cute"), F.silu(gate) * up)
+    K = 4096
+    x = (torch.randn(3, 700, K, device="cuda", generator=g) * 2 + 0.3).to(dtype)
+    w = (1 + 0.2 * torch.randn(K, device="cuda", generator=g)).to(dtype)
+    ref = ops.rms_norm_ref(x, w, 1e-5)
+    y = ops.rms_norm(x, w, 1e-5, "cute")
+    assert y.shape == x.shape and float((y != ref).float().mean()) < 1e-3
+    x32 = x.float()
+    truth = w.float() * x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)
+    e_ref, e_y = (ref.float() - truth).abs().max(), (y.float() - truth).abs().max()
+    assert float(e_y) <= 2 * float(e_ref) + 1e-6
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+@torch.no_grad()
+def test_llama_prefill_fusions_logits(kind, monkeypatch):
+    """The patched bf16 model with the three prefill switches on: its fused ops run, its logits
+    meet the 2x rule against fp32 and stay within the bf16 noise of the same model with them
+    off (the [gate; up] GEMM may pick another tile config than the two GEMMs; RMSNorm's sum of
+    squares is reduced in another order)."""
+    from inference import patch_llama
+
+    for name in PREFILL_SWITCHES:
+        monkeypatch.setenv(name, "1")
+    fp32 = random_llama(kind, **({"sliding_window": 64} if kind == "mistral" else {}))
+    x = _ids(2, 128, vocab=32000)
+    ref = fp32(x).logits.float()
+    base = copy.deepcopy(fp32).to(torch.bfloat16)
+    ours = _patch(copy.deepcopy(base), "sdpa")
+    del fp32
+    layer = ours.model.layers[0]
+    assert layer.input_layernorm.fused and layer.self_attn.fused_rope and layer.gate_up is not None
+    on = ours(x).logits.float()
+    patch_llama.set_prefill_fusions(ours, rmsnorm=False, rope=False, swiglu=False)
+    off = ours(x).logits.float()
+    e_base, e_on = base(x).logits.float() - ref, on - ref
+    for metric in (lambda e: e.abs().max(), lambda e: e.pow(2).mean().sqrt()):
+        assert float(metric(e_on)) <= 2 * float(metric(e_base)) + 1e-3 * float(ref.abs().max())
+    assert float((on - off).abs().max()) <= 2 * float(e_base.abs().max()) + 1e-3 * float(ref.abs().max())
+    patch_llama.set_prefill_fusions(ours, rmsnorm=False, rope=True, swiglu="split")
+    assert torch.equal(ours(x).logits.float(), off)  # RoPE and silu * mul alone are exact

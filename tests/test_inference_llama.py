@@ -599,14 +599,18 @@ def test_next_token_glue_compiles_for_sm90(has_wpe):
 
 
 def test_rms_norm_compiles_for_sm90():
+    """As rms_norm_triton launches it on the GPU."""
     from inference.llama_kernels import _rms_norm_kernel as K
     from tests.test_gemm_host import _triton_ptx_sm90
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "K": "i32", "stride_x": "i32", "stride_o": "i32",
            "eps": "fp32"}
-    ptx = _triton_ptx_sm90(K, sig, {"BLOCK": 4096, "PDL": True}, num_warps=8)
+    ptx = _triton_ptx_sm90(K, sig, {"BLOCK": 4096, "PDL": True, "LIBDEVICE": True}, num_warps=8,
+                           enable_fp_fusion=False, enable_reflect_ftz=False)
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and "ld.global" not in ptx[:i_wait]
+    # torch's roundings: each x * x rounded before the sum, rsqrtf without FTZ, an IEEE mean
+    assert "fma.rn" not in ptx and "rsqrt.approx.f32" in ptx and "div.rn.f32" in ptx
 
 
 def test_weight_bytes_count_concatenated_projections_whole():
@@ -622,3 +626,161 @@ def test_weight_bytes_count_concatenated_projections_whole():
     before = weight_bytes(m)
     concat_rows([m.q.weight, m.k.weight, m.v.weight])
     assert weight_bytes(m) == before == 4 * 16 * 48
+
+
+# --------------------------------------------------------------------------- prefill fusions
+
+PREFILL_SWITCHES = ("CUTE_KERNELS_LLAMA_PREFILL_RMSNORM", "CUTE_KERNELS_LLAMA_PREFILL_ROPE",
+                    "CUTE_KERNELS_LLAMA_PREFILL_SWIGLU")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
+    """With the three prefill switches on, a bf16 model (reference backend: the fused paths'
+    torch forms) runs ops.rms_norm, ops.rope_prefill and ops.silu_mul over one [gate; up]
+    weight, and its logits equal those with the switches off; set_prefill_fusions flips them."""
+    from inference import patch_llama
+
+    for name in PREFILL_SWITCHES:
+        monkeypatch.setenv(name, "1")
+    m = tiny(kind).to(torch.bfloat16)
+    pm = patched(m)
+    layer = pm.model.layers[0]
+    assert layer.input_layernorm.fused and layer.self_attn.fused_rope and layer.fused_swiglu
+    w, _ = layer.gate_up
+    assert layer.mlp.gate_proj.weight.data_ptr() == w.data_ptr()
+    assert layer.mlp.up_proj.weight.data_ptr() == w[layer.mlp.gate_proj.out_features:].data_ptr()
+    sd0, sd1 = m.state_dict(), pm.state_dict()
+    assert list(sd0) == list(sd1) and all(torch.equal(sd0[k], sd1[k]) for k in sd0)
+    calls = {}
+    for op in ("rms_norm", "rope_prefill", "silu_mul"):
+        real = getattr(ops, op)
+
+        def counted(*a, _real=real, _op=op):
+            calls[_op] = calls.get(_op, 0) + 1
+            return _real(*a)
+
+        monkeypatch.setattr(ops, op, counted)
+    x = ids()
+    with torch.no_grad():
+        on = pm(x).logits
+        n_layers = len(pm.model.layers)
+        assert calls == {"rms_norm": 2 * n_layers + 1, "rope_prefill": n_layers, "silu_mul": n_layers}
+        patch_llama.set_prefill_fusions(pm, rmsnorm=False, rope=False, swiglu=False)
+        assert not layer.input_layernorm.fused and layer.gate_up is None
+        off = pm(x).logits
+        patch_llama.set_prefill_fusions(pm, rmsnorm=True, rope=True, swiglu="split")
+        split = pm(x).logits
+    assert torch.equal(on, off) and torch.equal(split, off)
+
+
+def test_prefill_switches_off_by_default():
+    pm = patched(tiny("llama"))
+    layer = pm.model.layers[0]
+    assert not (layer.input_layernorm.fused or layer.self_attn.fused_rope or layer.fused_swiglu)
+    assert layer.gate_up is None
+
+
+def test_prefill_rmsnorm_under_a_tensor_parallel_mixin(monkeypatch):
+    """tp.finish_patch mixes SeqParallelNorm in before our RMSNorm class; its super().forward()
+    reaches ops.rms_norm."""
+    from inference import tp
+
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_PREFILL_RMSNORM", "1")
+    pm = patched(tiny("qwen2").to(torch.bfloat16))
+    norm = pm.model.layers[0].input_layernorm
+    norm.__class__ = tp._seq_parallel_class(type(norm))
+    norm.norm_tp = type("OneRank", (), {"sp_norms": False, "size": 1, "rank": 0, "sp_min_rows": 1, "sp_shape": None})()
+    seen = []
+    real = ops.rms_norm
+    monkeypatch.setattr(ops, "rms_norm", lambda *a: seen.append(a[0].shape) or real(*a))
+    x = torch.randn(2, 3, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        y = norm(x)
+    assert seen == [x.shape] and torch.equal(y, ops.rms_norm_ref(x, norm.weight, norm.variance_epsilon))
+
+
+def test_prefill_ops_validate_and_match_transformers():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    m = tiny("llama").to(torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 5, 4, 16, generator=g).to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 2, 5, 16, generator=g).to(torch.bfloat16)
+    cos, sin = m.model.rotary_emb(q, torch.arange(5)[None].expand(2, 5))
+    qr, kr = apply_rotary_pos_emb(q, k, cos, sin)
+    qo, ko = ops.rope_prefill(q, k, cos, sin, "cute")  # CPU: the reference
+    assert torch.equal(qo, qr) and torch.equal(ko, kr)
+    for bad in ((q, k[:1], cos, sin), (q, k, cos[:, :4], sin[:, :4]), (q, k, cos.float(), sin.float()),
+                (q[..., :15], k[..., :15], cos[..., :15], sin[..., :15]), (q[0], k[0], cos, sin)):
+        with pytest.raises(ValueError):
+            ops.rope_prefill(*bad, "reference")
+    gu = torch.randn(3, 2, 20, generator=g).to(torch.bfloat16)
+    mlp = m.model.layers[0].mlp
+    assert torch.equal(ops.silu_mul(gu[..., :10], gu[..., 10:], "cute"), mlp.act_fn(gu[..., :10]) * gu[..., 10:])
+    for bad in ((gu, gu[..., :10]), (gu, gu.half())):
+        with pytest.raises(ValueError):
+            ops.silu_mul(*bad, "reference")
+
+
+_PREFILL_KERNELS_SCRIPT = """
+import torch
+from inference import ops
+from inference.llama_kernels import rope_prefill_triton, silu_mul_triton
+g = torch.Generator().manual_seed(0)
+# fp16 is exact under the interpreter; its fp32 -> bf16 conversion may truncate, so bf16 within bf16 steps
+for dt in (torch.float16, torch.bfloat16):
+    for B, Hq, Hk, S, D, cb in ((2, 4, 2, 5, 16, 2), (1, 3, 1, 33, 64, 1)):
+        q = torch.randn(B, S, Hq, D, generator=g).to(dt).transpose(1, 2)  # the attention's strided view
+        k = torch.randn(B, Hk, S, D, generator=g).to(dt)
+        ang = torch.rand(cb, S, D, generator=g) * 6.3
+        cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+        qo, ko = rope_prefill_triton(q, k, cos, sin)
+        qr, kr = ops.rope_prefill(q, k, cos, sin, "reference")
+        assert qo.stride() == q.stride() and ko.stride() == k.stride()
+        if dt == torch.float16:
+            assert torch.equal(qo, qr) and torch.equal(ko, kr)
+        else:
+            lim = 2.0 ** -6 * 2 * float(q.float().abs().max())
+            assert float((qo.float() - qr.float()).abs().max()) <= lim
+            assert float((ko.float() - kr.float()).abs().max()) <= lim
+    for M, N in ((3, 40), (2, 5000)):
+        gu = (torch.randn(M, 2 * N + 8, generator=g) * 4).to(dt)
+        a = silu_mul_triton(gu[:, :N], gu[:, N:2 * N])
+        r = ops.silu_mul(gu[:, :N], gu[:, N:2 * N], "reference")
+        if dt == torch.float16:  # the interpreter's exp is numpy's, not libdevice's: rare last-bit flips
+            assert float((a != r).float().mean()) <= 1e-3
+        assert bool(((a.float() - r.float()).abs() <= r.float().abs() * 2.0 ** -5 + 1e-3).all())
+print("OK")
+"""
+
+
+def test_prefill_kernels_interpreted():
+    """rope_prefill's and silu_mul's Triton kernels against their references under
+    TRITON_INTERPRET=1 (strided q, batch-broadcast cos / sin, row-strided gate / up halves)."""
+    from tests.test_gemm_host import _run_interpreted
+
+    _run_interpreted(_PREFILL_KERNELS_SCRIPT)
+
+
+def test_prefill_kernels_compile_for_sm90():
+    """Through Triton's sm_90 pipeline as launched: RoPE with no contracted FMA (every product
+    rounded on its own), silu with IEEE division and libdevice's expf (torch's CUDA silu is
+    x / (1 + expf(-x)) in fp32)."""
+    from inference.llama_kernels import _rope_prefill_kernel, _silu_mul_kernel
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    names = ("S", "HQ", "HK", "sq_b", "sq_h", "sq_s", "sk_b", "sk_h", "sk_s", "sqo_b", "sqo_h", "sqo_s", "sko_b",
+             "sko_h", "sko_s", "sc_b", "sc_s")
+    sig = {**{p: "*bf16" for p in ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "cos_ptr", "sin_ptr")},
+           **{n: "i32" for n in names}}
+    ptx = _triton_ptx_sm90(_rope_prefill_kernel, sig, {"HALF": 64, "BLOCK_S": 16}, num_warps=4,
+                           enable_fp_fusion=False)
+    assert ".target sm_90" in ptx and "fma.rn" not in ptx
+    sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16", "N": "i32", "s_g": "i32", "s_u": "i32", "s_o": "i32"}
+    ptx = _triton_ptx_sm90(_silu_mul_kernel, sig, {"BLOCK": 2048, "LIBDEVICE": True}, num_warps=4,
+                           enable_fp_fusion=False, enable_reflect_ftz=False)
+    assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx
+    # mul.rn.bf16 (LLVM's narrowing of silu * up) is fine: the product of two bf16 values is exact
+    # in fp32, so one rounding to bf16 is what torch's fp32 multiply and cast give.
+    assert "fma.rn" not in ptx.replace("fma.rn.f32", "")  # libdevice's expf has its own fp32 FMAs, as CUDA's
