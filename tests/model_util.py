@@ -1,4 +1,5 @@
-"""Shared by the model tests: varied weights, and a script's results from fresh processes."""
+"""Shared by the model tests: varied weights, a script's results from fresh processes, the 2x-error
+rule and greedy agreement by the near-tie rule."""
 
 from __future__ import annotations
 
@@ -80,3 +81,13 @@ def assert_greedy_agrees(reference, prompt, tokens, bound, what: str = "") -> li
     bad = [(b, r, float(bound[b])) for b, r in enumerate(rows) if not r["ok"]]
     assert not bad, f"{what}: divergences beyond a near tie (row, where, gap, bound): {bad}"
     return rows
+
+
+def assert_within_2x_error(ours: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, msg="") -> None:
+    """The project's tolerance: ours' error against the fp32 reference `ref`, max and RMS, at most
+    twice that of `base` (torch's own run at the same precision), plus 1e-3 of the reference's range."""
+    ours, base, ref = ours.float(), base.float(), ref.float()
+    slack = 1e-3 * float(ref.abs().max())
+    for metric in (lambda e: e.abs().max(), lambda e: e.pow(2).mean().sqrt()):
+        e_ours, e_base = float(metric(ours - ref)), float(metric(base - ref))
+        assert e_ours <= 2 * e_base + slack, (msg, e_ours, e_base)
