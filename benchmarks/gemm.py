@@ -170,6 +170,7 @@ def summarize(rows):
     return summary
 
 
+DEFAULT_PROVIDERS = "cute,cublas,quack,triton"
 GRID_M_MAX = 16384
 GRID_DTYPES = ("bf16", "fp8", "int8")
 
@@ -230,13 +231,54 @@ def _grid_providers(dtype: str):
     raise ValueError(f"grid dtypes are {GRID_DTYPES}, got {dtype!r}")
 
 
-def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES):
+# dtype -> the tuning cache's (op, output, epilogue class) of the call the grid times.
+GRID_PROBLEM = {"bf16": ("bf16", "bf16", "plain"), "fp8": ("fp8-row", "bf16", "vector"), "int8": ("int8", "int32", "plain")}
+
+
+def grid_problem(dtype: str, M: int, N: int, K: int):
+    from cute_kernels.tuning.cache import Problem
+
+    op, out, epi = GRID_PROBLEM[dtype]
+    return Problem(op, out, "kk", epi, M, N, K)
+
+
+def _grid_label(dtype: str, M: int, N: int, K: int) -> str:
+    """The kernel config dispatch runs for this grid case ('gemv' for the skinny path)."""
+    from cute_kernels.runtime import env
+    from cute_kernels.tuning import tune
+
+    if dtype == "bf16" and M <= 8 and env.enabled("CUTE_KERNELS_GEMV"):
+        return "gemv"
+    return tune.label(tune.dispatch_config(grid_problem(dtype, M, N, K)))
+
+
+def compile_grid_ahead(shapes, dtypes, jobs: int | None = None) -> dict:
+    """Build every kernel the grid's `cute` rows run, in parallel worker processes, so that
+    timing does not wait on one compile per config in turn."""
+    from cute_kernels.precompile import precompile
+    from cute_kernels.tuning import tune
+
+    problems = [grid_problem(d, M, N, K) for d in dtypes for _, M, N, K in shapes]
+    return precompile(tune.dispatch_entries(problems), jobs)
+
+
+def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None):
     """Time every provider on the seed's shapes; a provider that fails or disagrees with
-    cuBLAS (bf16/fp8: 2% of the largest value; int8: bit-exact) gets no row."""
+    cuBLAS (bf16/fp8: 2% of the largest value; int8: bit-exact) gets no row. `providers`
+    (names) limits the peers timed; cuBLAS is always timed, as the reference."""
     rows: list[Row] = []
+    shapes = grid_shapes(seed, count)
+    stats = compile_grid_ahead(shapes, dtypes)
+    print(f"[gemm-grid] kernels: {stats['kernels']}, compiled ahead {stats['compiled']} in {stats['wall_s']:.1f} s, "
+          f"failed {stats['failed']}")
+    from cute_kernels.runtime.timing import warm_up
+
+    warm_up(500.0)  # settled clocks before the first case, which is otherwise timed cold
     for dtype in dtypes:
         make, provs, exact = _grid_providers(dtype)
-        for name, M, N, K in grid_shapes(seed, count):
+        if providers is not None:
+            provs = {k: v for k, v in provs.items() if k in providers or k == "cublas"}
+        for name, M, N, K in shapes:
             case = f"{dtype}-{M}x{N}x{K}-{name}"
             in_bytes = 2 if dtype == "bf16" else 1
             nrot = rotation_count((M * K + N * K) * in_bytes + M * N * (4 if exact else 2))
@@ -265,8 +307,11 @@ def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES):
                     print(f"[gemm-grid] {prov} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                     continue
                 tflops = 2 * M * N * K / ms / 1e9
-                rows.append(Row(case, prov, ms, tflops, 100 * tflops / PEAK_TFLOPS[dtype],
-                                extra={"dtype": dtype, "linear": name, "checked": ref is not None}))
+                extra = {"dtype": dtype, "linear": name, "checked": ref is not None}
+                if prov == "cute":
+                    extra["config"] = _grid_label(dtype, M, N, K)
+                rows.append(Row(case, prov, ms, tflops, 100 * tflops / PEAK_TFLOPS[dtype], extra=extra))
+                print(f"[gemm-grid] {case} {prov}: {ms:.4f} ms {extra.get('config', '')}", flush=True)
             del sets, ref
             torch.cuda.empty_cache()
     return rows
@@ -294,7 +339,8 @@ def summarize_grid(rows, seed: int, count: int, dtypes=GRID_DTYPES) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--providers", default="cute,cublas,quack,triton")
+    p.add_argument("--providers", default=DEFAULT_PROVIDERS,
+                   help="the suite's providers; with --grid, the peers timed besides cuBLAS (cute, quack)")
     p.add_argument("--quick", action="store_true", help="square shapes only")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--decode", action="store_true", help="decode-step (M = 1, 8) linears instead of the suite")
@@ -311,7 +357,8 @@ def main(argv=None):
         if bad or not dtypes or args.count < 1:
             raise SystemExit(f"error: --dtypes from {','.join(GRID_DTYPES)} and --count >= 1 (got {args.dtypes}, "
                              f"{args.count})")
-        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes)
+        provs = None if args.providers == DEFAULT_PROVIDERS else set(args.providers.split(","))
+        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs)
         summary = summarize_grid(rows, args.seed, args.count, dtypes)
     elif args.decode:
         if args.no_gemv:

@@ -1,4 +1,4 @@
-"""Sweep GEMM configs per shape (the data behind the heuristic in cute_kernels/matmul/config.py).
+"""Sweep GEMM configs per shape (the data behind the heuristic in cute_kernels/matmul/heuristics.py).
 
     python -m benchmarks.tune_gemm [--shapes 8192x2304x768,...] [--splits 2,3,4,5] [--dtype bf16|fp8|int8]
                                    [--configs 128x256c21,128x256c12n,128x192c21P,...]
@@ -22,7 +22,8 @@ import re
 import torch
 
 from cute_kernels.matmul.api import _alloc_out, _pick_config, run_gemm
-from cute_kernels.matmul.config import CANDIDATES, Epilogue, GemmConfig
+from cute_kernels.matmul.config import Epilogue, GemmConfig
+from cute_kernels.matmul.heuristics import CANDIDATES
 from cute_kernels.tuning.tune import label as _label  # the autotuner's labels, one format
 
 from .common import require_hopper, rotation_count, time_ms

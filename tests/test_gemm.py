@@ -9,7 +9,8 @@ import re
 import pytest
 import torch
 
-from cute_kernels.matmul.config import CANDIDATES, GemmConfig, default_config
+from cute_kernels.matmul.config import GemmConfig
+from cute_kernels.matmul.heuristics import CANDIDATES, default_config
 from cute_kernels.matmul.reference import apply_activation
 from tests.ptx_check import ptxas_report as _ptxas_report
 
@@ -184,10 +185,13 @@ def test_config_validation_and_heuristic():
     # 64 x 64 tiles get a 2 x 2 cluster only for 16-bit inputs, long K and enough tiles.
     assert default_config(512, 768, 3072) == GemmConfig(64, 64, 2, 2, pingpong=True)
     assert default_config(512, 768, 768).cluster_mn == (1, 1)
-    assert default_config(256, 768, 3072).cluster_mn == (1, 1)
+    # (at 256 rows and long K an unclustered one-wave 64 x 64 grid gives way to 64 x 128 in 4 x 2)
+    assert default_config(256, 768, 3072) == GemmConfig(64, 128, 4, 2, pingpong=True)
+    assert default_config(256, 768, 768).cluster_mn == (1, 1)
     assert default_config(512, 768, 3072, in_bytes=1).cluster_mn == (1, 1)
     # ... and only where the cluster grid fits one wave of resident clusters (30 of 4 CTAs).
-    assert default_config(128, 4096, 4096).cluster_mn == (1, 1)
+    # (128x4096x4096: 64 x 64 in 2 x 2 would be 33 clusters; 64 x 128 in 2 x 2 is 16)
+    assert default_config(128, 4096, 4096) == GemmConfig(64, 128, 2, 2, pingpong=True)
     # M = 512 with long K: 64 x 128 ping-pong tiles in clusters of 4 x 2.
     assert default_config(512, 1600, 6400) == GemmConfig(64, 128, 4, 2, pingpong=True)
     assert default_config(512, 1600, 6400, in_bytes=1) == GemmConfig(64, 128, 4, 2, pingpong=True)
@@ -325,6 +329,34 @@ def test_linear_epilogues(activation, with_bias, with_residual, shape):
     t = apply_activation(t.float(), activation).to(torch.bfloat16)
     if res is not None:
         t = t + beta * res
+    _err_rule(out, t, ref)
+
+
+# One shape per path of the heuristic (matmul/heuristics.py): 1 x 2 clusters walked along N,
+# 2 x 2 clusters at few M tiles, 64 x 128 tiles in 1 x 2 / 2 x 2 / 4 x 2 clusters, and a split-K
+# pick; M is never a multiple of 8.
+HEURISTIC_PATHS = [(627, 4096, 4096), (534, 6144, 4096), (138, 28672, 1024), (10, 4608, 3584), (131, 3840, 1280),
+                   (299, 1600, 6400), (206, 2048, 8192), (4209, 4096, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", HEURISTIC_PATHS)
+@pytest.mark.parametrize("epi", ["plain", "bias_gelu", "bias_residual"])
+def test_every_heuristic_path_with_fused_epilogues(M, N, K, epi):
+    import cute_kernels as ck
+
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if epi != "plain" else None
+    res = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if epi == "bias_residual" else None
+    act = "gelu" if epi == "bias_gelu" else None
+    out = ck.linear(x, w, bias, activation=act, residual=res)
+    ref = ck.linear_ref(x.float(), w.float(), None if bias is None else bias.float(), activation=act,
+                        residual=None if res is None else res.float())
+    t = torch.nn.functional.linear(x, w, bias)
+    t = apply_activation(t.float(), act).to(torch.bfloat16)
+    if res is not None:
+        t = t + res
     _err_rule(out, t, ref)
 
 

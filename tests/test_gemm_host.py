@@ -10,16 +10,8 @@ import itertools
 import pytest
 import torch
 
-from cute_kernels.matmul.config import (
-    CANDIDATES,
-    H100_SMS,
-    MIN_SPLIT_K_TILES,
-    Epilogue,
-    GemmConfig,
-    default_config,
-    split_config,
-    splitk_k_tiles,
-)
+from cute_kernels.matmul.config import H100_SMS, Epilogue, GemmConfig, splitk_k_tiles
+from cute_kernels.matmul.heuristics import CANDIDATES, MIN_SPLIT_K_TILES, default_config, split_config
 from cute_kernels.matmul.reference import linear_ref
 from tests.ptx_check import assert_ptxas_no_spills
 
@@ -273,6 +265,38 @@ def test_split_heuristic_leaves_full_problems_alone():
                     assert t * cfg.split_k <= H100_SMS and cfg.split_k * MIN_SPLIT_K_TILES <= -(-K // 64)
     # 8-bit inputs: the heuristic is only used for 16-bit ones, but must stay sane.
     assert split_config(4096, 4096, 4096, in_bytes=1) == default_config(4096, 4096, 4096, in_bytes=1)
+
+
+def test_heuristic_counts_waves_of_whole_clusters():
+    """A grid padded to whole clusters costs its padding: an odd tile count along M moves a
+    one-wave grid to 1 x 2 clusters instead of two waves of 2 x 1; large M keeps 2 x 1 unless
+    1 x 2 saves a whole wave in five; split-K never takes 2 x 2 (its model was not fitted on it);
+    raster along N only for one-wave grids of one-tile-tall clusters that are wider than tall."""
+    from cute_kernels.matmul.heuristics import _per_wave, _waves
+
+    assert _waves(5, 26, 2, 1) == 2 and _waves(5, 26, 1, 2) == 1
+    assert _waves(12, 11, 1, 1) == 1 and _waves(12, 11, 2, 2) == 2  # 2 x 2: 30 clusters resident, not 33
+    assert default_config(627, 4096, 14336).cluster_mn == (1, 2)  # 128 x 160: 5 x 26 tiles
+    assert default_config(9079, 4096, 14336).cluster_mn == (2, 1)  # 15 waves of 2 x 1 vs 14 of 1 x 2
+    assert default_config(4209, 4096, 4096).cluster_mn == (1, 2)  # 5 waves vs 4
+    assert default_config(8192, 8192, 8192) == GemmConfig(128, 256, 2, 1)
+    assert default_config(138, 28672, 4096).cluster_mn == (2, 2)
+    sizes = [1, 9, 17, 100, 131, 300, 627, 1000, 1908, 2048, 4209, 9079]
+    for M in sizes:
+        for N in [768, 1600, 4096, 6144, 28672, 50257]:
+            for K in [768, 4096, 14336]:
+                cfg = split_config(M, N, K)
+                cfg.validate()
+                tiles_m, tiles_n = -(-M // cfg.tile_m), -(-N // cfg.tile_n)
+                clusters = -(-tiles_m // cfg.cluster_m) * -(-tiles_n // cfg.cluster_n)
+                if cfg.split_k > 1:
+                    assert cfg.cluster_mn != (2, 2) or cfg.tile_mn == (64, 64)
+                    assert clusters * cfg.split_k <= _per_wave(cfg.cluster_m * cfg.cluster_n, H100_SMS)
+                if not cfg.raster_m:
+                    assert cfg.tile_m == 128 and cfg.cluster_m == 1 and tiles_m < tiles_n
+                    assert clusters <= _per_wave(cfg.cluster_n, H100_SMS)
+                if cfg.tile_mn == (64, 128):  # only as one wave of its clusters
+                    assert clusters <= _per_wave(cfg.cluster_m * cfg.cluster_n, H100_SMS)
 
 
 @pytest.mark.parametrize("k_tiles", [1, 2, 7, 16, 25, 100, 101])
@@ -761,7 +785,8 @@ def test_tune_gemm_config_labels_round_trip():
     import dataclasses
 
     from benchmarks.tune_gemm import _label, parse_label
-    from cute_kernels.matmul.config import CANDIDATES, GemmConfig
+    from cute_kernels.matmul.config import GemmConfig
+    from cute_kernels.matmul.heuristics import CANDIDATES
 
     cfgs = list(CANDIDATES) + [GemmConfig(128, 256, 1, 2, raster_m=False), GemmConfig(128, 256, 2, 1, group=16),
                                dataclasses.replace(CANDIDATES[0], split_k=3)]

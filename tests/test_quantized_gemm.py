@@ -353,7 +353,7 @@ def test_fp8_forced_split_k(promote, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", __import__("cute_kernels.matmul.config", fromlist=["CANDIDATES"]).CANDIDATES,
+@pytest.mark.parametrize("cfg", __import__("cute_kernels.matmul.heuristics", fromlist=["CANDIDATES"]).CANDIDATES,
                          ids=lambda c: f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}")
 def test_int8_raw_every_config_bit_exact(cfg):
     """The per-warp 32-bit TMA epilogue under every tile shape (ragged M and N edges)."""
@@ -370,7 +370,7 @@ def test_int8_raw_every_config_bit_exact(cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", __import__("cute_kernels.matmul.config", fromlist=["CANDIDATES"]).CANDIDATES,
+@pytest.mark.parametrize("cfg", __import__("cute_kernels.matmul.heuristics", fromlist=["CANDIDATES"]).CANDIDATES,
                          ids=lambda c: f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}")
 def test_fp32_output_fused_epilogue_every_config(cfg):
     """fp32 output with bias, gelu_tanh and a residual, under every tile shape."""

@@ -136,7 +136,7 @@ def test_shipped_table_answers_what_the_user_cache_lacks(tuning_env):
 
 def test_the_shipped_tables_match_this_code():
     """A shipped table made for other kernel sources or another DSL is ignored: after an edit of
-    matmul/kernel.py or matmul/config.py, re-tune on the GPU (docs/gemm.md, Tuning) or, for an
+    matmul/kernel.py or matmul/config.py (not heuristics.py), re-tune on the GPU (docs/gemm.md, Tuning) or, for an
     edit that cannot move a winner, restamp: python -m cute_kernels.tune --write-table --gpu NAME."""
     tables = sorted(cache.TABLES_DIR.glob("*.json"))
     assert [p.name for p in tables] == ["nvidia-h100-80gb-hbm3.json"]
@@ -151,7 +151,7 @@ def test_the_shipped_tables_match_this_code():
 
 def test_a_lookup_hit_changes_the_dispatch_pick_and_a_miss_keeps_the_heuristic(tuning_env, monkeypatch):
     from cute_kernels.matmul.api import _pick_config, clear_dispatch_caches, tuning_class
-    from cute_kernels.matmul.config import split_config
+    from cute_kernels.matmul.heuristics import split_config
 
     cls = tuning_class(torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())
     assert cls == PLAIN

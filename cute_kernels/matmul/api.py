@@ -15,7 +15,8 @@ import torch
 from ..runtime import KERNELS, TARGET_ARCH, check_device, env
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
-from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, default_config, split_config
+from .config import MAX_ACTIVE_CLUSTERS, GemmConfig
+from .heuristics import default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
@@ -130,7 +131,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                  ) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
     has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache), else the
-    heuristic's, which with split=True may be a split-K one (config.split_config). Memoised:
+    heuristic's, which with split=True may be a split-K one (heuristics.split_config). Memoised:
     a dispatch pays the lookup once per shape."""
     if tuning_class is not None:
         hit = _tuned(tuning_class, M, N, K)

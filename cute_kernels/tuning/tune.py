@@ -22,18 +22,12 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from ..matmul.config import (
-    H100_SMS,
-    MAX_ACTIVE_CLUSTERS,
-    MAX_SPLIT_K,
-    MIN_SPLIT_K_TILES,
-    Epilogue,
-    GemmConfig,
-)
+from ..matmul.config import H100_SMS, MAX_ACTIVE_CLUSTERS, Epilogue, GemmConfig
+from ..matmul.heuristics import MAX_SPLIT_K, MIN_SPLIT_K_TILES
 from . import cache
 from .cache import Entry, Problem
 
-# (tile_m, tile_n, pingpong): the tiles swept on the H100 (matmul/config.py CANDIDATES and
+# (tile_m, tile_n, pingpong): the tiles swept on the H100 (matmul/heuristics.py CANDIDATES and
 # benchmarks/results/gemm_tuning.md); promoted kernels keep two accumulators, so only
 # cooperative tiles of at most 128 x 128.
 TILES = ((128, 256, False), (128, 192, True), (128, 192, False), (128, 160, True), (128, 160, False),
@@ -73,6 +67,19 @@ def heuristic(problem: Problem) -> GemmConfig:
 
         return _promoted_config(problem.m, problem.n, problem.k)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit)
+
+
+def dispatch_config(problem: Problem) -> GemmConfig:
+    """What dispatch runs for `problem`: the tuning cache's winner for its class, else the
+    heuristic's pick."""
+    entry = cache.lookup(problem)
+    return heuristic(problem) if entry is None else entry.config
+
+
+def dispatch_entries(problems: Iterable[Problem]) -> list:
+    """(CompileKey, recipe) of the kernels dispatch runs for `problems`, each once: what a
+    benchmark compiles ahead in parallel (`cute_kernels.precompile`) before it times them."""
+    return _dedupe(e for p in problems for e in compile_entries(p, [dispatch_config(p)]))
 
 
 def _fits(problem: Problem, cfg: GemmConfig) -> bool:

@@ -1,0 +1,277 @@
+"""The GEMM config heuristic: tile, cluster, consumer mode, raster and split-K per problem shape,
+from a cost model fitted to same-run sweeps on the H100 (benchmarks/results/gemm_tuning.md).
+
+Dispatch asks the tuning cache first (cute_kernels.tuning) and falls back to this. It only
+chooses among configs that `config.GemmConfig.validate` accepts, so changing it never changes
+how a config compiles, and the tuning cache's source hash does not cover it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import H100_SMS, MAX_ACTIVE_CLUSTERS, GemmConfig
+
+CANDIDATES: tuple[GemmConfig, ...] = (
+    GemmConfig(128, 256, 2, 1),
+    GemmConfig(128, 192, 2, 1, pingpong=True),
+    GemmConfig(128, 160, 2, 1, pingpong=True),
+    GemmConfig(128, 160, 2, 1),
+    GemmConfig(128, 128, 2, 1, pingpong=True),
+    GemmConfig(128, 96, 2, 1),
+    GemmConfig(64, 64, 1, 1, pingpong=True),
+    # Not picked by the heuristic; available to the autotuner and to callers.
+    GemmConfig(256, 128, 1, 2),
+    GemmConfig(128, 192, 2, 1),
+    GemmConfig(64, 128, 1, 1, pingpong=True),
+)
+
+# Per-tile throughput relative to 128x256, from the H100 sweep (dev notes in
+# benchmarks/results/gemm_tuning.md): bigger tiles reuse each loaded byte more.
+_TILE_EFFICIENCY = {
+    (128, 256, False): 1.0,
+    # 128x160 divides N = 1600 / 4800 / 6400 (GPT-2 XL) exactly where 128 and 256 leave a
+    # half-empty column of tiles: +15% at 8192x1600x6400, +6% at 8192x1600x1600 (bf16,
+    # same-run sweep, tune_gemm); 0.975 keeps it off every shape where it lost.
+    (128, 160, False): 0.975,
+    # Ping-pong tiles of 128 x 192 and 128 x 160 (192 / 160 accumulator registers per
+    # thread under setmaxnreg 232, no spills): big tiles *and* a hidden epilogue. Same-run
+    # sweeps on the H100, 2026-11-23 (`gemm_tuning.md`): 8192x768x3072 0.96x -> 1.01x
+    # cuBLAS (bf16), 8192x6400x1600 1.03x -> 1.07x; fp8 8192^3 0.99x -> 1.07x `_scaled_mm`,
+    # 8192x14336x4096 0.93x -> 1.01x; int8 8192x14336x4096 1.53x -> 1.65x `_int_mm`.
+    (128, 192, True): 0.96,
+    (128, 160, True): 0.96,
+    (128, 128, True): 0.93,
+    (128, 96, False): 0.85,
+    (64, 64, True): 0.5,
+    # With a 4 x 2 cluster, in one wave (see default_config): cuBLAS's pick (nvjet 64x128,
+    # cluster 4x2) for M = 512 with long K, where 128-row tiles leave most SMs idle. Same-run
+    # sweeps on the H100 (2026-11-23, `gemm_tuning.md`): bf16 512x1600x6400 0.94x cuBLAS (128x128 split 2:
+    # 0.82x); fp8 per-tensor 0.96x `_scaled_mm` (128x96: 0.79x), per-row 1.40x (1.17x).
+    (64, 128, True): 0.75,
+}
+# A cooperative kernel's epilogue stalls the tensor cores; ping-pong hides it
+# under the other warpgroup's main loop. Expressed as extra K per tile.
+_EPILOGUE_K = {False: 128, True: 16}
+
+
+# Few-tile shapes (too few output tiles to fill the GPU) are bound by the A/B panels' L2 -> SM
+# traffic, which multicast within a cluster cuts. Same-run sweeps on the H100 (2026-11-23,
+# `benchmarks/results/gemm_tuning.md`): 64 x 64 in 2 x 2 at 512x768x3072 (bf16) 0.81-0.83x
+# -> 0.87-0.92x cuBLAS, lost at K = 768 (0.90 -> 0.85x), at 48 tiles (0.82 -> 0.80x) and on every
+# 8-bit shape swept (1-6%); a held-out check of the new picks (78 shapes, M 128-2048) put them
+# 1.18x over the old ones, after excluding what still lost there: 2 x 2 at 128 rows (0.97-0.99x;
+# 384+ rows +1-11%) and 8-bit 64 x 128 at K = 768 (0.94-1.02x; K >= 1600 1.06-1.87x).
+_CLUSTER_64_MIN_K = 2048
+_CLUSTER_64_MIN_TILES_M = 6
+_CLUSTER_64_MIN_TILES = 64
+_TILE_64x128_MIN_K_8BIT = 1536
+# An unclustered 64 x 64 tile in one wave at long K (32+ k-tiles: K >= 2048 for 16-bit inputs,
+# 4096 for 8-bit, whose shorter-K shapes kept 64 x 64 in the 8-bit sweeps) reloads both panels for little math: the L2 -> SM
+# traffic bounds it, and a clustered 64 x 128 tile in one wave beat it at every such shape
+# the tuner swept (206x2048x8192 0.044 -> 0.025 ms, 10x4608x3584 0.022 -> 0.018, int8
+# 86x4096x14336 0.041 -> 0.029; held out: fp8 36x1024x4096 1.51x `_scaled_mm`, 115x1280x5120
+# 1.55x; H100, 2026-11-25). In several waves (45x57344x8192) 64 x 64 kept its lead over the
+# 128-row tiles.
+_TILE_64_UNCLUSTERED_LONG_K = 0.35
+# 8-bit inputs run the main loop twice as fast, so the 128 x 256 cooperative tile's epilogue
+# (the tensor cores idle while it runs) weighs twice as much: below this K a ping-pong tile
+# won or tied (within 1.5%) every 8-bit shape swept (2026-11-23: fp8 8192x14336x4096
+# 0.93x -> 1.01x with 128 x 160 ping-pong; doubling the epilogue's weight in the model mispicked
+# 128 x 128 ping-pong over 128 x 96 at short K, 1.07x -> 0.93x at fp8 512x3072x768).
+_TILE_128x256_MIN_K_8BIT = 4096
+
+
+def _per_wave(cluster_size: int, num_sms: int) -> int:
+    """Clusters of this size resident at once."""
+    return MAX_ACTIVE_CLUSTERS[cluster_size] if num_sms == H100_SMS else max(1, num_sms // cluster_size)
+
+
+def _waves(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS) -> int:
+    """Waves of a persistent grid of cm x cn clusters. The grid is padded to whole clusters,
+    and a padded CTA costs a full tile (its loads are zero-filled, its MMAs still run): at
+    627x4096x14336, 128 x 160 tiles (5 x 26) in 2 x 1 clusters pad to 3 x 26 clusters, two
+    waves, 0.214 ms; in 1 x 2 clusters 5 x 13, one wave, 0.123 ms (H100, 2026-11-25, the
+    tuner's sweep of a held-out grid shape)."""
+    return math.ceil(math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) / _per_wave(cm * cn, num_sms))
+
+
+def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
+    """The tile grid in cm x cn clusters, at least 2 along each multicast dimension used, fits
+    in one wave of resident clusters."""
+    if tiles_m < cm or tiles_n < cn:
+        return False
+    return math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= MAX_ACTIVE_CLUSTERS[cm * cn]
+
+
+# Clusters of 128- and 256-row tiles, in order of preference at equal waves: 2 x 1 (B, the
+# larger panel, multicast to two M tiles) was the best cluster of every large shape swept
+# (gemm_tuning.md); 1 x 2 next.
+# Each cluster's time per wave relative to 2 x 1 (one wave, more than one), in order of
+# preference at equal cost. Large M: 2 x 1 was the best cluster of every large shape swept
+# (gemm_tuning.md; 2 x 2 lost at M = 8192 in the GPT-2 XL tuning), and a wave of 1 x 2 clusters
+# took 1.12-1.26x as long (held-out grid, H100, 2026-11-25: 9079x4096x14336 128 x 160, 15 waves
+# of 2 x 1 1.68 ms, 14 of 1 x 2 1.97 ms; 4209x4096x4096 128 x 256, 5 waves 0.240 ms, 4 waves
+# 0.215 ms).
+_CLUSTER_COST = {(2, 1): (1.0, 1.0), (1, 2): (1.15, 1.15), (1, 1): (1.2, 1.2)}
+# At most this many 128-row tiles along M (the largest count swept) the weight panels are read by few CTAs each, and
+# multicasting both panels pays: per wave, 2 x 2 took 0.85x the time of 2 x 1 and 1 x 1 1.2x
+# (medians over 118 same-tile pairs), while in one wave the clusters were within 3% (56
+# pairs; 2 x 1 keeps them: 512x3072x768 on 1 x 2 0.89x cuBLAS, on 2 x 1 1.0x). The tuner's
+# sweep of 23 held-out grid shapes, M 131-1908, H100, 2026-11-25.
+_SMALL_M_TILES = 15
+_CLUSTER_COST_SMALL_M = {(2, 2): (0.97, 0.85), (2, 1): (1.0, 1.0), (1, 2): (1.0, 1.02), (1, 1): (1.0, 1.2)}
+# From 5 tiles along M on, 2 x 2 saved less per wave (782x128256x2048, 128 x 256: 0.98x of
+# 2 x 1) and lost where it needed more waves (1861x152064x5120: 80 waves of 2 x 2 0.989x
+# cuBLAS, 72 of 2 x 1 1.065x).
+_CLUSTER_22_FEW_TILES_M = 4
+_CLUSTER_22_COST_MORE_TILES_M = 0.95
+
+
+def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int], k: int = 0, in_bytes: int = 2,
+                 num_sms: int = H100_SMS) -> tuple[int, int]:
+    """The cluster of a tile shape. k = 0 (split-K candidates) leaves 64 x 64 unclustered and
+    keeps 128-row tiles to the clusters the split-K model was fitted with (no 2 x 2)."""
+    if tile == (64, 64):
+        if (in_bytes == 2 and k >= _CLUSTER_64_MIN_K and tiles_m >= _CLUSTER_64_MIN_TILES_M
+                and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and _fits_one_wave(tiles_m, tiles_n, 2, 2)):
+            return (2, 2)
+        return (1, 1)
+    if tile == (64, 128):
+        # B multicast to 4 M tiles, A to 2 N tiles (512x1600x6400, same run: 4 x 2 0.94x
+        # cuBLAS, 4 x 1 0.93x, 2 x 2 0.71x); with fewer M tiles the largest cluster that still
+        # multicasts both panels (206x2048x8192: 2 x 2 0.025 ms, 1 x 1 0.037; int8
+        # 86x4096x14336: 2 x 2 0.029, 1 x 1 0.041; 10x4608x3584: 1 x 2 0.018, 1 x 1 0.020;
+        # H100, 2026-11-25). default_config admits this tile only as one wave of its cluster.
+        if tiles_m >= 4:
+            return (4, 2)
+        return (2, 2) if tiles_m >= 2 else (1, 2)
+    # The fewest waves once the grid is padded to whole clusters (an odd tile count along M
+    # makes 2 x 1 pay for a row of empty tiles), weighed by what each cluster's multicast
+    # saves; ties keep the order of the table.
+    small_m = tiles_m <= _SMALL_M_TILES and k > 0
+    costs = _CLUSTER_COST_SMALL_M if small_m else _CLUSTER_COST
+    best, best_cost = (1, 1), math.inf
+    for c, (one, more) in costs.items():
+        if tiles_m < c[0] or tiles_n < c[1]:
+            continue
+        waves = _waves(tiles_m, tiles_n, *c, num_sms)
+        if c == (2, 2) and tiles_m > _CLUSTER_22_FEW_TILES_M:
+            more = _CLUSTER_22_COST_MORE_TILES_M
+        cost = waves * (one if waves == 1 else more)
+        if cost < best_cost - 1e-9:
+            best, best_cost = c, cost
+    return best
+
+
+def _raster_m(tile: tuple[int, int], tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int) -> bool:
+    """Raster order of a 128-row tile grid. Where the whole grid is resident at once (one
+    wave) and has fewer tile rows than columns, walking N first was 10-18% faster in every
+    such case the tuner swept on the H100 (2026-11-25, bf16 and fp8; 627x4096x14336 128 x 160
+    in 1 x 2 clusters: 0.123 -> 0.102 ms; 600x6400x1600 128 x 256 unclustered: 0.026 -> 0.022)
+    and tied where the grid was taller than wide (1908x1024x1024). Only clusters of one tile
+    along M were swept so (2 x 2 in one wave: 131x3840x1280 tied either way)."""
+    one_wave = math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= _per_wave(cm * cn, num_sms)
+    return not (tile[0] == 128 and cm == 1 and one_wave and tiles_m < tiles_n)
+
+
+def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
+    """Pick tile, cluster, consumer mode and raster order for an M x N x K problem.
+
+    Cost model: waves x tile area x (K + unhidden epilogue) / tile efficiency. A
+    persistent kernel runs its clusters in waves, so a big tile that leaves SMs
+    idle in its last wave loses to a smaller one that fills them; at short K the
+    ping-pong tile wins because its epilogue overlaps the other warpgroup's math
+    (the more so for 8-bit inputs, whose main loop is twice as fast). Each tile is
+    costed in the cluster that needs the fewest waves (`_cluster_for`).
+    """
+    best, best_cost = None, math.inf
+    for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn), k, in_bytes, num_sms)
+        if (tm, tn) == (64, 128) and not ((tiles_n >= cn and math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn)
+                                            <= _per_wave(cm * cn, num_sms))
+                                           and (in_bytes == 2 or k >= _TILE_64x128_MIN_K_8BIT)):
+            continue  # only as one wave of its clusters; 8-bit inputs only past short K
+        if (tm, tn) == (128, 256) and in_bytes == 1 and k < _TILE_128x256_MIN_K_8BIT:
+            continue
+        if ((tm, tn) == (64, 64) and (cm, cn) == (1, 1) and k * in_bytes >= 2 * _CLUSTER_64_MIN_K
+                and tiles_m * tiles_n <= num_sms):
+            eff = _TILE_64_UNCLUSTERED_LONG_K
+        if (tm, tn) in ((64, 64), (64, 128)):
+            waves = math.ceil(tiles_m * tiles_n / num_sms)  # the rules above keep these in one wave
+        else:
+            waves = _waves(tiles_m, tiles_n, cm, cn, num_sms)
+        cost = waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
+        if cost < best_cost - 1e-9:
+            raster_m = _raster_m((tm, tn), tiles_m, tiles_n, cm, cn, num_sms)
+            best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp, raster_m=raster_m), cost
+    assert best is not None
+    return best
+
+
+# --------------------------------------------------------------------------- split-K
+#
+# A problem whose output has fewer tiles than there are SMs leaves SMs idle for the
+# whole main loop. Split-K deals each tile's K range out to `s` CTAs of one launch;
+# the last split of a tile to finish adds the others' fp32 partials (GemmSm90.
+# split_fixup). It pays the fixup: a counter round trip or two and the finisher's
+# read of s - 1 partial tiles from L2 (the non-finishers' writes overlap other work).
+# The model turns the tile cost above into microseconds and adds the fixup. Fitted
+# on the H100 (same-run sweep, 2026-11-22, bf16): ~2.5 us fixed + 0.3 ps per cost
+# unit unsplit; the fixup measured ~0.5-1 us with S = 1 and ~2.3 us for one 128x128
+# partial read back (512x1600x6400: 128x128 ping-pong S = 2 25.8 us vs 28.3 unsplit;
+# 512x768x3072 stays unsplit on 64x64, 11.0 us vs 13.9 for the best split). Small-M
+# problems are also bound by the A/B panels' L2 -> SM traffic, which splitting does
+# not reduce; the 20% margin keeps the model off the cases that fitting misses.
+_US_FIXED = 2.5  # one GEMM launch: prologue, pipeline fill, last epilogue
+_US_PER_UNIT = 0.3e-6  # one unit of `default_config`'s cost (tile area x K / efficiency)
+_US_FIXUP = 1.5  # a split tile's fixup: counter round trips, barriers, epilogue start
+_FIXUP_BYTES_PER_US = 5e4  # the finisher's read of the other splits' fp32 partials
+_SPLIT_GAIN = 0.8  # a split must be modelled at least 20% faster than no split
+# The tiles the split-K model was fitted on (128x160 was never swept split).
+_SPLIT_TILES = ((128, 256), (128, 128), (128, 96), (64, 64))
+MIN_SPLIT_K_TILES = 4  # each split sums at least 4 k-tiles (256 of K for 16-bit inputs)
+MAX_SPLIT_K = 16
+
+
+def _model_us(tm: int, tn: int, pp: bool, eff: float, ctas: int, k: int, num_sms: int) -> float:
+    waves = math.ceil(ctas / num_sms)
+    return _US_FIXED + _US_PER_UNIT * waves * tm * tn * (k + _EPILOGUE_K[pp]) / eff
+
+
+def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
+    """`default_config`, or a split-K config when the output has too few tiles.
+
+    Only problems whose `default_config` fills less than one wave (tiles < SMs) are
+    considered, so every problem with enough tiles gets exactly `default_config`.
+    Candidates: each tile shape with s = 2..MAX_SPLIT_K splits such that tiles x s
+    still fits one wave and every split sums >= MIN_SPLIT_K_TILES k-tiles. The
+    cheapest is taken if the model puts it at least 20% under no split.
+    """
+    base = default_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes)
+    tiles = math.ceil(m / base.tile_m) * math.ceil(n / base.tile_n)
+    if tiles >= num_sms:
+        return base
+    tk = base.tile_k(in_bytes)
+    k_tiles = math.ceil(k / tk)
+    base_eff = _TILE_EFFICIENCY[(base.tile_m, base.tile_n, base.pingpong)]
+    base_us = _model_us(base.tile_m, base.tile_n, base.pingpong, base_eff, tiles, k, num_sms)
+    best, best_us = base, base_us * _SPLIT_GAIN
+    for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
+        if (tm, tn) not in _SPLIT_TILES:
+            continue
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        nt = tiles_m * tiles_n
+        cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn), num_sms=num_sms)
+        clusters = math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn)
+        for s in range(2, MAX_SPLIT_K + 1):
+            # every split of every (padded) cluster in one wave
+            if nt * s > num_sms or clusters * s > _per_wave(cm * cn, num_sms) or s * MIN_SPLIT_K_TILES > k_tiles:
+                break
+            k_split = math.ceil(k_tiles / s) * tk  # the longest split
+            finisher_bytes = (s - 1) * tm * tn * 4  # the other splits' fp32 partials
+            us = _model_us(tm, tn, pp, eff, nt * s, k_split, num_sms) + _US_FIXUP + finisher_bytes / _FIXUP_BYTES_PER_US
+            if us < best_us - 1e-9:
+                best, best_us = GemmConfig(tm, tn, cm, cn, pingpong=pp, split_k=s), us
+    return best
