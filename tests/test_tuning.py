@@ -255,6 +255,23 @@ def test_candidates_all_validate_and_fit():
             assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in more)
 
 
+def test_first_round_is_the_cheapest_by_the_cost_model():
+    from cute_kernels.matmul.heuristics import model_cost
+    from cute_kernels.tuning.tune import FIRST_ROUND, candidates, heuristic
+
+    for m, n, k in ((627, 4096, 14336), (138, 28672, 4096), (8192, 1600, 6400), (1, 4800, 1600)):
+        p = Problem("bf16", "bf16", "kk", "plain", m, n, k)
+        every, first = candidates(p, None), candidates(p)
+        assert first[0] == every[0] == heuristic(p)
+        assert set(first) <= set(every) and len(first) == min(len(every), FIRST_ROUND + 1)
+        costs = [model_cost(m, n, k, c) for c in first[1:]]
+        assert costs == sorted(costs)
+        left = [model_cost(m, n, k, c) for c in every[1:] if c not in first]
+        assert not left or min(left) >= costs[-1]
+    with pytest.raises(ValueError, match="limit"):
+        candidates(p, -1)
+
+
 def test_compile_entries_are_the_keys_dispatch_builds(gemm_keys, recorded_builds):
     """The tuner builds ahead exactly the kernel that dispatch asks the cache for."""
     from cute_kernels.matmul.api import get_kernel

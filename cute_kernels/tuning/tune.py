@@ -97,20 +97,34 @@ def _fits(problem: Problem, cfg: GemmConfig) -> bool:
     return True
 
 
-def candidates(problem: Problem) -> list[GemmConfig]:
-    """The first round: the heuristic's pick first, then every tile x consumer mode x cluster
-    shape that validates for `problem` and fits it (no tile twice the problem, no cluster
-    wider than the tile grid; 4 x 2 clusters only for 64-row tiles, as cuBLAS runs them)."""
+# First-round candidates timed per problem besides the heuristic's pick: the cheapest by the
+# heuristic's cost model (matmul.heuristics.model_cost). On the sweep it was fitted to, the
+# fastest config was always among the 8 cheapest; 12 leaves room for shapes it was not.
+FIRST_ROUND = 12
+
+
+def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmConfig]:
+    """The first round: the heuristic's pick first, then of every tile x consumer mode x
+    cluster shape that validates for `problem` and fits it (no tile twice the problem, no
+    cluster wider than the tile grid; 4 x 2 clusters only for 64-row tiles, as cuBLAS runs
+    them) the `limit` cheapest by the cost model (None: all of them)."""
+    from ..matmul.heuristics import model_cost
+
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
     first = heuristic(problem)
-    out = [first]
+    rest = []
     for tm, tn, pp in (PROMOTED_TILES if problem.promoted else TILES):
         for cm, cn in CLUSTERS:
             if (cm, cn) == (4, 2) and tm != 64:
                 continue
             cfg = GemmConfig(tm, tn, cm, cn, pingpong=pp, promote=problem.promoted)
-            if cfg not in out and _fits(problem, cfg):
-                out.append(cfg)
-    return out
+            if cfg != first and cfg not in rest and _fits(problem, cfg):
+                rest.append(cfg)
+    if limit is not None:
+        cost = {c: model_cost(problem.m, problem.n, problem.k, c, in_bytes=problem.in_bytes) for c in rest}
+        rest = sorted(rest, key=cost.get)[:limit]  # stable: ties keep the table's order
+    return [first] + rest
 
 
 def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = H100_SMS) -> list[GemmConfig]:
@@ -376,6 +390,7 @@ def tune_gemm(
     force: bool = False,
     margin: float = 0.01,
     refine: int = 3,
+    first_round: int | None = FIRST_ROUND,
     jobs: int | None = None,
     log: Callable[[str], None] | None = print,
 ) -> list[Result]:
@@ -388,7 +403,9 @@ def tune_gemm(
     on_ready(key, status) as each is loadable (default: `cute_kernels.precompile` in `jobs`
     worker processes). A config other than the heuristic's is stored only when it is
     faster by more than `margin` (a fraction); `refine` of the first round's fastest get
-    their raster, band and split-K variants timed too. Returns one Result per tuned problem.
+    their raster, band and split-K variants timed too. The first round times the heuristic's
+    pick and the `first_round` configs the cost model ranks cheapest (None: every one that
+    fits). Returns one Result per tuned problem.
     """
     problems = list(problems)
     for p in problems:
@@ -414,14 +431,14 @@ def tune_gemm(
     if not todo:
         log("tune: every problem's class is tuned already (force=True tunes again)")
         return []
-    first_round = {p: candidates(p) for p in todo}
+    first = {p: candidates(p, first_round) for p in todo}
     ready = _Ready()
     # Every first-round kernel of every problem starts building now; timing follows the builds.
-    ready.start(build, _dedupe(e for p in todo for e in compile_entries(p, first_round[p])))
+    ready.start(build, _dedupe(e for p in todo for e in compile_entries(p, first[p])))
     results = []
     for p in todo:
-        heur = first_round[p][0]
-        times = _time_all(p, first_round[p], ready, timer, log)
+        heur = first[p][0]
+        times = _time_all(p, first[p], ready, timer, log)
         if heur not in times:
             log(f"{_name(p)}: the heuristic's config could not be timed; nothing stored")
             continue
