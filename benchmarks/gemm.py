@@ -17,7 +17,8 @@ GPT-2, Llama 3, Qwen 2.5, Mistral) with M log-uniform in 1..16384 (mostly not a 
 8), the draw a pure function of the seed. Per dtype, ours (`linear`, `scaled_mm` with
 per-row scales and fast accumulation, `int8_mm`) against cuBLAS (`F.linear`,
 `torch._scaled_mm`, `torch._int_mm`) and, for bf16, QuACK when importable
-(gemm_grid_<gpu>.*).
+(gemm_grid_<gpu>.*). cuBLAS gets its operands padded to what it needs for free (N to a
+multiple of 16, int8 M to 17 rows; --unpadded-baseline: as they are).
 """
 
 from __future__ import annotations
@@ -192,42 +193,58 @@ def grid_shapes(seed: int, count: int = 60) -> list[tuple[str, int, int, int]]:
     return out
 
 
-def _grid_providers(dtype: str):
-    """(make_inputs(M, N, K), {provider: fn(*inputs)}, exact) for one dtype."""
+# cuBLAS's alignment, which the grid's baseline is given for free: operands padded outside
+# the timed call (as a serving stack pads its vocabulary), so an unaligned shape never times
+# cuBLAS's slow path or leaves a case without a baseline. Ours runs the unpadded views.
+_CUBLAS_N_ALIGN = 16  # F.linear at N = 50257 ran 5-6x slower than at 50272; _scaled_mm needs N % 16 == 0
+_INT_MM_MIN_M = 17  # torch._int_mm needs M > 16
+
+
+def _grid_providers(dtype: str, pad_baseline: bool = True):
+    """(make_inputs(M, N, K), {provider: fn(*inputs)}, exact) for one dtype. The inputs are
+    cuBLAS's padded operands (unpadded with pad_baseline=False: cuBLAS then fails where it
+    needs alignment, and those cases have no ratio); every provider returns an output of at
+    least M x N whose leading M x N block is the product (the rest is padding)."""
     import cute_kernels as ck
 
+    def _pad(n: int, align: int) -> int:
+        return -(-n // align) * align if pad_baseline else n
+
     if dtype == "bf16":
-        provs = {"cute": lambda x, w: ck.linear(x, w), "cublas": F.linear}
+        provs = {"cute": lambda x, w, n: ck.linear(x, w[:n]), "cublas": lambda x, w, n: F.linear(x, w)}
         try:
             from quack.gemm_interface import gemm as quack_gemm
 
-            provs["quack"] = lambda x, w: quack_gemm(x, w.t())
+            provs["quack"] = lambda x, w, n: quack_gemm(x, w[:n].t())
         except Exception as e:  # a missing peer is reported, not fatal
             print(f"[gemm-grid] provider quack unavailable: {type(e).__name__}: {e}")
 
         def make(M, N, K):
             return (torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
-                    torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5)
+                    torch.randn(_pad(N, _CUBLAS_N_ALIGN), K, device="cuda", dtype=torch.bfloat16) / K ** 0.5, N)
 
         return make, provs, False
     if dtype == "fp8":
         e4m3 = torch.float8_e4m3fn
 
         def make(M, N, K):
-            return (torch.randn(M, K, device="cuda").to(e4m3), torch.randn(N, K, device="cuda").to(e4m3).t(),
-                    torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, N, device="cuda") + 0.5)
+            n_pad = _pad(N, _CUBLAS_N_ALIGN)
+            return (torch.randn(M, K, device="cuda").to(e4m3), torch.randn(n_pad, K, device="cuda").to(e4m3).t(),
+                    torch.rand(M, 1, device="cuda") + 0.5, torch.rand(1, n_pad, device="cuda") + 0.5, N)
 
         return make, {
-            "cute": lambda a, b, sa, sb: ck.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True),
-            "cublas": lambda a, b, sa, sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16,
-                                                            use_fast_accum=True),
+            "cute": lambda a, b, sa, sb, n: ck.scaled_mm(a, b[:, :n], sa, sb[:, :n], out_dtype=torch.bfloat16,
+                                                         use_fast_accum=True),
+            "cublas": lambda a, b, sa, sb, n: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16,
+                                                               use_fast_accum=True),
         }, False
     if dtype == "int8":
         def make(M, N, K):
-            return (torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8),
-                    torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t())
+            return (torch.randint(-128, 128, (max(M, _INT_MM_MIN_M) if pad_baseline else M, K), device="cuda",
+                                  dtype=torch.int8),
+                    torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t(), M)
 
-        return make, {"cute": lambda a, b: ck.int8_mm(a, b), "cublas": torch._int_mm}, True
+        return make, {"cute": lambda a, b, m: ck.int8_mm(a[:m], b), "cublas": lambda a, b, m: torch._int_mm(a, b)}, True
     raise ValueError(f"grid dtypes are {GRID_DTYPES}, got {dtype!r}")
 
 
@@ -262,10 +279,11 @@ def compile_grid_ahead(shapes, dtypes, jobs: int | None = None) -> dict:
     return precompile(tune.dispatch_entries(problems), jobs)
 
 
-def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None):
+def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None, pad_baseline: bool = True):
     """Time every provider on the seed's shapes; a provider that fails or disagrees with
     cuBLAS (bf16/fp8: 2% of the largest value; int8: bit-exact) gets no row. `providers`
-    (names) limits the peers timed; cuBLAS is always timed, as the reference."""
+    (names) limits the peers timed; cuBLAS is always timed, as the reference, on operands
+    padded to its alignment unless pad_baseline is False (_grid_providers)."""
     rows: list[Row] = []
     shapes = grid_shapes(seed, count)
     stats = compile_grid_ahead(shapes, dtypes)
@@ -275,7 +293,7 @@ def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None)
 
     warm_up(500.0)  # settled clocks before the first case, which is otherwise timed cold
     for dtype in dtypes:
-        make, provs, exact = _grid_providers(dtype)
+        make, provs, exact = _grid_providers(dtype, pad_baseline)
         if providers is not None:
             provs = {k: v for k, v in provs.items() if k in providers or k == "cublas"}
         for name, M, N, K in shapes:
@@ -284,14 +302,14 @@ def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None)
             nrot = rotation_count((M * K + N * K) * in_bytes + M * N * (4 if exact else 2))
             sets = [make(M, N, K) for _ in range(nrot)]
             try:
-                ref = provs["cublas"](*sets[0])
+                ref = provs["cublas"](*sets[0])[:M, :N]
             except Exception as e:  # then the others are timed unchecked, and say so
                 print(f"[gemm-grid] no cuBLAS reference for {case}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                 ref = None
             for prov, fn in provs.items():
                 try:
                     if ref is not None:
-                        out = fn(*sets[0])
+                        out = fn(*sets[0])[:M, :N]
                         if exact:
                             ok = torch.equal(out, ref)
                         else:
@@ -349,6 +367,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="with --grid: the draw's seed")
     p.add_argument("--count", type=int, default=60, help="with --grid: shapes per dtype")
     p.add_argument("--dtypes", default=",".join(GRID_DTYPES), help="with --grid: comma-separated, from bf16,fp8,int8")
+    p.add_argument("--unpadded-baseline", action="store_true",
+                   help="with --grid: time cuBLAS on the unpadded operands (no ratio where it needs alignment)")
     args = p.parse_args(argv)
     require_hopper("python -m benchmarks.gemm")
     if args.grid:
@@ -358,8 +378,9 @@ def main(argv=None):
             raise SystemExit(f"error: --dtypes from {','.join(GRID_DTYPES)} and --count >= 1 (got {args.dtypes}, "
                              f"{args.count})")
         provs = None if args.providers == DEFAULT_PROVIDERS else set(args.providers.split(","))
-        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs)
+        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs, not args.unpadded_baseline)
         summary = summarize_grid(rows, args.seed, args.count, dtypes)
+        summary["cublas_padded"] = not args.unpadded_baseline
     elif args.decode:
         if args.no_gemv:
             os.environ["CUTE_KERNELS_GEMV"] = "0"
