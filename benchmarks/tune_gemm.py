@@ -6,7 +6,7 @@
 --configs replaces the candidate list with the named configs (the labels the sweep prints:
 {tile_m}x{tile_n}c{cluster_m}{cluster_n}, then n for raster along N, g<group>, P for
 ping-pong, s<split> for split-K). --splits adds split-K variants (s = each value) of the heuristic's four tile shapes,
-the data to re-fit the split-K model in config.py (`_US_*` constants).
+the data to re-fit the split-K model in heuristics.py (`_US_*` constants).
 
 Checks every candidate for correctness with the full epilogue on a ragged shape, then
 times each candidate against cuBLAS on every shape (CUDA-graph replays, L2-rotated
