@@ -333,11 +333,12 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     """Run `model` on our kernels, in place; returns the same object.
 
     model: a GPT2LMHeadModel or GPT2Model, or a LlamaForCausalLM / Qwen2ForCausalLM /
-      MistralForCausalLM (patch_llama.py; precision "bf16" only).
+      MistralForCausalLM (patch_llama.py).
     precision: "bf16" keeps 16-bit weights (the model's dtype); the others first swap
-      every Conv1D for the `quant` package's FP8Linear/Int8Linear (lm_head stays
-      16-bit on our linear). They fuse what their 8-bit epilogue supports: c_fc's
-      gelu (via their `activation`) and the residual adds in the c_proj epilogues.
+      every Conv1D / nn.Linear for the `quant` package's FP8Linear/Int8Linear (lm_head
+      stays 16-bit on our linear). They fuse what their 8-bit epilogue supports: GPT-2's
+      c_fc gelu (via their `activation`) and the residual adds in the c_proj / o_proj /
+      down_proj epilogues.
     calibration: input_ids batches (or quant.smoothquant.calibrate's dict), for
       int8-smoothquant only.
     attention: "sdpa" (transformers' SDPA) or "cute" (cute_kernels.flash_attn).
@@ -357,9 +358,6 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     if model_type not in ADAPTERS:
         raise ValueError(f"patch_model has no adapter for model_type={model_type!r}; supported: {', '.join(ADAPTERS)}")
     family = "gpt2" if model_type == "gpt2" else "llama"
-    if family == "llama" and precision != "bf16":
-        raise ValueError(f"precision={precision!r} is not supported for llama-family models "
-                         f"(model_type={model_type!r}) yet; bf16 is")
     if backend == "cute":
         _check_cute_device(model)
         if attention == "cute":
@@ -380,6 +378,8 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     if family == "llama":
         from .patch_llama import patch_llama_modules
 
+        if precision != "bf16":
+            _quantize(model, precision, calibration, backend)
         patch_llama_modules(model, backend=backend)
     else:
         _patch_gpt2_modules(model, precision, calibration, backend)

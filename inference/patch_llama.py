@@ -1,12 +1,14 @@
 """patch_model's module swaps for the Llama family: LlamaForCausalLM, Qwen2ForCausalLM and
-MistralForCausalLM (bf16).
+MistralForCausalLM, at every precision patch_model takes.
 
 What changes, and why it is done this way:
 
 - Every nn.Linear of the attention and the MLP, and lm_head, becomes a `CuteLinear` /
   `CuteLMHead` (a `__class__` swap, as for GPT-2's Conv1D). nn.Linear's weight is already
   the [N, K] operand: no re-layout. Qwen2's q/k/v biases go to the op as its bias; a tied
-  lm_head keeps sharing the embedding's Parameter.
+  lm_head keeps sharing the embedding's Parameter. At 8-bit precisions patch_model has
+  already swapped them for quant's FP8Linear / Int8Linear (lm_head excepted), which stay:
+  they run our 8-bit GEMMs and add the residual in their epilogue too.
 - The two residual adds run in the o_proj and down_proj epilogues. The decoder layer and
   its attention are class-swapped to subclasses whose eval-mode forward passes the residual
   down to those projections; training falls back to the stock forward. The attention
@@ -60,6 +62,7 @@ class _CuteAttention:
     _family = _LLAMA
     _stock = _LLAMA.LlamaAttention
     fused_rope = False
+    backend = "cute"  # of the fused ops (inference.ops); the projections keep their own
 
     def _interface_kwargs(self) -> dict:
         """What the stock forward passes the attention function beyond the layer's kwargs."""
@@ -77,8 +80,8 @@ class _CuteAttention:
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        if self.fused_rope and _fusable(q, self.q_proj.backend) and cos.dtype == q.dtype:
-            q, k = ops.rope_prefill(q, k, cos, sin, self.q_proj.backend)
+        if self.fused_rope and _fusable(q, self.backend) and cos.dtype == q.dtype:
+            q, k = ops.rope_prefill(q, k, cos, sin, self.backend)
         else:
             q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
@@ -96,6 +99,7 @@ class _CuteDecoderLayer:
 
     _stock = _LLAMA.LlamaDecoderLayer
     fused_swiglu = False
+    backend = "cute"  # of the fused ops (inference.ops)
     gate_up: tuple | None = None  # (weight, bias) over [gate; up] when the two run as one GEMM
 
     def forward(self, hidden_states, *args, **kwargs):
@@ -105,15 +109,15 @@ class _CuteDecoderLayer:
         h, _ = self.self_attn(self.input_layernorm(hidden_states), residual=hidden_states, **a)
         mlp, x = self.mlp, self.post_attention_layernorm(h)
         # The stock MLP's forward, down_proj taking the residual.
-        if not (self.fused_swiglu and _fusable(x, mlp.gate_proj.backend)):
+        if not (self.fused_swiglu and _fusable(x, self.backend)):
             return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), h)
         gate = mlp.gate_proj
         if self.gate_up is not None:
             n = gate.weight.shape[0]
             y = gate._run(x, *self.gate_up, None)
-            act = ops.silu_mul(y[..., :n], y[..., n:], gate.backend)
-        else:
-            act = ops.silu_mul(gate(x), mlp.up_proj(x), gate.backend)
+            act = ops.silu_mul(y[..., :n], y[..., n:], self.backend)
+        else:  # two GEMMs (also 8-bit modules, whose epilogue has no silu * up)
+            act = ops.silu_mul(gate(x), mlp.up_proj(x), self.backend)
         return apply_linear(mlp.down_proj, act, h)
 
 
@@ -204,6 +208,7 @@ def patch_llama_modules(model, *, backend: str) -> None:
         cls = SWAPS.get(type(module))
         if cls is not None:
             module.__class__ = cls
+            module.backend = backend
         if isinstance(module, (*SWAPS, *_MLPS)):
             for child in module.children():
                 if type(child) is nn.Linear:

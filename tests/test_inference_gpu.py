@@ -291,6 +291,26 @@ def test_llama_family_greedy_agreement(kind, attention, batch):
         print(what, rows)
 
 
+@pytest.mark.parametrize("precision", ["fp8", "fp8-block", "int8", "int8-smoothquant"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@torch.no_grad()
+def test_llama_family_quantized_patch_runs(kind, precision):
+    """8-bit projections (quant's modules on our 8-bit GEMMs) within the GPT-2 tests' tolerance
+    of the bf16 model, and the static decoder runs them (one CUDA graph per step)."""
+    from inference.decoders import decoder_for
+
+    base = random_llama(kind).to(torch.bfloat16)
+    x = _ids(2, 64, vocab=32000)
+    ref = base(x).logits.float()
+    ours = _patch(copy.deepcopy(base), precision=precision,
+                  calibration=[x] if precision == "int8-smoothquant" else None)
+    out = ours(x).logits.float()
+    assert torch.isfinite(out).all()
+    assert float((out - ref).norm() / ref.norm()) < 0.1
+    tokens = decoder_for(ours, batch_size=2, max_len=96).generate(x, 16)
+    assert tokens.shape == (2, 16)
+
+
 # --------------------------------------------------------------------------- Llama-family decode fusions
 
 LLAMA_FUSIONS = {

@@ -210,9 +210,38 @@ def test_compile_fullgraph_no_graph_break():
 
 
 @pytest.mark.parametrize("precision", ["fp8", "fp8-block", "int8", "int8-smoothquant"])
-def test_other_precisions_say_bf16_only(precision):
-    with pytest.raises(ValueError, match="not supported for llama.*yet; bf16 is"):
-        patched(tiny("llama"), precision=precision, calibration=[ids()])
+def test_quantized_precisions(model, precision):
+    """quant's FP8Linear/Int8Linear replace every projection (reference path on CPU), lm_head
+    stays ours, the residual adds stay in the o_proj / down_proj epilogues, and the static
+    decoder runs the quantized model token for token as its own generate does."""
+    quant = pytest.importorskip("quant")
+    x = ids()
+    pm = patched(model, precision=precision, calibration=[x] if precision == "int8-smoothquant" else None)
+    layer = pm.model.layers[0]
+    for lin in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.down_proj):
+        assert isinstance(lin, (quant.FP8Linear, quant.Int8Linear)) and lin.backend == "reference"
+    assert layer.self_attn.o_proj.fuses_residual and layer.mlp.down_proj.fuses_residual
+    assert isinstance(pm.lm_head, CuteLMHead) and layer.backend == layer.self_attn.backend == "reference"
+    with torch.no_grad():
+        ref, out = model(x).logits, pm(x).logits
+    assert float((out - ref).norm() / ref.norm()) < 0.25  # 8-bit error on a deliberately peaky model
+    dec = decoder_for(pm, batch_size=2, max_len=24)
+    assert torch.equal(dec.generate(x, 8), hf_generate(pm, x, 8))
+
+
+def test_quantized_prefill_fusions_keep_logits(monkeypatch):
+    """The prefill switches on an 8-bit model: RMSNorm and RoPE fuse, SwiGLU runs its two
+    8-bit GEMMs and then ops.silu_mul; the logits equal the unfused patched model's."""
+    pytest.importorskip("quant")
+    from inference.patch_llama import set_prefill_fusions
+
+    m, x = tiny("qwen2"), ids()
+    pm = patched(m, precision="fp8")
+    with torch.no_grad():
+        base = pm(x).logits
+        set_prefill_fusions(pm, rmsnorm=True, rope=True, swiglu=True)
+        assert all(layer.gate_up is None for layer in pm.model.layers)  # 8-bit gate / up: two GEMMs
+        close(pm(x).logits, base)
 
 
 def test_static_decoder_says_it_runs_gpt2_only():
