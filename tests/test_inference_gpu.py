@@ -148,21 +148,25 @@ def test_next_token_glue_matches_torch():
     assert not ours[-1].any()  # every ticket back at 0
 
 
-@pytest.mark.parametrize("precision", ["fp8", "int8", "int8-smoothquant"])
-@torch.no_grad()
-def test_quantized_patch_runs(precision):
-    from inference.decode import StaticDecoder
+def _check_quantized(base, x, precision: str) -> None:
+    """The 8-bit patch of bf16 `base` within 10% (relative norm) of its logits, and its static
+    decoder (decoders.decoder_for: one CUDA graph per step) generating 16 tokens."""
+    from inference.decoders import decoder_for
 
-    base = random_gpt2(SMALL).to(torch.bfloat16)
-    x = _ids(2, 64)
     ref = base(x).logits.float()
     ours = _patch(copy.deepcopy(base), precision=precision,
                   calibration=[x] if precision == "int8-smoothquant" else None)
     out = ours(x).logits.float()
     assert torch.isfinite(out).all()
     assert float((out - ref).norm() / ref.norm()) < 0.1
-    tokens = StaticDecoder(ours, batch_size=2, max_len=96).generate(x, 16)
+    tokens = decoder_for(ours, batch_size=2, max_len=96).generate(x, 16)
     assert tokens.shape == (2, 16)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "int8", "int8-smoothquant"])
+@torch.no_grad()
+def test_quantized_patch_runs(precision):
+    _check_quantized(random_gpt2(SMALL).to(torch.bfloat16), _ids(2, 64), precision)
 
 
 def test_tensorrt_prefill(tmp_path):
@@ -295,20 +299,8 @@ def test_llama_family_greedy_agreement(kind, attention, batch):
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @torch.no_grad()
 def test_llama_family_quantized_patch_runs(kind, precision):
-    """8-bit projections (quant's modules on our 8-bit GEMMs) within the GPT-2 tests' tolerance
-    of the bf16 model, and the static decoder runs them (one CUDA graph per step)."""
-    from inference.decoders import decoder_for
-
-    base = random_llama(kind).to(torch.bfloat16)
-    x = _ids(2, 64, vocab=32000)
-    ref = base(x).logits.float()
-    ours = _patch(copy.deepcopy(base), precision=precision,
-                  calibration=[x] if precision == "int8-smoothquant" else None)
-    out = ours(x).logits.float()
-    assert torch.isfinite(out).all()
-    assert float((out - ref).norm() / ref.norm()) < 0.1
-    tokens = decoder_for(ours, batch_size=2, max_len=96).generate(x, 16)
-    assert tokens.shape == (2, 16)
+    """8-bit projections (quant's modules on our 8-bit GEMMs) within the GPT-2 tests' tolerance."""
+    _check_quantized(random_llama(kind).to(torch.bfloat16), _ids(2, 64, vocab=32000), precision)
 
 
 # --------------------------------------------------------------------------- Llama-family decode fusions
