@@ -67,8 +67,9 @@ _CLUSTER_64_MIN_TILES_M = 6
 _CLUSTER_64_MIN_TILES = 64
 _TILE_64x128_MIN_K_8BIT = 1536
 # An unclustered 64 x 64 tile in one wave at long K (32+ k-tiles: K >= 2048 for 16-bit inputs,
-# 4096 for 8-bit, whose shorter-K shapes kept 64 x 64 in the 8-bit sweeps) reloads both panels for little math: the L2 -> SM
-# traffic bounds it, and a clustered 64 x 128 tile in one wave beat it at every such shape
+# 4096 for 8-bit, whose shorter-K shapes kept 64 x 64 in the 8-bit sweeps) reloads both panels
+# for little math: the L2 -> SM traffic bounds it, and a clustered 64 x 128 tile in one wave
+# beat it at every such shape
 # the tuner swept (206x2048x8192 0.044 -> 0.025 ms, 10x4608x3584 0.022 -> 0.018, int8
 # 86x4096x14336 0.041 -> 0.029; held out: fp8 36x1024x4096 1.51x `_scaled_mm`, 115x1280x5120
 # 1.55x; H100, 2026-11-25). In several waves (45x57344x8192) 64 x 64 kept its lead over the
@@ -104,21 +105,19 @@ def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
     return math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= MAX_ACTIVE_CLUSTERS[cm * cn]
 
 
-# Clusters of 128- and 256-row tiles, in order of preference at equal waves: 2 x 1 (B, the
-# larger panel, multicast to two M tiles) was the best cluster of every large shape swept
-# (gemm_tuning.md); 1 x 2 next.
-# Each cluster's time per wave relative to 2 x 1 (one wave, more than one), in order of
-# preference at equal cost. Large M: 2 x 1 was the best cluster of every large shape swept
+# Clusters of 128- and 256-row tiles: each one's time per wave relative to 2 x 1, (in one
+# wave, in more than one), in order of preference at equal cost. Large M: 2 x 1 (B, the larger
+# panel, multicast to two M tiles) was the best cluster of every large shape swept
 # (gemm_tuning.md; 2 x 2 lost at M = 8192 in the GPT-2 XL tuning), and a wave of 1 x 2 clusters
 # took 1.12-1.26x as long (held-out grid, H100, 2026-11-25: 9079x4096x14336 128 x 160, 15 waves
 # of 2 x 1 1.68 ms, 14 of 1 x 2 1.97 ms; 4209x4096x4096 128 x 256, 5 waves 0.240 ms, 4 waves
 # 0.215 ms).
 _CLUSTER_COST = {(2, 1): (1.0, 1.0), (1, 2): (1.15, 1.15), (1, 1): (1.2, 1.2)}
-# At most this many 128-row tiles along M (the largest count swept) the weight panels are read by few CTAs each, and
-# multicasting both panels pays: per wave, 2 x 2 took 0.85x the time of 2 x 1 and 1 x 1 1.2x
-# (medians over 118 same-tile pairs), while in one wave the clusters were within 3% (56
-# pairs; 2 x 1 keeps them: 512x3072x768 on 1 x 2 0.89x cuBLAS, on 2 x 1 1.0x). The tuner's
-# sweep of 23 held-out grid shapes, M 131-1908, H100, 2026-11-25.
+# At most this many 128-row tiles along M (the largest count swept), the weight panels are read
+# by few CTAs each and multicasting both panels pays: per wave, 2 x 2 took 0.85x the time of
+# 2 x 1 and 1 x 1 1.2x (medians over 118 same-tile pairs), while in one wave the clusters were
+# within 3% (56 pairs; 2 x 1 keeps them: 512x3072x768 on 1 x 2 0.89x cuBLAS, on 2 x 1 1.0x).
+# The tuner's sweep of 23 held-out grid shapes, M 131-1908, H100, 2026-11-25.
 _SMALL_M_TILES = 15
 _CLUSTER_COST_SMALL_M = {(2, 2): (0.97, 0.85), (2, 1): (1.0, 1.0), (1, 2): (1.0, 1.02), (1, 1): (1.0, 1.2)}
 # From 5 tiles along M on, 2 x 2 saved less per wave (782x128256x2048, 128 x 256: 0.98x of
@@ -206,7 +205,7 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
 
 # Efficiencies of the tiles the heuristic never picks (the tuner's other candidates): only to
 # order those candidates by `model_cost`, between their neighbours in _TILE_EFFICIENCY.
-_TUNER_EFFICIENCY = {(128, 192, False): 0.93, (128, 160, False): 0.975, (128, 128, False): 0.9,
+_TUNER_EFFICIENCY = {(128, 192, False): 0.93, (128, 128, False): 0.9,
                      (256, 128, False): 0.98, (64, 128, False): 0.7, (64, 64, False): 0.45, (128, 64, False): 0.6}
 
 
