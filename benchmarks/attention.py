@@ -1,6 +1,7 @@
 """Attention suite: prefill TFLOP/s and decode KV bandwidth, all providers in one run.
 
     python -m benchmarks.attention [--quick] [--no-write] [--decode]
+    python -m benchmarks.attention --wide [--head-dims 64,128] [--seqlens 512,...] [--gqa 1,4,8]
 
 Providers: ours (`cute`), SDPA with the
 cuDNN backend (`cudnn`) and the flash backend (`sdpa_flash`), the Triton baseline, and
@@ -8,6 +9,12 @@ FlashAttention-4 (`fa4`) when importable. Prefill FLOPs: 4*B*H*S^2*D (causal cou
 Decode (one query token against a cache of L keys): GB/s of K and V read, and % of HBM
 bandwidth. Peak extra memory per call is reported to show O(S) memory.
 Writes benchmarks/results/attention_<gpu>.json and .md.
+
+--wide: the prefill shapes Llama-family models run: head dim {64, 128} x S {512 ... 16384} x
+causal / not x GQA ratio {1, 4, 8} (32 query heads on 32 / 8 / 4 KV heads), batch sized to
+about 16k tokens. Each shape's `speedup_vs_best_peer` is ours against the faster of cuDNN and
+FA4 (whichever ran), the figure a user choosing between them would see
+(attention_wide_<gpu>.*).
 """
 
 from __future__ import annotations
@@ -30,6 +37,20 @@ from .common import (
 )
 
 PREFILL = [(2, 16, 8192, 128), (8, 16, 2048, 128), (16, 12, 1024, 64), (4, 32, 4096, 64), (8, 25, 1024, 64)]
+WIDE_HEAD_DIMS = (64, 128)
+WIDE_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+WIDE_GQA = (1, 4, 8)
+WIDE_TOKENS = 16384
+WIDE_HEADS = 32
+BEST_PEERS = ("cudnn", "fa4")  # a user picks the faster of these for their shape
+
+
+def wide_shapes(head_dims=WIDE_HEAD_DIMS, seqlens=WIDE_SEQLENS, gqa=WIDE_GQA) -> list[tuple[int, int, int, int, int]]:
+    """(B, Hq, Hkv, S, D) of the widened suite: batch B = WIDE_TOKENS // S (at least 1)."""
+    for r in gqa:
+        if r < 1 or WIDE_HEADS % r:
+            raise ValueError(f"a GQA ratio divides {WIDE_HEADS} query heads, got {r}")
+    return [(max(1, WIDE_TOKENS // S), WIDE_HEADS, WIDE_HEADS // r, S, D) for D in head_dims for S in seqlens for r in gqa]
 DECODE = [(b, L, hq, hkv, d) for b in (1, 8, 64) for L in (1024, 8192, 32768) for (hq, hkv, d) in ((12, 12, 64), (32, 8, 128))]
 
 
@@ -97,14 +118,19 @@ def _run_one(name, fn, q, k, v, causal, ref):
 
 
 def run_prefill(shapes=PREFILL):
+    """shapes: (B, H, S, D), or (B, Hq, Hkv, S, D) for grouped-query attention."""
     from cute_kernels.attention.reference import flash_attn_ref
 
     fns, rows = providers(), []
-    for (B, H, S, D) in shapes:
+    for shape in shapes:
+        B, H, Hkv, S, D = shape if len(shape) == 5 else (shape[0], shape[1], shape[1], *shape[2:])
+        heads = f"{H}" if Hkv == H else f"{H}/{Hkv}"
         for causal in (False, True):
-            case = f"prefill-{B}x{H}x{S}x{D}{'-causal' if causal else ''}"
-            q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            # The fp32 reference materialises S x S: check on the first batch/head slice only.
+            case = f"prefill-{B}x{heads}x{S}x{D}{'-causal' if causal else ''}"
+            q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            # The fp32 reference materialises S x S: check on the first batch / query head (which
+            # reads KV head 0) only.
             ref = flash_attn_ref(q[:1, :, :1].float(), k[:1, :, :1].float(), v[:1, :, :1].float(), causal=causal)
             for name, fn in fns.items():
                 check = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, c_)[:1, :, :1]  # noqa: E731
@@ -146,10 +172,24 @@ def run_decode(shapes=DECODE):
     return rows
 
 
+def best_peer_speedups(rows) -> dict[str, float]:
+    """Per case: the faster of the BEST_PEERS that ran, over ours."""
+    ours = {r.case: r.ms for r in rows if r.provider == "cute"}
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.provider in BEST_PEERS and r.case in ours:
+            best[r.case] = min(best.get(r.case, r.ms), r.ms)
+    return {c: best[c] / ours[c] for c in best}
+
+
 def summarize(rows):
     pre = [r for r in rows if r.case.startswith("prefill")]
     dec = [r for r in rows if r.case.startswith("decode")]
     s = {}
+    bp = best_peer_speedups(pre)
+    if bp:
+        s["geomean_speedup_vs_best_peer[prefill]"] = geomean(list(bp.values()))
+        s["min_speedup_vs_best_peer[prefill]"] = min(bp.values())
     for other in ("cudnn", "sdpa_flash", "triton", "fa4"):
         sp = speedups(pre, "cute", other)
         if sp:
@@ -170,22 +210,52 @@ def summarize(rows):
     return s
 
 
+def _ints(value: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if value is None:
+        return default
+    try:
+        out = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"{value!r}: give positive integers")
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="first prefill shape and four decode points")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--decode", action="store_true",
                    help="the decode points only (writes attention_decode_<gpu>.*, leaving the full suite's file)")
+    p.add_argument("--wide", action="store_true", help="the widened GQA prefill suite (attention_wide_<gpu>.*)")
+    p.add_argument("--head-dims", default=None, help="with --wide: comma-separated subset of 64,128")
+    p.add_argument("--seqlens", default=None, help="with --wide: comma-separated sequence lengths")
+    p.add_argument("--gqa", default=None, help="with --wide: comma-separated query heads per KV head, from 1,4,8")
     args = p.parse_args(argv)
+    if args.wide and (args.decode or args.quick):
+        raise SystemExit("error: --wide is a prefill suite of its own: not with --decode or --quick")
+    if not args.wide and (args.head_dims or args.seqlens or args.gqa):
+        raise SystemExit("error: --head-dims, --seqlens and --gqa select shapes of --wide")
+    try:
+        shapes = wide_shapes(*(_ints(v, d) for v, d in ((args.head_dims, WIDE_HEAD_DIMS), (args.seqlens, WIDE_SEQLENS),
+                                                          (args.gqa, WIDE_GQA)))) if args.wide else None
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     require_hopper("python -m benchmarks.attention")
     decode = DECODE[:4] if args.quick else DECODE
-    rows = run_decode(decode) if args.decode else run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
+    if args.wide:
+        rows = run_prefill(shapes)
+    elif args.decode:
+        rows = run_decode(decode)
+    else:
+        rows = run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
     summary = summarize(rows)
     print(format_table(rows, baseline="cudnn"))
     for k, v in summary.items():
         print(f"{k}: {v:.3f}")
     if not args.no_write:
-        suite = "attention_decode" if args.decode else "attention"
+        suite = "attention_wide" if args.wide else "attention_decode" if args.decode else "attention"
         print("wrote", write_results(suite, rows, summary, baseline="cudnn"))
     return rows, summary
 
