@@ -18,7 +18,9 @@ GPT-2, Llama 3, Qwen 2.5, Mistral) with M log-uniform in 1..16384 (mostly not a 
 per-row scales and fast accumulation, `int8_mm`) against cuBLAS (`F.linear`,
 `torch._scaled_mm`, `torch._int_mm`) and, for bf16, QuACK when importable
 (gemm_grid_<gpu>.*). cuBLAS gets its operands padded to what it needs for free (N to a
-multiple of 16, int8 M to 17 rows; --unpadded-baseline: as they are).
+multiple of 16, int8 M to 17 rows; --unpadded-baseline: as they are). --slice START:STOP
+times part of the draw (gemm_grid_slice<START>-<STOP>_<gpu>.*); QuACK's autotuning results
+persist under the cache root, so later slices and reruns skip its per-shape tuning.
 """
 
 from __future__ import annotations
@@ -200,6 +202,17 @@ _CUBLAS_N_ALIGN = 16  # F.linear at N = 50257 ran 5-6x slower than at 50272; _sc
 _INT_MM_MIN_M = 17  # torch._int_mm needs M > 16
 
 
+def _quack_autotune_cache() -> None:
+    """QuACK autotunes every new shape (44 configs on the H100, about 30 s a shape), and keeps
+    the timings only in memory unless asked: keep them under our cache root
+    (<root>/quack), so a grid split over several processes (--slice), or run again, times
+    each shape's configs once. A user's own QUACK_CACHE_* settings win."""
+    from cute_kernels.runtime.cache import cache_root
+
+    os.environ.setdefault("QUACK_CACHE_AUTOTUNING", "1")
+    os.environ.setdefault("QUACK_CACHE_DIR", str(cache_root() / "quack"))
+
+
 def _grid_providers(dtype: str, pad_baseline: bool = True):
     """(make_inputs(M, N, K), {provider: fn(*inputs)}, exact) for one dtype. The inputs are
     cuBLAS's padded operands (unpadded with pad_baseline=False: cuBLAS then fails where it
@@ -213,6 +226,7 @@ def _grid_providers(dtype: str, pad_baseline: bool = True):
     if dtype == "bf16":
         provs = {"cute": lambda x, w, n: ck.linear(x, w[:n]), "cublas": lambda x, w, n: F.linear(x, w)}
         try:
+            _quack_autotune_cache()
             from quack.gemm_interface import gemm as quack_gemm
 
             provs["quack"] = lambda x, w, n: quack_gemm(x, w[:n].t())
@@ -279,13 +293,15 @@ def compile_grid_ahead(shapes, dtypes, jobs: int | None = None) -> dict:
     return precompile(tune.dispatch_entries(problems), jobs)
 
 
-def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None, pad_baseline: bool = True):
+def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None, pad_baseline: bool = True,
+             part: slice = slice(None)):
     """Time every provider on the seed's shapes; a provider that fails or disagrees with
     cuBLAS (bf16/fp8: 2% of the largest value; int8: bit-exact) gets no row. `providers`
     (names) limits the peers timed; cuBLAS is always timed, as the reference, on operands
-    padded to its alignment unless pad_baseline is False (_grid_providers)."""
+    padded to its alignment unless pad_baseline is False (_grid_providers). `part` times a
+    slice of the seed's draw (the same shapes whatever the slice)."""
     rows: list[Row] = []
-    shapes = grid_shapes(seed, count)
+    shapes = grid_shapes(seed, count)[part]
     stats = compile_grid_ahead(shapes, dtypes)
     print(f"[gemm-grid] kernels: {stats['kernels']}, compiled ahead {stats['compiled']} in {stats['wall_s']:.1f} s, "
           f"failed {stats['failed']}")
@@ -355,6 +371,22 @@ def summarize_grid(rows, seed: int, count: int, dtypes=GRID_DTYPES) -> dict:
     return summary
 
 
+def _slice(text: str | None) -> slice:
+    """'START:STOP' (either side may be empty) -> slice; None -> everything."""
+    if text is None:
+        return slice(None)
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        start, stop = (int(x) if x.strip() else None for x in parts)
+    except ValueError:
+        raise SystemExit(f"error: --slice takes START:STOP (integers, either may be empty), got {text!r}") from None
+    if (start is not None and start < 0) or (stop is not None and stop < 0):
+        raise SystemExit(f"error: --slice takes non-negative bounds, got {text!r}")
+    return slice(start, stop)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--providers", default=DEFAULT_PROVIDERS,
@@ -367,9 +399,14 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="with --grid: the draw's seed")
     p.add_argument("--count", type=int, default=60, help="with --grid: shapes per dtype")
     p.add_argument("--dtypes", default=",".join(GRID_DTYPES), help="with --grid: comma-separated, from bf16,fp8,int8")
+    p.add_argument("--slice", default=None, metavar="START:STOP",
+                   help="with --grid: time only these shapes of the draw (e.g. 0:20), to split a grid over runs")
     p.add_argument("--unpadded-baseline", action="store_true",
                    help="with --grid: time cuBLAS on the unpadded operands (no ratio where it needs alignment)")
     args = p.parse_args(argv)
+    if args.slice is not None and not args.grid:
+        raise SystemExit("error: --slice selects shapes of --grid")
+    part = _slice(args.slice)
     require_hopper("python -m benchmarks.gemm")
     if args.grid:
         dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
@@ -378,9 +415,12 @@ def main(argv=None):
             raise SystemExit(f"error: --dtypes from {','.join(GRID_DTYPES)} and --count >= 1 (got {args.dtypes}, "
                              f"{args.count})")
         provs = None if args.providers == DEFAULT_PROVIDERS else set(args.providers.split(","))
-        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs, not args.unpadded_baseline)
+        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs, not args.unpadded_baseline, part)
         summary = summarize_grid(rows, args.seed, args.count, dtypes)
         summary["cublas_padded"] = not args.unpadded_baseline
+        if args.slice:
+            summary["slice"] = args.slice
+            suite = f"gemm_grid_slice{part.start or 0}-{part.stop if part.stop is not None else args.count}"
     elif args.decode:
         if args.no_gemv:
             os.environ["CUTE_KERNELS_GEMV"] = "0"

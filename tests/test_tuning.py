@@ -2,6 +2,7 @@
 and the grid benchmark's draw. CPU only, nothing compiled."""
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -325,6 +326,28 @@ def test_grid_draw_is_a_function_of_the_seed():
     assert len({name.rsplit(".", 1)[0] for name, *_ in grid_shapes(0, 400)}) == 10
     with pytest.raises(ValueError):
         grid_shapes(0, 0)
+
+
+def test_grid_slices_and_quack_cache(tmp_path, monkeypatch):
+    """--slice picks part of the seed's draw (validated before the GPU check); QuACK's
+    autotuning cache defaults under our cache root and keeps a user's own setting."""
+    import benchmarks.gemm as G
+
+    assert G._slice(None) == slice(None) and G._slice("0:20") == slice(0, 20) and G._slice("40:") == slice(40, None)
+    for bad in ("5", "a:b", "-1:3", "1:2:3"):
+        with pytest.raises(SystemExit, match="slice"):
+            G._slice(bad)
+    with pytest.raises(SystemExit, match="--slice selects shapes of --grid"):
+        G.main(["--slice", "0:5"])
+    assert G.grid_shapes(7, 60)[slice(10, 20)] == G.grid_shapes(7, 60)[10:20]
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("QUACK_CACHE_DIR", raising=False)
+    monkeypatch.delenv("QUACK_CACHE_AUTOTUNING", raising=False)
+    G._quack_autotune_cache()
+    assert os.environ["QUACK_CACHE_DIR"] == str(tmp_path / "quack") and os.environ["QUACK_CACHE_AUTOTUNING"] == "1"
+    monkeypatch.setenv("QUACK_CACHE_DIR", "/elsewhere")
+    G._quack_autotune_cache()
+    assert os.environ["QUACK_CACHE_DIR"] == "/elsewhere"
 
 
 def test_the_cli_needs_a_gpu_and_says_so_in_one_line():
