@@ -24,6 +24,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from cute_kernels.tune import _ints as int_list  # the package CLI's comma-separated integers
+
 from .common import (
     PEAK_TFLOPS,
     Row,
@@ -210,18 +212,6 @@ def summarize(rows):
     return s
 
 
-def _ints(value: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
-    if value is None:
-        return default
-    try:
-        out = tuple(int(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{value!r} is not a comma-separated list of integers") from None
-    if not out or min(out) < 1:
-        raise ValueError(f"{value!r}: give positive integers")
-    return out
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="first prefill shape and four decode points")
@@ -229,17 +219,18 @@ def main(argv=None):
     p.add_argument("--decode", action="store_true",
                    help="the decode points only (writes attention_decode_<gpu>.*, leaving the full suite's file)")
     p.add_argument("--wide", action="store_true", help="the widened GQA prefill suite (attention_wide_<gpu>.*)")
-    p.add_argument("--head-dims", default=None, help="with --wide: comma-separated subset of 64,128")
-    p.add_argument("--seqlens", default=None, help="with --wide: comma-separated sequence lengths")
-    p.add_argument("--gqa", default=None, help="with --wide: comma-separated query heads per KV head, from 1,4,8")
+    p.add_argument("--head-dims", type=int_list, default=None, help="with --wide: comma-separated subset of 64,128")
+    p.add_argument("--seqlens", type=int_list, default=None, help="with --wide: comma-separated sequence lengths")
+    p.add_argument("--gqa", type=int_list, default=None,
+                   help="with --wide: comma-separated query heads per KV head, from 1,4,8")
     args = p.parse_args(argv)
     if args.wide and (args.decode or args.quick):
         raise SystemExit("error: --wide is a prefill suite of its own: not with --decode or --quick")
     if not args.wide and (args.head_dims or args.seqlens or args.gqa):
         raise SystemExit("error: --head-dims, --seqlens and --gqa select shapes of --wide")
     try:
-        shapes = wide_shapes(*(_ints(v, d) for v, d in ((args.head_dims, WIDE_HEAD_DIMS), (args.seqlens, WIDE_SEQLENS),
-                                                          (args.gqa, WIDE_GQA)))) if args.wide else None
+        shapes = wide_shapes(args.head_dims or WIDE_HEAD_DIMS, args.seqlens or WIDE_SEQLENS,
+                             args.gqa or WIDE_GQA) if args.wide else None
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     require_hopper("python -m benchmarks.attention")

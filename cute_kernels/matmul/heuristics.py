@@ -97,12 +97,10 @@ def _waves(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS
     return math.ceil(math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) / _per_wave(cm * cn, num_sms))
 
 
-def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int) -> bool:
+def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS) -> bool:
     """The tile grid in cm x cn clusters, at least 2 along each multicast dimension used, fits
     in one wave of resident clusters."""
-    if tiles_m < cm or tiles_n < cn:
-        return False
-    return math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= MAX_ACTIVE_CLUSTERS[cm * cn]
+    return tiles_m >= cm and tiles_n >= cn and _waves(tiles_m, tiles_n, cm, cn, num_sms) == 1
 
 
 # Clusters of 128- and 256-row tiles: each one's time per wave relative to 2 x 1, (in one
@@ -133,7 +131,7 @@ def _cluster_for(tiles_m: int, tiles_n: int, tile: tuple[int, int], k: int = 0, 
     keeps 128-row tiles to the clusters the split-K model was fitted with (no 2 x 2)."""
     if tile == (64, 64):
         if (in_bytes == 2 and k >= _CLUSTER_64_MIN_K and tiles_m >= _CLUSTER_64_MIN_TILES_M
-                and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and _fits_one_wave(tiles_m, tiles_n, 2, 2)):
+                and tiles_m * tiles_n >= _CLUSTER_64_MIN_TILES and _fits_one_wave(tiles_m, tiles_n, 2, 2, num_sms)):
             return (2, 2)
         return (1, 1)
     if tile == (64, 128):
@@ -170,8 +168,7 @@ def _raster_m(tile: tuple[int, int], tiles_m: int, tiles_n: int, cm: int, cn: in
     in 1 x 2 clusters: 0.123 -> 0.102 ms; 600x6400x1600 128 x 256 unclustered: 0.026 -> 0.022)
     and tied where the grid was taller than wide (1908x1024x1024). Only clusters of one tile
     along M were swept so (2 x 2 in one wave: 131x3840x1280 tied either way)."""
-    one_wave = math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) <= _per_wave(cm * cn, num_sms)
-    return not (tile[0] == 128 and cm == 1 and one_wave and tiles_m < tiles_n)
+    return not (tile[0] == 128 and cm == 1 and tiles_m < tiles_n and _waves(tiles_m, tiles_n, cm, cn, num_sms) == 1)
 
 
 def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig:
@@ -188,8 +185,7 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():
         tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
         cm, cn = _cluster_for(tiles_m, tiles_n, (tm, tn), k, in_bytes, num_sms)
-        if (tm, tn) == (64, 128) and not ((tiles_n >= cn and math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn)
-                                            <= _per_wave(cm * cn, num_sms))
+        if (tm, tn) == (64, 128) and not (_fits_one_wave(tiles_m, tiles_n, cm, cn, num_sms)
                                            and (in_bytes == 2 or k >= _TILE_64x128_MIN_K_8BIT)):
             continue  # only as one wave of its clusters; 8-bit inputs only past short K
         if (tm, tn) == (128, 256) and in_bytes == 1 and k < _TILE_128x256_MIN_K_8BIT:
