@@ -29,8 +29,12 @@ PREFILL_OFF = {"rmsnorm": False, "rope": False, "swiglu": False}
 PREFILL_SETTINGS = {"all off": PREFILL_OFF, **{f"{k} on": {**PREFILL_OFF, k: True} for k in PREFILL_OFF},
                     "swiglu split on": {**PREFILL_OFF, "swiglu": "split"},
                     "all on": {k: True for k in PREFILL_OFF}}
+# The one-row DSL GEMV (matmul/gemv.py) against the Triton GEMV for the shapes it takes (o_proj, lm_head).
+GEMV_SM90 = "CUTE_KERNELS_GEMV_SM90"
 SETTINGS = {"all on": {}, **{f"{name} = 0": {name: "0"} for name in ALL_ON},
-            "all off": {name: "0" for name in ALL_ON}, "defaults": None}
+            "all off": {name: "0" for name in ALL_ON}, "defaults": None,
+            f"defaults; {GEMV_SM90} = 0": {GEMV_SM90: "0"}}
+SWITCHES = (*ALL_ON, GEMV_SM90)
 
 
 def main(argv=None) -> int:
@@ -42,6 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--gen-len", type=int, default=64)
     p.add_argument("--out", default=None)
     p.add_argument("--prefill", action="store_true", help="A/B the prefill fusions (patch_llama.set_prefill_fusions)")
+    p.add_argument("--settings", default=None, help="comma-separated setting labels to time (default: all)")
     args = p.parse_args(argv)
     from inference.bench import _decode_ms
     from inference.decode_llama import LlamaStaticDecoder
@@ -59,11 +64,16 @@ def main(argv=None) -> int:
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), device="cuda")
     if args.prefill:
         return _prefill_ab(model, ids, args)
-    rows, saved = [], {name: os.environ.get(name) for name in ALL_ON}
-    for label, setting in SETTINGS.items():
-        for name in ALL_ON:  # defaults: every switch unset
+    wanted = SETTINGS if args.settings is None else {k: SETTINGS[k] for k in args.settings.split(",")}
+    rows, saved = [], {name: os.environ.get(name) for name in SWITCHES}
+    for label, setting in wanted.items():
+        for name in SWITCHES:  # defaults: every switch unset
             os.environ.pop(name, None)
-        if setting is not None:
+        if setting is None:
+            pass
+        elif label.startswith("defaults"):
+            os.environ.update(setting)
+        else:
             os.environ.update({**ALL_ON, **setting})
         dec = None
         try:
@@ -82,11 +92,13 @@ def main(argv=None) -> int:
         os.environ.pop(name, None)
         if value is not None:
             os.environ[name] = value
-    base = next((r["ms_per_token"] for r in rows if r["setting"] == "all on" and "ms_per_token" in r), None)
+    base = next((r["ms_per_token"] for r in rows if r["setting"] == "all on" and "ms_per_token" in r),
+                next((r["ms_per_token"] for r in rows if "ms_per_token" in r), None))
     return _write(args, "llama_fusions", f"b{args.batch}", {"gen_len": args.gen_len}, rows, [
         "Llama-family decode fusions",
         f"batch {args.batch}, prompt {args.prompt_len}, {args.gen_len} tokens; one CUDA graph per token; "
-        "\"all on\" turns every fusion on, each other row turns one off (same process, same weights).",
+        "\"all on\" turns every fusion on, each other row turns one off (same process, same weights); "
+        "rows are relative to \"all on\", else to the first row timed.",
         "| setting | ms/token | tokens/s | vs all on | first tokens |"],
         lambda r: f"{r['ms_per_token']:.3f} | {r['tok_s']:,.0f} | {_rel(r['ms_per_token'], base)} | {r['tokens'][:8]}")
 

@@ -17,7 +17,7 @@ from .device import resolve_device
 from .models import GPT2_SIZES, LLAMA_CONFIGS, PRECISIONS, RANDOM_BANNER, UserError, check_positions
 
 BACKENDS = ("cute", "cublas", "compile", "tensorrt")
-ALLREDUCES = ("auto", "nccl", "one-shot", "two-shot")  # inference.tp.ALLREDUCES (not imported: no torch here)
+ALLREDUCES = ("auto", "nccl", "one-shot", "two-shot", "push")  # inference.tp.ALLREDUCES (not imported: no torch here)
 
 
 class _Parser(argparse.ArgumentParser):

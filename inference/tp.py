@@ -23,11 +23,12 @@ inputs the residual stream between decoder layers is split by rows, 1/size per r
 half-layer all-gathers its normalized rows for the column-parallel projections and ends its
 row-parallel projection in a reduce-scatter instead of an all-reduce (SeqParallelDecoderLayer).
 
-The all-reduce is one function (`TPGroup.all_reduce`) with two families of backends: NCCL
-(`dist.all_reduce`; gloo on the CPU) and PyTorch symmetric memory's one-shot / two-shot
-kernels, which run inside a CUDA graph with a few microseconds of latency where NCCL's
-small-message all-reduce costs tens. They need a buffer allocated and exchanged by every
-rank up front (`TPGroup.setup`), so messages larger than it go to NCCL.
+The all-reduce is one function (`TPGroup.all_reduce`) with three families of backends: NCCL
+(`dist.all_reduce`; gloo on the CPU), PyTorch symmetric memory's one-shot / two-shot kernels,
+and our push kernel (inference/allreduce.py: each rank stores its partial straight into every
+peer's buffer and raises one flag per block, a single one-way NVLink trip). The last two need
+buffers allocated and exchanged by every rank up front (`TPGroup.setup`); messages larger than
+them go to NCCL, whose ring reaches the link bandwidth on prefill's tens of MB.
 
 Random-weight models are built sharded (`build_random`): the model is made on the meta
 device, sharded there, then each rank materializes only its slices; every full tensor is
@@ -58,8 +59,9 @@ SEQ_PARALLEL_ENV = "CUTE_KERNELS_TP_SEQ_PARALLEL"
 # all-gather's latency costs more than the rows it saves.
 SP_MIN_ROWS = 1024
 # nccl: dist.all_reduce always. one-shot / two-shot: symmetric memory up to SYMM_MAX_BYTES,
-# NCCL above. auto: one-shot where symmetric memory is available on CUDA, NCCL otherwise.
-ALLREDUCES = ("auto", "nccl", "one-shot", "two-shot")
+# NCCL above. push: our kernel (inference/allreduce.py) up to SYMM_MAX_BYTES, NCCL above.
+# auto: push where symmetric memory and Triton are available on CUDA, NCCL otherwise.
+ALLREDUCES = ("auto", "nccl", "one-shot", "two-shot", "push")
 # Decode all-reduces are [B, hidden] rows (8 KB for Llama-3-8B at batch 1); prefill's are
 # tens of MB, where NCCL's ring reaches the link bandwidth and the one-shot read of every
 # peer's buffer does not.
@@ -101,7 +103,12 @@ class TPGroup:
         # of the forward in flight, which the layers and the final norm gather back to.
         self.seq_parallel = env.enabled(SEQ_PARALLEL_ENV)
         self.sp_shape: torch.Size | None = None
+        # True while the Llama family's model body runs its forward (its embedding output then
+        # goes to the first decoder layer, which may keep only local rows); false for the decode
+        # loops, which call the embedding themselves.
+        self.sp_body = False
         self._symm: dict[torch.dtype, torch.Tensor] = {}
+        self._push = None  # allreduce.PushAllReduce, built by setup()
         self._group_name = None
 
     def __repr__(self):
@@ -121,7 +128,7 @@ class TPGroup:
         if want == "nccl" or device.type != "cuda" or self.size == 1:
             self.allreduce = "nccl"
             return
-        why = symm_mem_problem("one-shot" if want == "auto" else want)
+        why = symm_mem_problem("push" if want == "auto" else want)
         if why is not None:
             if want != "auto":
                 raise ValueError(f"all-reduce backend {want!r} needs PyTorch symmetric memory: {why}")
@@ -129,15 +136,20 @@ class TPGroup:
             return
         import torch.distributed._symmetric_memory as symm_mem
 
-        if dtype not in self._symm:
-            group = self.group or dist.group.WORLD
-            self._group_name = group.group_name
-            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # required by older releases, a no-op later
-                symm_mem.enable_symm_mem_for_group(self._group_name)
+        group = self.group or dist.group.WORLD
+        self._group_name = group.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # required by older releases, a no-op later
+            symm_mem.enable_symm_mem_for_group(self._group_name)
+        # auto builds every backend's buffers, so bench --allreduce can compare them in one process.
+        if self._push is None and want in ("auto", "push"):
+            from .allreduce import PushAllReduce
+
+            self._push = PushAllReduce(self._group_name, self.rank, self.size, device, max_bytes)
+        if dtype not in self._symm and (want != "push" and symm_mem_problem("one-shot") is None):
             buf = symm_mem.empty(max_bytes // torch.finfo(dtype).bits * 8, dtype=dtype, device=device)
             symm_mem.rendezvous(buf, self._group_name)
             self._symm[dtype] = buf
-        self.allreduce = "one-shot" if want == "auto" else want
+        self.allreduce = "push" if want == "auto" else want
         torch.cuda.synchronize(device)
         dist.barrier(group=self.group)
 
@@ -147,9 +159,10 @@ class TPGroup:
             raise ValueError(f"all-reduce backend must be one of {ALLREDUCES[1:]}, got {allreduce!r}")
         if allreduce != "nccl":
             why = symm_mem_problem(allreduce)
-            if why is not None or not self._symm:
-                raise ValueError(f"all-reduce backend {allreduce!r} is not available: "
-                                 f"{why or 'setup() allocated no symmetric buffer (CPU, or nccl requested)'}")
+            if why is None and not (self._push if allreduce == "push" else self._symm):
+                why = f"setup() built no buffer for it (CPU, or another backend requested: {self.requested})"
+            if why is not None:
+                raise ValueError(f"all-reduce backend {allreduce!r} is not available: {why}")
         self.allreduce = allreduce
 
     # ------------------------------------------------------------------ collectives
@@ -160,7 +173,9 @@ class TPGroup:
             return x
         import torch.distributed as dist
 
-        buf = self._symm.get(x.dtype) if self.allreduce != "nccl" else None
+        if self.allreduce == "push" and self._push.fits(x):
+            return self._push(x)
+        buf = self._symm.get(x.dtype) if self.allreduce in ("one-shot", "two-shot") else None
         n = x.numel()
         if buf is not None and x.is_cuda and n <= buf.numel() and (self.allreduce == "one-shot" or n % self.size == 0):
             x = x.contiguous()
@@ -234,11 +249,19 @@ _SYMM_OPS = {"one-shot": "one_shot_all_reduce_out", "two-shot": "two_shot_all_re
 
 
 def symm_mem_problem(allreduce: str = "one-shot") -> str | None:
-    """Why PyTorch symmetric memory's one-shot / two-shot all-reduce is not usable here, or None."""
+    """Why the symmetric-memory all-reduce `allreduce` (one-shot, two-shot: PyTorch's kernels;
+    push: ours over PyTorch's buffers) is not usable here, or None."""
     try:
-        import torch.distributed._symmetric_memory as symm_mem  # noqa: F401
+        import torch.distributed._symmetric_memory as symm_mem
     except ImportError as e:
         return f"torch.distributed._symmetric_memory does not import ({e})"
+    if allreduce == "push":
+        from .allreduce import triton
+
+        if triton is None:
+            return "Triton does not import"
+        missing = [n for n in ("empty", "rendezvous") if not hasattr(symm_mem, n)]
+        return f"torch.distributed._symmetric_memory has no {', '.join(missing)}" if missing else None
     if not hasattr(getattr(torch.ops, "symm_mem", None), _SYMM_OPS[allreduce]):
         return f"torch.ops.symm_mem has no {_SYMM_OPS[allreduce]} in torch {torch.__version__}"
     return None
@@ -333,11 +356,23 @@ class VocabParallelEmbedding(nn.Embedding):
     vocab_start: int
     n_valid: int
 
+    sp_first = None  # the Llama family's first SeqParallelDecoderLayer (finish_patch)
+
     def forward(self, ids):
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.n_valid)
         out = F.embedding(torch.where(mine, local, 0), self.weight)
-        return self.tp.all_reduce(out * mine.unsqueeze(-1).to(out.dtype))
+        part = out * mine.unsqueeze(-1).to(out.dtype)
+        if self.sp_first is not None and self.tp.sp_body and self.sp_first.splits(part):
+            # The first decoder layer keeps only this rank's rows of the sum: reduce-scatter them
+            # (half an all-reduce's traffic) into a zero tensor of the full shape, which is all
+            # the model's body reads of the embedding (shape, dtype, device) before that layer.
+            rows, tp = part.numel() // part.shape[-1], self.tp
+            n = rows // tp.size
+            full = torch.zeros_like(part)
+            full.view(rows, -1)[tp.rank * n:(tp.rank + 1) * n] = tp.reduce_scatter(part.view(rows, -1))
+            return full
+        return self.tp.all_reduce(part)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, vocab [{self.vocab_start}, {self.vocab_start + self.n_valid}), tp={self.tp.size}"
@@ -403,16 +438,22 @@ class SeqParallelDecoderLayer:
 
     sp_tp: TPGroup
 
+    def splits(self, x: torch.Tensor) -> bool:
+        """Whether this layer, the first, splits the replicated stream x [..., hidden] by rows."""
+        from .patch_llama import _CuteAttention
+
+        tp, rows = self.sp_tp, x.numel() // x.shape[-1]
+        return (tp.seq_parallel and not self.training and rows >= tp.sp_min_rows and rows % tp.size == 0
+                and isinstance(self.self_attn, _CuteAttention))
+
     def forward(self, hidden_states, *args, **kwargs):
         from .modules import _stock_arguments, apply_linear
-        from .patch_llama import _CuteAttention
 
         tp = self.sp_tp
         x = hidden_states
         if x.dim() != 2:  # the first layer: the replicated stream, split here when it is long enough
             rows = x.numel() // x.shape[-1]
-            if (not tp.seq_parallel or self.training or rows < tp.sp_min_rows or rows % tp.size
-                    or not isinstance(self.self_attn, _CuteAttention)):
+            if not self.splits(x):
                 tp.sp_shape = None
                 return super().forward(hidden_states, *args, **kwargs)
             tp.sp_shape = x.shape
@@ -641,6 +682,11 @@ def finish_patch(model) -> None:
             layer.sp_tp = group
             for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 lin.__class__ = _seq_parallel_class(type(lin), SeqParallelRowLinear)
+        emb = _embedding(model)
+        if isinstance(emb, VocabParallelEmbedding) and len(body.layers):
+            object.__setattr__(emb, "sp_first", body.layers[0])  # a reference, not a submodule
+            body.register_forward_pre_hook(lambda *_: setattr(group, "sp_body", True))
+            body.register_forward_hook(lambda *_: setattr(group, "sp_body", False), always_call=True)
 
 
 # --------------------------------------------------------------------------- random weights

@@ -226,10 +226,11 @@ def run_tp_bench(args) -> int:
         torch.cuda.empty_cache()
 
     result["decode"] = {}
+    auto = group.allreduce if group is not None else None  # what setup() picked for "auto"
     for allreduce in (allreduces if group is not None else ["none"]):
         if group is not None:
             if allreduce == "auto":
-                allreduce = "one-shot" if group._symm else "nccl"
+                allreduce = auto
             try:
                 group.use(allreduce)
             except ValueError as e:

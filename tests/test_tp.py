@@ -77,7 +77,7 @@ def _join(rank: int, world: int, port: int, device: str):
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     cuda = device == "cuda"
-    group = TP.init_tp(world)
+    group = TP.init_tp(world, "auto" if cuda else None)  # auto: setup() builds every backend's buffers
     if cuda:
         return group, torch.device("cuda", rank), torch.bfloat16, "cute"
     return group, torch.device("cpu"), torch.float32, "reference"
@@ -85,6 +85,7 @@ def _join(rank: int, world: int, port: int, device: str):
 
 def _worker(rank: int, world: int, port: int, out: str, device: str, kinds, allreduces) -> None:
     group, dev, dtype, backend = _join(rank, world, port, device)
+    group.seq_parallel = False  # the replicated stream here; _sp_worker covers the split one
     cuda = dev.type == "cuda"
     width = 256 if cuda else 64
     from inference.patch import patch_model
@@ -168,10 +169,91 @@ def test_sharded_equals_whole_cpu(tmp_path):
 def test_sharded_equals_whole_gpu(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    allreduces = ["nccl"] + [a for a in ("one-shot", "two-shot") if TP.symm_mem_problem(a) is None]
+    allreduces = ["nccl"] + [a for a in ("one-shot", "two-shot", "push") if TP.symm_mem_problem(a) is None]
     results = _run(tmp_path, "cuda", ("gpt2", "llama", "qwen2"), allreduces)
     # bf16: the partial sums round differently; tokens of these varied-weight models are well separated.
     _check(results, 2e-2, 2e-2, exact_tokens=True, exact_sp=False)
+
+
+def _push_worker(rank: int, world: int, port: int, out: str) -> None:
+    """The push all-reduce against the exact sum of the gathered inputs: sizes around its
+    block and its buffer's end, fp32 and bf16, eager calls (each a new epoch) and a CUDA graph
+    replayed with new inputs (the epochs advance on the device)."""
+    group, dev, _, _ = _join(rank, world, port, "cuda")
+    group.setup(dev, torch.bfloat16)
+    group.use("push")
+    push = group._push
+    g = torch.Generator(device=dev).manual_seed(rank)
+    failures = []
+
+    def check(x, y, what):
+        xs = group.all_gather(x)  # [world, ...]
+        want = xs.float().sum(0).to(x.dtype)  # rank order, in fp32, rounded once: what the kernel does
+        ys = group.all_gather(y)
+        if not torch.equal(y, want):
+            failures.append(f"{what}: max diff {float((y.float() - want.float()).abs().max())}")
+        if not torch.equal(ys[0], ys[-1]):
+            failures.append(f"{what}: ranks disagree")
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 7, 1023, 1024, 1025, 4096, 5000, 131072, push.max_bytes // torch.finfo(dtype).bits * 8):
+            for rep in range(3):
+                x = torch.randn(n, device=dev, generator=g).to(dtype)
+                check(x, group.all_reduce(x), f"eager {dtype} n={n} rep={rep}")
+    x = torch.randn(3, 4096, device=dev, generator=g).to(torch.bfloat16)
+    y = group.all_reduce(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = group.all_reduce(group.all_reduce(x) * 0.5)
+    for rep in range(5):
+        x.copy_(torch.randn(3, 4096, device=dev, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        mid = group.all_gather(x).float().sum(0).to(x.dtype) * 0.5
+        want = group.all_gather(mid).float().sum(0).to(x.dtype)
+        if not torch.equal(y, want):
+            failures.append(f"graph replay {rep}: max diff {float((y.float() - want.float()).abs().max())}")
+    if push.failed():
+        failures.append("a wait gave up")
+    if rank == 0:
+        torch.save(failures, out)
+    TP.shutdown()
+    os._exit(0)
+
+
+@pytest.mark.compile
+def test_push_all_reduce_compiles_for_sm90():
+    """The push kernel's protocol in its PTX: flags raised with release and read with acquire at
+    system scope by one thread, the peers' blocks read past L1, 16-byte stores over NVLink."""
+    import re
+
+    pytest.importorskip("triton")
+    from inference.allreduce import MAX_POLLS, _push_all_reduce_kernel
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "data_ptrs": "*i64", "flag_ptrs": "*i64",
+           "counter_ptr": "*i32", "error_ptr": "*i32", "rank": "i32"}
+    const = {"N_MAX": 1 << 19, "MAX_CTAS": 512, "SIZE": 4, "BLOCK": 1024, "MAX_POLLS": MAX_POLLS, "PDL": True}
+    ptx = _triton_ptx_sm90(_push_all_reduce_kernel, sig, const)
+    # one flag store per rank in the unrolled loop (the own rank's is skipped at run time)
+    assert len(re.findall(r"atom\.global\.sys\.release\.exch", ptx)) == 4
+    assert len(re.findall(r"ld\.global\.sys\.acquire", ptx)) >= 3
+    assert "ld.volatile.global" in ptx and "st.global" in ptx
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+
+
+@pytest.mark.gpu
+def test_push_all_reduce_gpu(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    why = TP.symm_mem_problem("push")
+    if why is not None:
+        pytest.skip(why)
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "push.pt")
+    mp.spawn(_push_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    assert torch.load(out) == []
 
 
 # --------------------------------------------------------------------------- single process
@@ -270,9 +352,10 @@ def _sp_worker(rank: int, world: int, port: int, out: str, device: str, kinds) -
         group.reduce_scatter = lambda x, _rs=group.reduce_scatter: calls.append(x.shape) or _rs(x)
         with torch.no_grad():
             got = sharded(ids).logits.float()
-            assert len(calls) == 2 * sharded.config.num_hidden_layers, calls  # o_proj and down_proj per layer
+            # o_proj and down_proj per layer, and the embedding's sum (only the local rows are kept)
+            assert len(calls) == 2 * sharded.config.num_hidden_layers + 1, calls
             got_odd = sharded(odd).logits.float()
-            assert len(calls) == 2 * sharded.config.num_hidden_layers, "9 rows over 2 ranks: no reduce-scatter"
+            assert len(calls) == 2 * sharded.config.num_hidden_layers + 1, "9 rows over 2 ranks: no reduce-scatter"
         del group.reduce_scatter
         results[(kind, "sp", "logits")] = (ref.cpu(), got.cpu())
         results[(kind, "sp", "vs tp logits")] = (plain.cpu(), got.cpu())

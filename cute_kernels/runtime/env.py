@@ -63,16 +63,17 @@ SWITCHES: dict[str, Switch] = {
     "CUTE_KERNELS_TRITON_DIRECT": Switch(
         "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
     "CUTE_KERNELS_TP_ALLREDUCE": Switch(
-        "nccl", "Tensor parallelism's all-reduce: nccl (dist.all_reduce), one-shot or two-shot (PyTorch symmetric "
-                "memory for messages up to 1 MiB, NCCL above); auto: one-shot where symmetric memory is available. "
-                "NCCL measured fastest on 2x H100 NVLink (8 KB in a CUDA graph: 8.0 us vs 9.9 / 13.5)."),
+        "auto", "Tensor parallelism's all-reduce: push (our one-kernel all-reduce over symmetric memory, "
+                "inference/allreduce.py), one-shot or two-shot (PyTorch symmetric memory's kernels), each for messages "
+                "up to 1 MiB with NCCL above, or nccl (dist.all_reduce) always; auto: push where symmetric memory and "
+                "Triton are available, NCCL otherwise. 8 KB in a CUDA graph on 2x H200: push 5.0 us, NCCL 7.9."),
     "CUTE_KERNELS_TP_SP_NORM": Switch(
         "1", "0: with tensor parallelism, every rank runs the Llama family's RMSNorms over all rows (default: "
              "each rank normalizes its share of >= 1024 rows and an all-gather assembles them)."),
     "CUTE_KERNELS_TP_SEQ_PARALLEL": Switch(
-        "0", "1: with tensor parallelism, the Llama family's prefill keeps the residual stream split by rows "
-             "between decoder layers over >= 1024 rows (a reduce-scatter and an all-gather per half-layer instead "
-             "of an all-reduce)."),
+        "1", "0: with tensor parallelism, the Llama family's prefill all-reduces a replicated residual stream "
+             "(default: over >= 1024 rows the stream stays split by rows between decoder layers, a reduce-scatter "
+             "and an all-gather per half-layer instead of an all-reduce)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 
