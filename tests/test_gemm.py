@@ -577,7 +577,9 @@ def test_split_k_nan_stays_in_its_row_and_fp32_out():
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", [None, "gelu_tanh"])
 @pytest.mark.parametrize("M", [1, 3, 8])
-@pytest.mark.parametrize("NK", [(1600, 1600), (4800, 1600), (6400, 1600), (1600, 6400), (50257, 1600), (40, 300)])
+@pytest.mark.parametrize("NK", [(1600, 1600), (4800, 1600), (6400, 1600), (1600, 6400), (50257, 1600), (40, 300),
+                                # the long-row picks (K >= 2048): Llama-3-8B q/k/v and down, Llama-3.2-1B gate/up and down
+                                (6144, 4096), (4096, 14336), (16384, 2048), (2048, 8192)])
 def test_gemv_path_matches_reference(monkeypatch, activation, M, NK):
     """The skinny path (the default for M <= 8) against the fp32 reference, fused epilogue included."""
     import cute_kernels as ck
