@@ -144,7 +144,15 @@ class TPGroup:
         if self._push is None and want in ("auto", "push"):
             from .allreduce import PushAllReduce
 
-            self._push = PushAllReduce(self._group_name, self.rank, self.size, device, max_bytes)
+            try:
+                self._push = PushAllReduce(self._group_name, self.rank, self.size, device, max_bytes)
+            except (RuntimeError, ValueError) as e:  # e.g. no peer access between these GPUs
+                if want == "push":
+                    raise ValueError(f"the push all-reduce could not set up its buffers: {e}") from e
+                if self.rank == 0:
+                    print(f"note: the push all-reduce is unavailable ({str(e).splitlines()[0][:120]}); using NCCL")
+                self.allreduce = "nccl"
+                return
         if dtype not in self._symm and (want != "push" and symm_mem_problem("one-shot") is None):
             buf = symm_mem.empty(max_bytes // torch.finfo(dtype).bits * 8, dtype=dtype, device=device)
             symm_mem.rendezvous(buf, self._group_name)
