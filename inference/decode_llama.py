@@ -47,6 +47,7 @@ QKV_ENV = "CUTE_KERNELS_LLAMA_QKV"
 RMS_ENV = "CUTE_KERNELS_LLAMA_RMS_PROLOGUE"
 SWIGLU_ENV = "CUTE_KERNELS_LLAMA_SWIGLU"
 ROPE_ENV = "CUTE_KERNELS_LLAMA_ROPE_APPEND"
+QUANT8_ENV = "CUTE_KERNELS_LLAMA_8BIT_DECODE"
 
 
 @dataclass
@@ -57,6 +58,23 @@ class _Fused:
     qkv_w: torch.Tensor | None = None
     qkv_b: torch.Tensor | None = None
     gate_up_w: torch.Tensor | None = None
+    # 8-bit weights (qkv_w / gate_up_w fp8 or int8): their per-channel scales, [N] fp32
+    qkv_s: torch.Tensor | None = None
+    gate_up_s: torch.Tensor | None = None
+
+
+def _weight_only_8bit(layers) -> str | None:
+    """The fused ops' backend when every projection of every layer is one of quant's 8-bit
+    modules that decode weight-only (per-channel fp8 or int8, no SmoothQuant factor), else None."""
+    try:
+        from quant.nn import FP8Linear, Int8Linear
+    except ImportError:
+        return None
+    mods = [m for layer in layers for m in (*layer.qkv_projections, layer.out_proj, layer.mlp_gate, layer.mlp_in,
+                                              layer.mlp_out)]
+    ok = mods and all((isinstance(m, Int8Linear) or (isinstance(m, FP8Linear) and m.mode == "row"))
+                      and getattr(m, "inv_smooth", None) is None for m in mods)
+    return mods[0].backend if ok else None
 
 
 class LlamaStaticDecoder(StaticDecoder):
@@ -72,10 +90,14 @@ class LlamaStaticDecoder(StaticDecoder):
             cos, sin = ad.body.rotary_emb(self._h, self._arange[None])
         self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
         patched = isinstance(ad.layers()[0].q_proj, CuteLinear) if ad.n_layers else False
-        self._backend = ad.layers()[0].q_proj.backend if patched else None
-        fuse = patched and not compile
+        # An 8-bit patched model (quant's modules, weight-only at decode sizes) takes the same
+        # shortcuts but the SwiGLU epilogue: q/k/v and gate/up concatenated with their scales.
+        q8 = None if patched or compile or not env.enabled(QUANT8_ENV) else _weight_only_8bit(ad.layers())
+        self._q8 = q8 is not None
+        self._backend = ad.layers()[0].q_proj.backend if patched else q8
+        fuse = (patched or self._q8) and not compile
         self._rms = fuse and env.enabled(RMS_ENV)
-        self._swiglu = fuse and env.enabled(SWIGLU_ENV)
+        self._swiglu = fuse and not self._q8 and env.enabled(SWIGLU_ENV)
         self._rope_append = fuse and env.enabled(ROPE_ENV)
         concat = fuse and (env.enabled(QKV_ENV) or self._swiglu)
         self._layers = []
@@ -93,6 +115,9 @@ class LlamaStaticDecoder(StaticDecoder):
                         f.qkv_b = torch.cat([p.weight.new_zeros(p.weight.shape[0]) if p.bias is None else p.bias.data
                                              for p in projections])
                     f.gate_up_w = concat_rows([layer.mlp_gate.weight, layer.mlp_in.weight])
+                    if self._q8:
+                        f.qkv_s = concat_rows([p.weight_scale for p in projections]).view(-1)
+                        f.gate_up_s = concat_rows([layer.mlp_gate.weight_scale, layer.mlp_in.weight_scale]).view(-1)
                 self._layers.append(f)
 
     def _check_adapter(self, ad) -> None:
@@ -124,14 +149,24 @@ class LlamaStaticDecoder(StaticDecoder):
         return self._rms and x2.shape[0] <= GEMV_MAX_M and (
             self._backend == "reference" or (x2.is_cuda and x2.shape[1] <= LN_MAX_K))
 
-    def _norm_linear(self, norm, x: torch.Tensor, weight, bias, module=None) -> torch.Tensor:
+    def _norm_linear(self, norm, x: torch.Tensor, weight, bias, module=None, scale=None, parts=()) -> torch.Tensor:
         """linear(norm(x)) over weight/bias (the RMSNorm in the GEMV's prologue where it fits),
-        or module(norm(x)) for an unpatched model (weight None)."""
+        or module(norm(x)) for an unpatched model (weight None). scale: weight is 8-bit with this
+        per-channel scale, the concatenation of the modules `parts` (decode sizes: one RMSNorm
+        launch, then the weight-only GEMV on the GPU; the modules themselves elsewhere)."""
         if weight is None:
             return module(norm(x))
         x2 = x.reshape(-1, x.shape[-1])
         N = weight.shape[0]
-        if self._prologue_fits(x2):
+        if scale is not None:
+            xn = self._norm(norm, x2).contiguous()
+            if self._backend == "cute" and xn.is_cuda:
+                from cute_kernels.matmul.gemv import weight_only_gemv
+
+                y = weight_only_gemv(xn, weight, scale, bias)
+            else:  # what the modules compute here (on the CPU: their W8A8 reference)
+                y = torch.cat([m(xn) for m in parts], -1)
+        elif self._prologue_fits(x2):
             y = ops.rms_linear(x2.contiguous(), norm.weight, float(norm.variance_epsilon), weight, bias,
                                self._backend)
         else:
@@ -143,8 +178,9 @@ class LlamaStaticDecoder(StaticDecoder):
         also k, v [B, S, Hkv, D] for a prefill (None in decode)."""
         B, S, _ = h.shape
         Hq, D = self.n_head, self.head_dim
-        if f.qkv_w is not None:
-            qkv = self._norm_linear(layer.attn_norm, h, f.qkv_w, f.qkv_b)
+        if f.qkv_w is not None and (f.qkv_s is None or B * S <= GEMV_MAX_M):
+            qkv = self._norm_linear(layer.attn_norm, h, f.qkv_w, f.qkv_b, scale=f.qkv_s,
+                                    parts=layer.qkv_projections)
             if decode and self._rope_append:
                 q = ops.rope_append(qkv.view(B, -1), self._cos, self._sin, positions, self.k[i], self.v[i], Hq,
                                     self._backend)
@@ -190,7 +226,7 @@ class LlamaStaticDecoder(StaticDecoder):
 
     def _mlp_llama(self, layer, f: _Fused, h: torch.Tensor) -> torch.Tensor:
         """h + down(silu(gate(x)) * up(x)), x = RMSNorm(h)."""
-        if f.gate_up_w is None:
+        if f.gate_up_w is None or (f.gate_up_s is not None and h.shape[0] * h.shape[1] > GEMV_MAX_M):
             x = self._norm(layer.mlp_norm, h)
             a = layer.mlp_act(layer.mlp_gate(x)) * layer.mlp_in(x)
         elif self._swiglu and h.shape[0] * h.shape[1] <= GEMV_MAX_M and (self._backend == "reference" or h.is_cuda):
@@ -203,7 +239,8 @@ class LlamaStaticDecoder(StaticDecoder):
                                    self._backend)
             a = a.view(*h.shape[:-1], -1)
         else:
-            gu = self._norm_linear(layer.mlp_norm, h, f.gate_up_w, None)
+            gu = self._norm_linear(layer.mlp_norm, h, f.gate_up_w, None, scale=f.gate_up_s,
+                                   parts=(layer.mlp_gate, layer.mlp_in))
             g, u = gu.chunk(2, dim=-1)
             a = layer.mlp_act(g) * u
         return self._row_parallel_out(layer.mlp_out, a, h)
@@ -231,3 +268,4 @@ class LlamaStaticDecoder(StaticDecoder):
             self._next_token(logits[:, 0])
             return None
         return greedy_tokens(head, logits)  # a distributed argmax over a vocabulary-parallel head
+

@@ -303,6 +303,31 @@ def test_llama_family_quantized_patch_runs(kind, precision):
     _check_quantized(random_llama(kind).to(torch.bfloat16), _ids(2, 64, vocab=32000), precision)
 
 
+@pytest.mark.parametrize("precision", ["fp8", "int8"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@torch.no_grad()
+def test_llama_family_8bit_decode_shortcuts(kind, precision, monkeypatch):
+    """CUTE_KERNELS_LLAMA_8BIT_DECODE on the GPU: one weight-only GEMV over the concatenated
+    8-bit q/k/v (gate/up) and their scales gives each block what the module's own weight-only
+    GEMV gives it, and the decoder's greedy tokens are the unfused decoder's."""
+    from cute_kernels.matmul.gemv import weight_only_gemv
+    from inference.decoders import decoder_for
+
+    pm = _patch(random_llama(kind).to(torch.bfloat16), "cute", precision=precision)
+    x = _ids(2, 32, vocab=32000)
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_8BIT_DECODE", "0")
+    want = decoder_for(pm, batch_size=2, max_len=48).generate(x, 16)
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_8BIT_DECODE", "1")
+    dec = decoder_for(pm, batch_size=2, max_len=48)
+    assert dec._q8
+    f, attn = dec._layers[0], pm.model.layers[0].self_attn
+    h = torch.randn(1, f.qkv_w.shape[1], device="cuda", dtype=torch.bfloat16)
+    cat = weight_only_gemv(h, f.qkv_w, f.qkv_s, f.qkv_b)
+    parts = torch.cat([p(h) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
+    assert float((cat.float() - parts.float()).abs().max()) <= 2e-2 * float(parts.float().abs().max())
+    assert torch.equal(dec.generate(x, 16), want)
+
+
 # --------------------------------------------------------------------------- Llama-family decode fusions
 
 LLAMA_FUSIONS = {

@@ -229,6 +229,28 @@ def test_quantized_precisions(model, precision):
     assert torch.equal(dec.generate(x, 8), hf_generate(pm, x, 8))
 
 
+@pytest.mark.parametrize("kind,precision", [("llama", "fp8"), ("qwen2", "int8"), ("mistral", "fp8")])
+def test_quantized_decode_shortcuts(monkeypatch, kind, precision):
+    """CUTE_KERNELS_LLAMA_8BIT_DECODE: the static decoder of an 8-bit model concatenates q/k/v
+    and gate/up with their scales (the modules' weights re-pointed, not copied) and takes the
+    16-bit step's RMSNorm and RoPE + append shortcuts; on the CPU each concatenated product is
+    the modules' own, so its greedy tokens equal transformers' generate on the same model."""
+    pytest.importorskip("quant")
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_8BIT_DECODE", "1")
+    m, x = tiny(kind), ids()
+    pm = patched(m, precision=precision)
+    dec = decoder_for(pm, batch_size=2, max_len=24)
+    f = dec._layers[0]
+    assert dec._q8 and dec._rms and dec._rope_append and f.qkv_s is not None and f.gate_up_s is not None
+    q = pm.model.layers[0].self_attn.q_proj
+    assert q.weight.untyped_storage().data_ptr() == f.qkv_w.untyped_storage().data_ptr()
+    assert q.weight_scale.untyped_storage().data_ptr() == f.qkv_s.untyped_storage().data_ptr()
+    assert torch.equal(dec.generate(x, 8), hf_generate(pm, x, 8))
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_8BIT_DECODE", "0")
+    off = decoder_for(pm, batch_size=2, max_len=24)
+    assert not off._q8 and off._layers[0].qkv_w is None
+
+
 def test_quantized_prefill_fusions_keep_logits(monkeypatch):
     """The prefill switches on an 8-bit model: RMSNorm and RoPE fuse, SwiGLU runs its two
     8-bit GEMMs and then ops.silu_mul; the logits equal the unfused patched model's."""
