@@ -203,6 +203,11 @@ class TPGroup:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def push_gave_up(self) -> bool:
+        """Whether a wait of the push all-reduce ever gave up (its sums since are wrong);
+        synchronizes the device. False where the push kernel was never set up."""
+        return self._push is not None and self._push.failed()
+
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[size, *x.shape]: every rank's x, in rank order."""
         import torch.distributed as dist

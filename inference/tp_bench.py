@@ -272,6 +272,8 @@ def run_tp_bench(args) -> int:
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if group is not None and cuda:
             row["allreduce_us"] = allreduce_us(group, ad.hidden, dtype, device)
+            if allreduce == "push":  # a wait that gave up would have summed stale blocks
+                row["push_wait_gave_up"] = group.push_gave_up()
         result["decode"][allreduce] = row
         shown = {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in row.items()
                  if k not in ("tokens", "margins")}
