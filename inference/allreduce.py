@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from cute_kernels.runtime.triton_launch import TritonLaunch
+
 try:
     import triton
     import triton.language as tl
@@ -92,6 +94,10 @@ if triton is not None:
         tl.store(counter_ptr + j, epoch)
 
 
+    # Launched without the JIT's per-call dispatch once compiled (runtime/triton_launch.py).
+    _LAUNCH = TritonLaunch(_push_all_reduce_kernel)
+
+
 class PushAllReduce:
     """The push all-reduce's buffers for one process group and device. Collective: every rank
     constructs it, in the same order, outside any CUDA-graph capture. Sums tensors of up to
@@ -116,6 +122,9 @@ class PushAllReduce:
         self.flag_ptrs = torch.tensor(list(hf.buffer_ptrs), dtype=torch.int64, device=device)
         self.counters = torch.zeros(self.max_ctas, dtype=torch.int32, device=device)
         self.error = torch.zeros(1, dtype=torch.int32, device=device)
+        from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
+
+        self._pdl_enabled, self._prefer_max_shared = pdl_enabled, prefer_max_shared
         torch.cuda.synchronize(device)
         dist.barrier()  # every rank's flags are zero before any rank signals
 
@@ -127,20 +136,23 @@ class PushAllReduce:
         if not self.fits(x):
             raise ValueError(f"push all-reduce: a CUDA tensor on {self.device} of bf16 / fp16 / fp32 and at most "
                              f"{self.max_bytes} bytes, got {x.dtype} {tuple(x.shape)} on {x.device}")
+        return self.launch(x)
+
+    def launch(self, x: torch.Tensor) -> torch.Tensor:
+        """__call__ for a tensor that `fits` (the caller checked)."""
         x = x.contiguous()
         out = torch.empty_like(x)
         n = x.numel()
         if n == 0:
             return out
-        from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
-
-        pdl = pdl_enabled()
-        kernel = _push_all_reduce_kernel[(triton.cdiv(n, BLOCK),)](
-            x, out, n, self.data_ptrs, self.flag_ptrs, self.counters, self.error, self.rank,
-            N_MAX=self.max_bytes // x.element_size(), MAX_CTAS=self.max_ctas, SIZE=self.size, BLOCK=BLOCK,
-            MAX_POLLS=MAX_POLLS, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
-        if pdl:
-            prefer_max_shared(kernel)
+        pdl = self._pdl_enabled()
+        kernel = _LAUNCH.all_args(
+            (triton.cdiv(n, BLOCK), 1, 1),
+            (x, out, n, self.data_ptrs, self.flag_ptrs, self.counters, self.error, self.rank,
+             self.max_bytes // x.element_size(), self.max_ctas, self.size, BLOCK, MAX_POLLS, pdl),
+            num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
+            self._prefer_max_shared(kernel)
         return out
 
     def failed(self) -> bool:

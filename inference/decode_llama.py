@@ -159,8 +159,10 @@ class LlamaStaticDecoder(StaticDecoder):
         x2 = x.reshape(-1, x.shape[-1])
         N = weight.shape[0]
         if scale is not None:
+            from quant.nn import weight_only_eligible
+
             xn = self._norm(norm, x2).contiguous()
-            if self._backend == "cute" and xn.is_cuda:
+            if weight_only_eligible(parts[0], xn):  # where each module would run weight-only
                 from cute_kernels.matmul.gemv import weight_only_gemv
 
                 y = weight_only_gemv(xn, weight, scale, bias)
@@ -268,4 +270,3 @@ class LlamaStaticDecoder(StaticDecoder):
             self._next_token(logits[:, 0])
             return None
         return greedy_tokens(head, logits)  # a distributed argmax over a vocabulary-parallel head
-

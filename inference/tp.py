@@ -182,7 +182,7 @@ class TPGroup:
         import torch.distributed as dist
 
         if self.allreduce == "push" and self._push.fits(x):
-            return self._push(x)
+            return self._push.launch(x)
         buf = self._symm.get(x.dtype) if self.allreduce in ("one-shot", "two-shot") else None
         n = x.numel()
         if buf is not None and x.is_cuda and n <= buf.numel() and (self.allreduce == "one-shot" or n % self.size == 0):
