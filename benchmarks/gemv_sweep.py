@@ -6,7 +6,8 @@ For each shape of a set (Llama-3-8B, Llama-3.2-1B, Llama-3-70B at TP=2, GPT-2 XL
 prologue where the model has one), a chain of launches on distinct weights (at least 3 GB of
 them, so nothing is served from L2) in one CUDA graph with programmatic dependent launch, for
 the heuristic's pick (`gemv._launch_blocks`) and every (BLOCK_N, BLOCK_K, warps, stages) with
-1024 <= BLOCK_N * BLOCK_K <= 16384. Median of 7 replays, microseconds per launch. Writes
+1024 <= BLOCK_N * BLOCK_K <= 16384. Microseconds per launch: the chain timed by the suites'
+one helper (CUDA-graph replays, median). Writes
 gemv_sweep_<gpu>.json / .md (the six fastest per shape).
 """
 
@@ -30,27 +31,6 @@ CANDIDATES = [(1, bn, bk, w, st) for bn, bk, w, st in itertools.product((1, 2, 4
                                                                          (4, 8), (2, 3, 4)) if 1024 <= bn * bk <= 16384]
 
 
-def _chain_us(run, reps: int) -> float:
-    import torch
-
-    run()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / reps * 1e3)
-    return sorted(ts)[3]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", default="8b,1b,70b-tp2,gpt2xl")
@@ -61,7 +41,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: gemv_sweep needs a CUDA GPU")
         return 2
-    from benchmarks.common import RESULTS_DIR, gpu_name, gpu_tag
+    from benchmarks.common import RESULTS_DIR, gpu_name, gpu_tag, time_ms
     from cute_kernels.matmul import gemv
     from cute_kernels.runtime import env
 
@@ -86,7 +66,7 @@ def main(argv=None) -> int:
                 gemv._launch_blocks = base if cfg is None else (lambda M, N_, K_, c=cfg: c)
                 try:
                     timed.append({"cfg": list(base(1, N, K) if cfg is None else cfg), "default": cfg is None,
-                                  "us": _chain_us(run, reps)})
+                                  "us": time_ms(lambda _i: run(), rep_ms=50) / reps * 1e3})
                 except Exception as e:  # noqa: BLE001 - a config that does not build or fit is skipped
                     print(f"{key}:{name} {cfg}: {type(e).__name__}")
             gemv._launch_blocks = base
