@@ -145,12 +145,12 @@ def _write(args, name: str, shape_tag: str, meta_extra: dict, rows: list, head: 
     stem = out / f"{name}_{tag}_{shape_tag}_{gpu_tag()}"
     meta = {"model": args.model, "gpu": gpu_name(), "date": datetime.date.today().isoformat(), "batch": args.batch,
             "prompt_len": args.prompt_len, **meta_extra, "torch": torch.__version__}
-    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    Path(f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     md = [f"# {head[0]}: {args.model} on {meta['gpu']} ({meta['date']})", "", head[1], "", head[2],
           "|---|---|---|---|---|"]
     md += [f"| {r['setting']} | - | - | - | {r['error']} |" if "error" in r else f"| {r['setting']} | {cells(r)} |"
            for r in rows]
-    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    Path(f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 
