@@ -1,14 +1,20 @@
 """One-row (M = 1) decode GEMV launch configs, timed as the decode chain runs them.
 
-    python -m benchmarks.gemv_sweep [--sets 8b,1b,70b-tp2,gpt2xl] [--default-only]
+    python -m benchmarks.gemv_sweep [--sets 8b,1b,70b-tp2,gpt2xl] [--weights bf16|fp8|int8] [--quick]
+                                    [--default-only] [--stem NAME]
 
-For each shape of a set (Llama-3-8B, Llama-3.2-1B, Llama-3-70B at TP=2, GPT-2 XL; the RMSNorm
-prologue where the model has one), a chain of launches on distinct weights (at least 3 GB of
-them, so nothing is served from L2) in one CUDA graph with programmatic dependent launch, for
-the heuristic's pick (`gemv._launch_blocks`) and every (BLOCK_N, BLOCK_K, warps, stages) with
-1024 <= BLOCK_N * BLOCK_K <= 16384. Microseconds per launch: the chain timed by the suites'
-one helper (CUDA-graph replays, median). Writes
-gemv_sweep_<gpu>.json / .md (the six fastest per shape).
+For each shape of a set (Llama-3-8B, Llama-3.2-1B, Llama-3-70B at TP=2, GPT-2 XL), a chain of
+launches on distinct weights (at least 3 GB of them, so nothing is served from L2) in one CUDA
+graph with programmatic dependent launch, for the heuristic's pick (`gemv._launch_blocks`, or
+the CuTe DSL one-row kernel where `gemv_sm90_applies`) and every Triton (BLOCK_N, BLOCK_K, warps,
+stages) with 1024 <= BLOCK_N * BLOCK_K <= 16384 (--quick: 4 warps, 2048-element steps and up to
+16384 elements, 8192 for SwiGLU's two tiles), plus the DSL kernel as the candidate "dsl" where
+it applies. A shape's kind is what the decode step fuses into the launch: "rms" (the RMSNorm
+prologue), "rms_swiglu" (prologue and silu(gate) * up over [gate; up]; N is the output
+width), "residual" (the o_proj / down epilogue), "plain". --weights fp8 / int8 time the
+weight-only 8-bit form (per-channel fp32 scales). Microseconds per launch: the chain timed by
+the suites' one helper (CUDA-graph replays, median). Writes <stem>_<gpu>.json / .md (stem:
+gemv_sweep, gemv_sweep_<weights> for 8-bit) with the six fastest per shape.
 """
 
 from __future__ import annotations
@@ -20,21 +26,35 @@ import json
 import math
 from pathlib import Path
 
-SETS = {"8b": [("gate_up", 28672, 4096, True), ("qkv", 6144, 4096, True), ("down", 4096, 14336, False),
-               ("lm_head", 128256, 4096, True)],
-        "1b": [("gate_up", 16384, 2048, True), ("qkv", 3072, 2048, True), ("down", 2048, 8192, False),
-               ("lm_head", 128256, 2048, True)],
-        "70b-tp2": [("gate_up", 28672, 8192, True), ("qkv", 5120, 8192, True), ("down", 8192, 14336, False)],
-        "gpt2xl": [("c_attn", 4800, 1600, False), ("c_fc", 6400, 1600, False), ("mlp_proj", 1600, 6400, False),
-                   ("lm_head", 50257, 1600, False)]}
+SETS = {"8b": [("gate_up", 28672, 4096, "rms"), ("qkv", 6144, 4096, "rms"), ("down", 4096, 14336, "plain"),
+               ("lm_head", 128256, 4096, "rms")],
+        "1b": [("gate_up", 16384, 2048, "rms"), ("qkv", 3072, 2048, "rms"), ("down", 2048, 8192, "plain"),
+               ("lm_head", 128256, 2048, "rms")],
+        "70b-tp2": [("gate_up", 28672, 8192, "rms"), ("qkv", 5120, 8192, "rms"), ("down", 8192, 14336, "plain")],
+        "gpt2xl": [("c_attn", 4800, 1600, "plain"), ("c_fc", 6400, 1600, "plain"), ("mlp_proj", 1600, 6400, "plain"),
+                   ("lm_head", 50257, 1600, "plain")],
+        # what the Llama decode step launches with every fusion (8-bit steps: these four shapes)
+        "8b-step": [("qkv", 6144, 4096, "rms"), ("gate_up_swiglu", 14336, 4096, "rms_swiglu"),
+                    ("o_proj", 4096, 4096, "residual"), ("down", 4096, 14336, "residual")],
+        "1b-step": [("qkv", 3072, 2048, "rms"), ("gate_up_swiglu", 8192, 2048, "rms_swiglu"),
+                    ("o_proj", 2048, 2048, "residual"), ("down", 2048, 8192, "residual")]}
 CANDIDATES = [(1, bn, bk, w, st) for bn, bk, w, st in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048),
                                                                          (4, 8), (2, 3, 4)) if 1024 <= bn * bk <= 16384]
+
+
+def quick_candidates(swiglu: bool) -> list:
+    top = 8192 if swiglu else 16384
+    return [(1, bn, bk, 4, st) for bn, bk, st in itertools.product((1, 2, 4, 8, 16, 32), (512, 1024, 2048), (2, 3, 4))
+            if 2048 <= bn * bk <= top]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", default="8b,1b,70b-tp2,gpt2xl")
+    p.add_argument("--weights", default="bf16", choices=("bf16", "fp8", "int8"))
+    p.add_argument("--quick", action="store_true", help="the shorter candidate list (see the module docstring)")
     p.add_argument("--default-only", action="store_true", help="time the heuristic's pick only")
+    p.add_argument("--stem", default=None, help="results file stem (default gemv_sweep[_<weights>])")
     args = p.parse_args(argv)
     import torch
 
@@ -46,58 +66,80 @@ def main(argv=None) -> int:
     from cute_kernels.runtime import env
 
     dev = torch.device("cuda")
-    base = gemv._launch_blocks
+    base, sm90_applies = gemv._launch_blocks, gemv.gemv_sm90_applies
+    w8 = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}.get(args.weights)
     rows = []
     for key in args.sets.split(","):
-        for name, N, K, rms in SETS[key]:
-            wb = N * K * 2
+        for name, N, K, kind in SETS[key]:
+            swiglu = kind == "rms_swiglu"
+            rows_w = 2 * N if swiglu else N
+            wb = rows_w * K * (1 if w8 else 2)
             reps = max(3, min(32, math.ceil(3e9 / wb)))
-            ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(reps)]
+            if w8 is None:
+                ws = [torch.randn(rows_w, K, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(reps)]
+            elif w8 == torch.int8:
+                ws = [torch.randint(-127, 128, (rows_w, K), device=dev, dtype=torch.int8) for _ in range(reps)]
+            else:
+                ws = [torch.randn(rows_w, K, device=dev).to(w8) for _ in range(reps)]
+            scale = None if w8 is None else torch.rand(rows_w, device=dev) * 1e-3 + 1e-4
             x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
             nw = torch.ones(K, device=dev, dtype=torch.bfloat16)
+            res = torch.randn(1, N, device=dev, dtype=torch.bfloat16) if kind == "residual" else None
             outs = [torch.empty(1, N, device=dev, dtype=torch.bfloat16) for _ in range(reps)]
+            rms = (nw, 1e-5) if kind.startswith("rms") else None
 
             def run():
                 for w, o in zip(ws, outs):
-                    gemv.skinny_gemm(x, w, out=o, rms=(nw, 1e-5) if rms else None)
+                    gemv.skinny_gemm(x, w, residual=res, out=o, rms=rms, swiglu=swiglu, w_scale=scale)
 
+            dsl = rms is None and sm90_applies(x, ws[0], outs[0], None, res, None, scale, None, None)
+            cands = [] if args.default_only else (["dsl"] if dsl else []) + (
+                quick_candidates(swiglu) if args.quick else CANDIDATES)
             timed = []
-            for cfg in [None] + ([] if args.default_only else CANDIDATES):
-                gemv._launch_blocks = base if cfg is None else (lambda M, N_, K_, c=cfg: c)
+            for cfg in [None] + cands:
+                gemv._launch_blocks = base if cfg in (None, "dsl") else (lambda *a, c=cfg, **k: c)
+                gemv.gemv_sm90_applies = sm90_applies if cfg in (None, "dsl") else (lambda *a, **k: False)
+                pick = ("dsl" if dsl else list(base(1, N, K, 1 if w8 else 2, swiglu, rms is not None))) if cfg is None else (
+                    cfg if cfg == "dsl" else list(cfg))
                 try:
-                    timed.append({"cfg": list(base(1, N, K) if cfg is None else cfg), "default": cfg is None,
+                    timed.append({"cfg": pick, "default": cfg is None,
                                   "us": time_ms(lambda _i: run(), rep_ms=50) / reps * 1e3})
                 except Exception as e:  # noqa: BLE001 - a config that does not build or fit is skipped
-                    print(f"{key}:{name} {cfg}: {type(e).__name__}")
-            gemv._launch_blocks = base
+                    print(f"{key}:{name} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+            gemv._launch_blocks, gemv.gemv_sm90_applies = base, sm90_applies
             default = next(t for t in timed if t["default"])
             best = sorted(timed, key=lambda t: t["us"])[:6]
-            rows.append({"set": key, "shape": name, "M": 1, "N": N, "K": K, "rms_prologue": rms, "chain": reps,
-                         "default": default, "best": best, "default_tbps": wb / default["us"] / 1e6,
+            rows.append({"set": key, "shape": name, "M": 1, "N": N, "K": K, "kind": kind, "weights": args.weights,
+                         "chain": reps, "default": default, "best": best, "default_tbps": wb / default["us"] / 1e6,
                          "best_over_default": default["us"] / best[0]["us"]})
             print(json.dumps(rows[-1]), flush=True)
             del ws
             torch.cuda.empty_cache()
     summary = {"geomean_best_over_default": math.exp(sum(math.log(r["best_over_default"]) for r in rows) / len(rows))}
     md = [f"# One-row GEMV launch configs on {gpu_name()} ({datetime.date.today().isoformat()})", "",
-          "`python -m benchmarks.gemv_sweep" + (" --default-only" if args.default_only else "") + f" --sets {args.sets}`;"
+          "`python -m benchmarks.gemv_sweep" + (" --default-only" if args.default_only else "")
+          + (" --quick" if args.quick else "") + f" --weights {args.weights} --sets {args.sets}`;"
           " us per launch in a chain of distinct weights in one CUDA graph (PDL). Config: "
           "(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages).", "",
-          "| shape | M x N x K | default | us | TB/s | fastest (us) |", "|---|---|---|---|---|---|"]
+          "| shape | kind | M x N x K | default | us | TB/s | fastest (us) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['set']}:{r['shape']} | 1 x {r['N']} x {r['K']} | {tuple(r['default']['cfg'])} | "
+        md.append(f"| {r['set']}:{r['shape']} | {r['kind']} | 1 x {r['N']} x {r['K']} | {_cfg(r['default']['cfg'])} | "
                   f"{r['default']['us']:.1f} | {r['default_tbps']:.2f} | "
-                  + ", ".join(f"{tuple(b['cfg'])} {b['us']:.1f}" for b in r["best"][:3]) + " |")
+                  + ", ".join(f"{_cfg(b['cfg'])} {b['us']:.1f}" for b in r["best"][:3]) + " |")
     md += ["", f"Geomean fastest over default: {summary['geomean_best_over_default']:.3f}"]
     out = Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"gemv_sweep_{gpu_tag()}"
+    stem = out / f"{args.stem or ('gemv_sweep' if w8 is None else 'gemv_sweep_' + args.weights)}_{gpu_tag()}"
     stem.with_suffix(".json").write_text(json.dumps({"gpu": gpu_name(), "date": datetime.date.today().isoformat(),
                                                       "sets": args.sets, "default_only": args.default_only,
                                                       "rows": rows, "summary": summary}, indent=1) + "\n")
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
+
+
+def _cfg(c) -> str:
+    return c if isinstance(c, str) else str(tuple(c))
 
 
 if __name__ == "__main__":

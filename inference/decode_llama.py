@@ -91,13 +91,13 @@ class LlamaStaticDecoder(StaticDecoder):
         self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
         patched = isinstance(ad.layers()[0].q_proj, CuteLinear) if ad.n_layers else False
         # An 8-bit patched model (quant's modules, weight-only at decode sizes) takes the same
-        # shortcuts but the SwiGLU epilogue: q/k/v and gate/up concatenated with their scales.
+        # shortcuts: q/k/v and gate/up concatenated with their per-channel scales.
         q8 = None if patched or compile or not env.enabled(QUANT8_ENV) else _weight_only_8bit(ad.layers())
         self._q8 = q8 is not None
         self._backend = ad.layers()[0].q_proj.backend if patched else q8
         fuse = (patched or self._q8) and not compile
         self._rms = fuse and env.enabled(RMS_ENV)
-        self._swiglu = fuse and not self._q8 and env.enabled(SWIGLU_ENV)
+        self._swiglu = fuse and env.enabled(SWIGLU_ENV)
         self._rope_append = fuse and env.enabled(ROPE_ENV)
         concat = fuse and (env.enabled(QKV_ENV) or self._swiglu)
         self._layers = []
@@ -161,6 +161,12 @@ class LlamaStaticDecoder(StaticDecoder):
         if scale is not None:
             from quant.nn import weight_only_eligible
 
+            if self._q8_fits(parts[0], x2):  # one launch, the norm in the prologue
+                from cute_kernels.matmul.gemv import skinny_gemm
+
+                y = skinny_gemm(x2.contiguous(), weight, bias, rms=(norm.weight, float(norm.variance_epsilon)),
+                                w_scale=scale)
+                return y.view(*x.shape[:-1], N)
             xn = self._norm(norm, x2).contiguous()
             if weight_only_eligible(parts[0], xn):  # where each module would run weight-only
                 from cute_kernels.matmul.gemv import weight_only_gemv
@@ -174,6 +180,13 @@ class LlamaStaticDecoder(StaticDecoder):
         else:
             y = ops.linear(self._norm(norm, x2).contiguous(), weight, bias, None, "", 1.0, 1.0, self._backend)[:, :N]
         return y.view(*x.shape[:-1], N)
+
+    def _q8_fits(self, module, h: torch.Tensor) -> bool:
+        """An 8-bit step's fused launch (RMSNorm prologue, weight-only GEMV) serves h's rows."""
+        from quant.nn import weight_only_eligible
+
+        h2 = h.reshape(-1, h.shape[-1])
+        return weight_only_eligible(module, h2) and self._prologue_fits(h2)
 
     def _qkv(self, layer, f: _Fused, h: torch.Tensor, i: int, positions, cos, sin, decode: bool):
         """q [B, S, Hq, D] after RoPE, with k and v written to layer i's cache at positions;
@@ -231,7 +244,14 @@ class LlamaStaticDecoder(StaticDecoder):
         if f.gate_up_w is None or (f.gate_up_s is not None and h.shape[0] * h.shape[1] > GEMV_MAX_M):
             x = self._norm(layer.mlp_norm, h)
             a = layer.mlp_act(layer.mlp_gate(x)) * layer.mlp_in(x)
-        elif self._swiglu and h.shape[0] * h.shape[1] <= GEMV_MAX_M and (self._backend == "reference" or h.is_cuda):
+        elif f.gate_up_s is not None and self._swiglu and self._q8_fits(layer.mlp_gate, h):
+            from cute_kernels.matmul.gemv import skinny_gemm
+
+            h2 = h.reshape(-1, h.shape[-1]).contiguous()
+            norm = layer.mlp_norm
+            a = skinny_gemm(h2, f.gate_up_w, rms=(norm.weight, float(norm.variance_epsilon)), swiglu=True,
+                            w_scale=f.gate_up_s).view(*h.shape[:-1], -1)
+        elif f.gate_up_s is None and self._swiglu and h.shape[0] * h.shape[1] <= GEMV_MAX_M and (self._backend == "reference" or h.is_cuda):
             h2 = h.reshape(-1, h.shape[-1]).contiguous()
             if self._prologue_fits(h2):
                 a = ops.rms_swiglu(h2, layer.mlp_norm.weight, float(layer.mlp_norm.variance_epsilon), f.gate_up_w,

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,7 +20,23 @@ def test_picks_match_the_committed_sweep():
     rows = json.loads((ROOT / "benchmarks/results/gemv_sweep_h100.json").read_text())["rows"]
     assert rows
     for r in rows:
-        assert list(_launch_blocks(1, r["N"], r["K"])) == r["after"]["cfg"], (r["set"], r["shape"])
+        assert list(_launch_blocks(1, r["N"], r["K"], rms=r["rms_prologue"])) == r["after"]["cfg"], (r["set"], r["shape"])
+
+
+@pytest.mark.parametrize("stem", ["gemv_sweep_step_h100", "gemv_sweep_fp8_h100"])
+def test_step_picks_match_their_sweeps(stem):
+    """The decode step's launches (fused prologue / epilogues, 16- and 8-bit weights): each shape's
+    pick is the config its sweep found fastest, or within 2% of it."""
+    from cute_kernels.matmul.gemv import _launch_blocks, gemv_sm90_applies  # noqa: F401
+
+    rows = json.loads((ROOT / f"benchmarks/results/{stem}.json").read_text())["rows"]
+    assert rows
+    for r in rows:
+        pick = list(_launch_blocks(1, r["N"], r["K"], 1 if r["weights"] != "bf16" else 2, r["kind"] == "rms_swiglu",
+                                   r["kind"].startswith("rms")))
+        timed = {json.dumps(b["cfg"]): b["us"] for b in r["best"]}
+        fastest = min(timed.values())
+        assert json.dumps(pick) in timed and timed[json.dumps(pick)] <= 1.02 * fastest, (r["set"], r["shape"], pick)
 
 
 def test_gemv_sweep_without_a_gpu_says_so():

@@ -303,14 +303,17 @@ def test_llama_family_quantized_patch_runs(kind, precision):
     _check_quantized(random_llama(kind).to(torch.bfloat16), _ids(2, 64, vocab=32000), precision)
 
 
+@pytest.mark.parametrize("swiglu", ["0", "1"])
 @pytest.mark.parametrize("precision", ["fp8", "int8"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @torch.no_grad()
-def test_llama_family_8bit_decode_shortcuts(kind, precision, monkeypatch):
+def test_llama_family_8bit_decode_shortcuts(kind, precision, swiglu, monkeypatch):
     """CUTE_KERNELS_LLAMA_8BIT_DECODE on the GPU: one weight-only GEMV over the concatenated
-    8-bit q/k/v (gate/up) and their scales gives each block what the module's own weight-only
-    GEMV gives it, and the decoder's greedy tokens are the unfused decoder's."""
-    from cute_kernels.matmul.gemv import weight_only_gemv
+    8-bit q/k/v (gate/up) and their scales, with the RMSNorm in its prologue (and the SwiGLU
+    epilogue), gives each block what the norm and the modules' own weight-only GEMVs give it,
+    and the decoder's greedy tokens are the unfused decoder's."""
+    from cute_kernels.matmul.gemv import skinny_gemm, weight_only_gemv
+    from inference import ops
     from inference.decoders import decoder_for
 
     pm = _patch(random_llama(kind).to(torch.bfloat16), "cute", precision=precision)
@@ -318,13 +321,25 @@ def test_llama_family_8bit_decode_shortcuts(kind, precision, monkeypatch):
     monkeypatch.setenv("CUTE_KERNELS_LLAMA_8BIT_DECODE", "0")
     want = decoder_for(pm, batch_size=2, max_len=48).generate(x, 16)
     monkeypatch.setenv("CUTE_KERNELS_LLAMA_8BIT_DECODE", "1")
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_SWIGLU", swiglu)
     dec = decoder_for(pm, batch_size=2, max_len=48)
-    assert dec._q8
-    f, attn = dec._layers[0], pm.model.layers[0].self_attn
-    h = torch.randn(1, f.qkv_w.shape[1], device="cuda", dtype=torch.bfloat16)
+    assert dec._q8 and dec._swiglu == (swiglu == "1")
+    f, layer = dec._layers[0], pm.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    h = torch.randn(1, f.qkv_w.shape[1], device="cuda", dtype=torch.bfloat16) * 3
     cat = weight_only_gemv(h, f.qkv_w, f.qkv_s, f.qkv_b)
     parts = torch.cat([p(h) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
     assert float((cat.float() - parts.float()).abs().max()) <= 2e-2 * float(parts.float().abs().max())
+    norm = layer.input_layernorm
+    hn = ops.rms_norm_ref(h, norm.weight, norm.variance_epsilon)
+    fused = skinny_gemm(h, f.qkv_w, f.qkv_b, rms=(norm.weight, float(norm.variance_epsilon)), w_scale=f.qkv_s)
+    parts = torch.cat([p(hn) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
+    assert float((fused.float() - parts.float()).abs().max()) <= 2e-2 * float(parts.float().abs().max())
+    norm = layer.post_attention_layernorm
+    hn = ops.rms_norm_ref(h, norm.weight, norm.variance_epsilon)
+    a = skinny_gemm(h, f.gate_up_w, rms=(norm.weight, float(norm.variance_epsilon)), swiglu=True, w_scale=f.gate_up_s)
+    ref = torch.nn.functional.silu(mlp.gate_proj(hn)) * mlp.up_proj(hn)
+    assert float((a.float() - ref.float()).abs().max()) <= 3e-2 * float(ref.float().abs().max())
     assert torch.equal(dec.generate(x, 16), want)
 
 
@@ -374,6 +389,45 @@ def test_llama_rms_prologue_and_swiglu_gemv(M, K):
     for a in (skinny_gemm(x, w, rms=(nw, 1e-5), swiglu=True), skinny_gemm(h, w, swiglu=True),
               ops.rms_swiglu(x, nw, 1e-5, w, "cute")):
         assert a.shape == (M, I) and float((a.float() - ref).abs().max()) <= 2 * float(e_torch) + 1e-3
+
+
+@pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
+@pytest.mark.parametrize("N,K,kind", [(6144, 4096, "rms"), (3072, 2048, "rms"), (2048, 4096, "rms_swiglu"),
+                                      (4096, 4096, "residual"), (2048, 2048, "residual"), (2048, 8192, "residual")])
+@torch.no_grad()
+def test_long_row_8bit_gemv(wdt, N, K, kind):
+    """The one-row weight-only 8-bit GEMV at the Llama family's row lengths (the Triton kernel's
+    long-row picks), with the decode step's prologue / epilogues, within 2x the error of torch's
+    bf16 ops on the dequantized weights against fp32."""
+    from cute_kernels.matmul.gemv import skinny_gemm
+    from inference import ops
+
+    g = torch.Generator(device="cuda").manual_seed(N + K)
+    rows = 2 * N if kind == "rms_swiglu" else N
+    w = torch.randn(rows, K, device="cuda", generator=g) * K ** -0.5
+    qmax = 127.0 if wdt == torch.int8 else 448.0
+    scale = w.abs().amax(1) / qmax
+    wq = (w / scale[:, None]).round().clamp(-127, 127) if wdt == torch.int8 else w / scale[:, None]
+    wq = wq.to(wdt)
+    wd = wq.float() * scale[:, None]
+    x = (torch.randn(1, K, device="cuda", generator=g) * 2 + 0.3).bfloat16()
+    if kind == "residual":
+        res = torch.randn(1, N, device="cuda", generator=g).bfloat16()
+        y = skinny_gemm(x, wq, residual=res, w_scale=scale)
+        ref = x.float() @ wd.t() + res.float()
+        base = torch.nn.functional.linear(x, wd.bfloat16()) + res
+    else:
+        nw = (1 + 0.2 * torch.randn(K, device="cuda", generator=g)).bfloat16()
+        h = ops.rms_norm_ref(x, nw, 1e-5)
+        y = skinny_gemm(x, wq, rms=(nw, 1e-5), swiglu=kind == "rms_swiglu", w_scale=scale)
+        ref = h.float() @ wd.t()
+        base = torch.nn.functional.linear(h, wd.bfloat16())
+        if kind == "rms_swiglu":
+            ref = torch.nn.functional.silu(ref[:, :N]) * ref[:, N:]
+            base = ops.swiglu_ref(base)
+    assert y.shape == (1, N)
+    e_base = float((base.float() - ref).abs().max())
+    assert float((y.float() - ref).abs().max()) <= 2 * e_base + 1e-3 * float(ref.abs().max())
 
 
 @pytest.mark.parametrize("D,Hq,Hkv,M", [(64, 32, 8, 1), (128, 28, 4, 4)])

@@ -582,6 +582,19 @@ for M, N, K, bf in ((1, 24, 96, torch.bfloat16), (3, 40, 80, torch.float16), (1,
     assert a.shape == (M, N) and bool(((a.float() - ref.float()).abs() <= tol).all())
     a2 = skinny_gemm(h, wgu, swiglu=True)
     assert bool(((a2.float() - ref.float()).abs() <= tol).all())
+    # 8-bit weight-only (per-channel scales) with the same prologue and epilogue
+    for w8 in (torch.int8, torch.float8_e4m3fn):
+        q = (torch.randint(-100, 101, (2 * N, K), generator=g).to(w8) if w8 == torch.int8
+             else (torch.randn(2 * N, K, generator=g) * 8).to(w8))
+        s8 = torch.rand(2 * N, generator=g) * 0.01 + 1e-3
+        wd = q.float() * s8[:, None]
+        y = skinny_gemm(x, q[:N], rms=(nw, 1e-5), w_scale=s8[:N].contiguous())
+        ref = h.float() @ wd[:N].t()
+        assert ((y.float() - ref).abs() <= ref.abs() * 2.0 ** -5 + 2e-2 * ref.abs().max()).all(), (w8, M, N, K)
+        a = skinny_gemm(x, q, rms=(nw, 1e-5), swiglu=True, w_scale=s8)
+        ref = ops.swiglu_ref((h.float() @ wd.t()).to(bf))
+        tol = ref.float().abs() * 2.0 ** -5 + 2e-2 * ref.float().abs().max()
+        assert a.shape == (M, N) and bool(((a.float() - ref.float()).abs() <= tol).all()), (w8, M, N, K)
 bf = torch.bfloat16
 for Hq, Hkv, D, M in ((4, 2, 16, 3), (8, 2, 64, 1)):
     L = 12

@@ -32,8 +32,9 @@ and N finishes only after its own wait, so every earlier kernel has too. GPT-2 X
 (bf16, batch 1, H100, same run): 1.657 -> 1.573 ms/token when the attention, this kernel and
 the next-token kernel moved their trigger ahead of the wait (the DSL GEMV already had).
 
-One activation row with 16-bit weights (M = 1, K a multiple of 16 up to GEMV_K_MAX) runs
-on the CuTe DSL kernel of gemv_kernel.py instead (`gemv_sm90_applies`): whole weight rows
+One activation row with 16-bit weights (M = 1, K a multiple of 16 up to GEMV_K_MAX, not both
+N and K >= GEMV_LONG_ROWS: the Llama family's rows measured faster here, see _long_row_blocks)
+runs on the CuTe DSL kernel of gemv_kernel.py instead (`gemv_sm90_applies`): whole weight rows
 bulk-copied into shared memory before the PDL wait, the product on the tensor cores. In the
 same GPT-2 XL chain on the H100 it took 1.50 -> 1.35 ms, and the decode step 1.82 -> 1.72 ms
 (CUTE_KERNELS_GEMV_SM90=0 turns it off). K = 6400 stays here: 8 rows of it (102 KB) leave
@@ -257,6 +258,9 @@ def _gemv_kernel(
         if SWIGLU:
             accu = tl.sum(accu2, 0)[None, :]
     if SWIGLU:
+        if COL_SCALE == 2:  # 8-bit [gate; up]: the scales of gate rows cols and of up rows N + cols
+            acc = acc * tl.load(col_scale_ptr + cols, mask=cmask, other=0.0)[None, :]
+            accu = accu * tl.load(col_scale_ptr + N + cols, mask=cmask, other=0.0)[None, :]
         # silu(gate) * up with transformers' roundings: gate and up projections to the output
         # dtype, silu rounded, the product rounded by the store.
         g = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -292,8 +296,18 @@ FIRST_STEPS = 2
 ONE_ROW_MAX_N = 2048
 
 
-def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages).
+def _launch_blocks(M: int, N: int, K: int, wbytes: int = 2, swiglu: bool = False,
+                   rms: bool = False) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for the output width N (swiglu: each
+    program streams BLOCK_N gate rows and BLOCK_N up rows), weights of wbytes bytes, with or
+    without the RMSNorm prologue."""
+    if M == 1 and K >= 2048:
+        return _long_row_blocks(N, K, wbytes, swiglu, rms)
+    return _short_row_blocks(M, N, K)
+
+
+def _short_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
+    """_launch_blocks for M > 1 or K < 2048.
 
     M = 1 always takes the one-row form. From an in-chain sweep on the H100 (48 launches of
     one GPT-2 XL shape on distinct weights in one CUDA graph, PDL on, 2026-11-22): narrow
@@ -304,8 +318,6 @@ def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
     program, 1024-element steps: 10.6 us with 4 rows of 512), 65 -> 61 at the lm_head.
     """
     if M == 1:
-        if K >= 2048:
-            return _long_row_blocks(N, K)
         if N <= ONE_ROW_MAX_N:
             return (1, 1, 1024, 4, 2) if K >= 4096 else (1, 4, 512, 4, 3)
         if N < 6144:
@@ -314,18 +326,39 @@ def _launch_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
     return (16, *_blocks(N, K), 4, 4)
 
 
-def _long_row_blocks(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """M = 1, K >= 2048 (the Llama family's rows): 1024-element K steps over 4 warps. From an
-    in-chain sweep on the H100 (distinct weights, one CUDA graph, PDL; 108 configs per shape,
-    `benchmarks/results/gemv_sweep_h100.md`): against the GPT-2-fitted picks, Llama-3-8B's
-    q/k/v 20.9 -> 18.2 us, gate/up 83.4 -> 79.6, down 44.7 -> 39.8, Llama-3.2-1B's q/k/v
-    6.6 -> 5.5 and down 12.4 -> 11.5, the 128256-row heads 1-4% faster."""
+def _long_row_blocks(N: int, K: int, wbytes: int = 2, swiglu: bool = False,
+                     rms: bool = False) -> tuple[int, int, int, int, int]:
+    """M = 1, K >= 2048 (the Llama family's rows): 512- to 2048-element K steps over 4 warps, from
+    in-chain sweeps on the H100 (distinct weights, one CUDA graph, PDL).
+
+    16-bit weights, `gemv_sweep_h100.md` (108 configs per shape): against the GPT-2-fitted picks,
+    Llama-3-8B's q/k/v 20.9 -> 18.2 us, gate/up 83.4 -> 79.6, down 44.7 -> 39.8, Llama-3.2-1B's
+    q/k/v 6.6 -> 5.5 and down 12.4 -> 11.5, the 128256-row heads 1-4% faster. With the decode
+    step's fusions (`gemv_sweep_step_h100.md`): gate/up with the SwiGLU epilogue streams as fast
+    as without it at half the rows per program (8B 79.5 us, 2.95 TB/s), and o_proj with its
+    residual takes 16 rows (8B 11.4 us, where the DSL kernel took 13.9) or, 2048 wide, 4 rows of
+    2048-element steps (1B 3.5 us, DSL 4.5).
+
+    8-bit weights (weight-only, `gemv_sweep_fp8_h100.md`): shorter steps with the prologue or
+    two tiles (8B q/k/v 11.5 us vs 12.9 at 1024, gate/up + SwiGLU 48.3 vs 56.0), 2048-element
+    steps at 2048 rows wide (1B down 7.4, o_proj 2.6: the DSL kernel took 8.0 and 3.6)."""
+    if wbytes == 1:
+        if swiglu:
+            return 1, 8, 512, 4, 4
+        if N <= ONE_ROW_MAX_N:
+            return 1, 4, 2048, 4, 3
+        if rms and 4096 <= K < 8192:
+            return 1, 8, 512, 4, 3
+        return 1, 8, 1024, 4, 3
+    if swiglu:  # two row tiles per step (gate and up) hold twice the fp32 products: half the rows
+        _, bn, bk, w, st = _long_row_blocks(N, K, rms=True)
+        return 1, max(1, bn // 2), bk, w, st
     if N <= ONE_ROW_MAX_N:
         if K >= 8192:  # few programs: 8 rows, 2048-element steps
             return 1, 8, 2048, 4, 3
-        return (1, 1, 1024, 4, 2) if K >= 4096 else (1, 4, 512, 4, 3)
-    if N <= 8192 and K < 12288:  # q/k/v
-        return 1, 8, 1024, 4, 3
+        return (1, 1, 1024, 4, 2) if K >= 4096 else (1, 4, 2048, 4, 4)
+    if N <= 8192 and K < 12288:  # q/k/v; o_proj (no prologue) 16 rows
+        return (1, 8, 1024, 4, 3) if rms else (1, 16, 1024, 4, 2)
     if N >= 65536 or K < 4096:  # vocabulary heads; Llama-3.2-1B's gate/up (16 rows: 26.2 us, 4: 24.5)
         return 1, 4, 1024, 4, 3
     return 1, 16, 1024, 4, 3
@@ -392,7 +425,8 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if rms is None and not swiglu and gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
         return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, kv, w_scale)
-    block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K)
+    block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K, w_nk.element_size(), bool(swiglu),
+                                                              rms is not None)
     if block_m > 1:  # the tl.dot form stages x and weight tiles in shared memory: keep them under the H100's 227 KB
         if swiglu:  # two weight tiles (gate and up) per step
             block_k = min(block_k, 256)
@@ -431,8 +465,17 @@ def _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_sc
     if M > GEMV_MAX_M or x.stride(1) != 1 or w_nk.stride(1) != 1 or w_nk.shape[1] != K:
         raise ValueError(f"rms/swiglu: x [M <= {GEMV_MAX_M}, K] and w [N, K] with unit stride on K, got "
                          f"{tuple(x.shape)} and {tuple(w_nk.shape)}")
-    if ln is not None or w_scale is not None or x_scale is not None or kv is not None:
-        raise ValueError("rms/swiglu take no LayerNorm, 8-bit scales or kv append")
+    if ln is not None or x_scale is not None or kv is not None:
+        raise ValueError("rms/swiglu take no LayerNorm, SmoothQuant x_scale or kv append")
+    w8 = w_nk.dtype in GEMV_SM90_8BIT
+    if (w_scale is not None) != w8 or (w8 and (
+            not isinstance(w_scale, torch.Tensor) or w_scale.dtype != torch.float32
+            or w_scale.numel() != w_nk.shape[0] or not w_scale.is_contiguous() or w_scale.device != w_nk.device)):
+        raise ValueError(f"rms/swiglu: w in x's dtype, or fp8 e4m3 / int8 with w_scale [{w_nk.shape[0]}] contiguous "
+                         f"fp32 on its device (got w {w_nk.dtype}, w_scale "
+                         f"{None if w_scale is None else (tuple(w_scale.shape), w_scale.dtype)})")
+    if not w8 and w_nk.dtype != x.dtype:
+        raise ValueError(f"rms/swiglu: 16-bit w must be in x's dtype {x.dtype}, got {w_nk.dtype}")
     if rms is not None:
         w, eps = rms
         if not isinstance(w, torch.Tensor) or w.shape != (K,) or w.dtype != x.dtype or not w.is_contiguous() \
@@ -440,9 +483,8 @@ def _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_sc
             raise ValueError(f"rms = (weight [K={K}] contiguous in {x.dtype}, float eps) with K <= {LN_MAX_K}")
     N = w_nk.shape[0]
     if swiglu:
-        if N % 2 or bias is not None or activation or residual is not None or w_nk.dtype != x.dtype:
-            raise ValueError("swiglu: w = [gate; up] with an even row count in x's dtype; no bias, activation "
-                             "or residual")
+        if N % 2 or bias is not None or activation or residual is not None:
+            raise ValueError("swiglu: w = [gate; up] with an even row count; no bias, activation or residual")
         N //= 2
     return N
 
@@ -530,6 +572,7 @@ GEMV_SLICE_BYTES = 96 * 1024  # weight bytes per CTA (see gemv_sm90_config)
 GEMV_MAX_ROWS = 64
 GEMV_K_MAX = 4096  # K = 6400 lost on this kernel (see the module docstring)
 GEMV_WARPS = 8
+GEMV_LONG_ROWS = 2048  # N and K from here take the Triton kernel (gemv_sm90_applies)
 # 8-bit weight-only decode on the one-row kernel (format names of gemv_kernel.cvt_8bit_pair_f16x2)
 GEMV_SM90_8BIT = {torch.float8_e4m3fn: "e4m3", torch.int8: "s8"}
 
@@ -542,11 +585,15 @@ def gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv) ->
     """Whether the CuTe DSL one-row GEMV (gemv_kernel.py) runs this product: one 16-bit
     activation row, and weights either of its dtype or 8-bit weight-only (fp8 e4m3 / int8
     with an fp32 per-channel w_scale, no SmoothQuant x_scale), with 16-byte aligned rows (they
-    are bulk copied) of at most 2 * GEMV_K_MAX bytes, K a multiple of 16, on CUDA. Everything
-    else stays on the Triton kernel."""
+    are bulk copied) of at most 2 * GEMV_K_MAX bytes, K a multiple of 16, on CUDA, and not both
+    N and K of at least GEMV_LONG_ROWS (the Llama family's shapes, where the Triton kernel's
+    long-row picks measured faster: see _long_row_blocks). Everything else stays on the Triton
+    kernel."""
     if not env.enabled(GEMV_SM90_ENV) or not x.is_cuda or x.shape[0] != 1:
         return False
     K = x.shape[1]
+    if K >= GEMV_LONG_ROWS and w_nk.shape[0] >= GEMV_LONG_ROWS:
+        return False
     es = w_nk.element_size()
     if x.dtype not in (torch.bfloat16, torch.float16) or x_scale is not None:
         return False

@@ -46,12 +46,13 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: the Llama-family decode step runs each RMSNorm as transformers' module instead of in the prologue "
              "of the GEMV after it (Triton skinny GEMV, at most 8 rows; elsewhere one Triton launch)."),
     "CUTE_KERNELS_LLAMA_SWIGLU": Switch(
-        "0", "1: the Llama-family decode step runs gate and up as one Triton GEMV whose epilogue writes "
-             "silu(gate) * up."),
+        "1", "0: the Llama-family decode step runs gate and up as one GEMV over the concatenated weights followed "
+             "by silu(gate) * up as torch ops, instead of one Triton GEMV whose epilogue writes silu(gate) * up."),
     "CUTE_KERNELS_LLAMA_8BIT_DECODE": Switch(
-        "0", "1: the Llama-family decode step of an 8-bit patched model (fp8 per-channel or int8, weight-only at "
-             "decode sizes) takes the 16-bit step's shortcuts: one RMSNorm launch, q/k/v and gate/up each one "
-             "weight-only GEMV over the concatenated 8-bit weights and scales, RoPE + append in one launch."),
+        "1", "0: the Llama-family decode step of an 8-bit patched model (fp8 per-channel or int8, weight-only at "
+             "decode sizes) runs its modules one by one instead of the 16-bit step's shortcuts: q/k/v and gate/up "
+             "each one weight-only GEMV over the concatenated 8-bit weights and scales with the RMSNorm in its "
+             "prologue (and the SwiGLU epilogue, CUTE_KERNELS_LLAMA_SWIGLU), RoPE + append in one launch."),
     "CUTE_KERNELS_LLAMA_ROPE_APPEND": Switch(
         "1", "0: the Llama-family decode step applies RoPE to q and k and appends k and v to the cache with torch "
              "ops instead of one Triton launch."),
