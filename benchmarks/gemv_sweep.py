@@ -37,7 +37,8 @@ SETS = {"8b": [("gate_up", 28672, 4096, "rms"), ("qkv", 6144, 4096, "rms"), ("do
         "8b-step": [("qkv", 6144, 4096, "rms"), ("gate_up_swiglu", 14336, 4096, "rms_swiglu"),
                     ("o_proj", 4096, 4096, "residual"), ("down", 4096, 14336, "residual")],
         "1b-step": [("qkv", 3072, 2048, "rms"), ("gate_up_swiglu", 8192, 2048, "rms_swiglu"),
-                    ("o_proj", 2048, 2048, "residual"), ("down", 2048, 8192, "residual")]}
+                    ("o_proj", 2048, 2048, "residual"), ("down", 2048, 8192, "residual")],
+        "swiglu-step": [("8b:gate_up_swiglu", 14336, 4096, "rms_swiglu"), ("1b:gate_up_swiglu", 8192, 2048, "rms_swiglu")]}
 CANDIDATES = [(1, bn, bk, w, st) for bn, bk, w, st in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048),
                                                                          (4, 8), (2, 3, 4)) if 1024 <= bn * bk <= 16384]
 
@@ -48,11 +49,18 @@ def quick_candidates(swiglu: bool) -> list:
             if 2048 <= bn * bk <= top]
 
 
+def dot_candidates() -> list:
+    return [(16, bn, bk, 4, st) for bn, bk, st in itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 5))
+            if bn * bk <= 16384]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", default="8b,1b,70b-tp2,gpt2xl")
     p.add_argument("--weights", default="bf16", choices=("bf16", "fp8", "int8"))
     p.add_argument("--quick", action="store_true", help="the shorter candidate list (see the module docstring)")
+    p.add_argument("--dot", action="store_true", help="the tl.dot form's candidates (16 rows of x, 8-bit weights "
+                                                      "in f16 on the tensor cores)")
     p.add_argument("--default-only", action="store_true", help="time the heuristic's pick only")
     p.add_argument("--stem", default=None, help="results file stem (default gemv_sweep[_<weights>])")
     args = p.parse_args(argv)
@@ -94,7 +102,7 @@ def main(argv=None) -> int:
 
             dsl = rms is None and sm90_applies(x, ws[0], outs[0], None, res, None, scale, None, None)
             cands = [] if args.default_only else (["dsl"] if dsl else []) + (
-                quick_candidates(swiglu) if args.quick else CANDIDATES)
+                dot_candidates() if args.dot else quick_candidates(swiglu) if args.quick else CANDIDATES)
             timed = []
             for cfg in [None] + cands:
                 gemv._launch_blocks = base if cfg in (None, "dsl") else (lambda *a, c=cfg, **k: c)
@@ -118,7 +126,8 @@ def main(argv=None) -> int:
     summary = {"geomean_best_over_default": math.exp(sum(math.log(r["best_over_default"]) for r in rows) / len(rows))}
     md = [f"# One-row GEMV launch configs on {gpu_name()} ({datetime.date.today().isoformat()})", "",
           "`python -m benchmarks.gemv_sweep" + (" --default-only" if args.default_only else "")
-          + (" --quick" if args.quick else "") + f" --weights {args.weights} --sets {args.sets}`;"
+          + (" --quick" if args.quick else "") + (" --dot" if args.dot else "")
+          + f" --weights {args.weights} --sets {args.sets}`;"
           " us per launch in a chain of distinct weights in one CUDA graph (PDL). Config: "
           "(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages).", "",
           "| shape | kind | M x N x K | default | us | TB/s | fastest (us) |", "|---|---|---|---|---|---|---|"]

@@ -148,7 +148,7 @@ def _x_tile(x_ptrs, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN
 
 
 @triton.jit
-def _mac(acc, acc2, x, w, BLOCK_M: tl.constexpr):
+def _mac(acc, acc2, x, w, BLOCK_M: tl.constexpr, DOT_F16: tl.constexpr = False):
     """acc += x @ w for one K step. 8-bit weights (weight-only decode) widen here; their
     per-channel scale is applied to the fp32 sums in the epilogue. One row (BLOCK_M = 1)
     takes FMAs into a [BLOCK_K, BLOCK_N] fp32 tile (acc2), reduced over K once at the end:
@@ -156,6 +156,11 @@ def _mac(acc, acc2, x, w, BLOCK_M: tl.constexpr):
     so more programs."""
     if BLOCK_M == 1:
         acc2 += tl.trans(x.to(tl.float32)) * w.to(tl.float32)
+    elif DOT_F16:
+        # 8-bit weights on the tensor cores in f16: e4m3 (and int8) values are exact in f16 and
+        # e4m3 -> f16 is one conversion per two weights (bf16 takes three); |x| beyond f16's
+        # 65504 becomes inf, as on the DSL one-row kernel.
+        acc = tl.dot(x.to(tl.float16), w.to(tl.float16), acc)
     else:
         acc = tl.dot(x, w.to(x.dtype), acc)
     return acc, acc2
@@ -172,7 +177,7 @@ def _gemv_kernel(
     PDL: tl.constexpr = False, FIRST_STEPS: tl.constexpr = 1,
     KV: tl.constexpr = False, k_cache_ptr=None, v_cache_ptr=None, pos_ptr=None, pos_stride=0,
     kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64, RMS: tl.constexpr = False,
-    SWIGLU: tl.constexpr = False,
+    SWIGLU: tl.constexpr = False, DOT_F16: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -237,22 +242,22 @@ def _gemv_kernel(
         accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         accu2 = tl.zeros((BLOCK_K if BLOCK_M == 1 else 1, BLOCK_N), dtype=tl.float32)
     x = _x_tile(x_ptrs, 0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE, RMS)
-    acc, acc2 = _mac(acc, acc2, x, w0, BLOCK_M)
+    acc, acc2 = _mac(acc, acc2, x, w0, BLOCK_M, DOT_F16)
     if SWIGLU:
-        accu, accu2 = _mac(accu, accu2, x, u0, BLOCK_M)
+        accu, accu2 = _mac(accu, accu2, x, u0, BLOCK_M, DOT_F16)
     if FIRST_STEPS == 2:
         x = _x_tile(x_ptrs + BLOCK_K, BLOCK_K, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE,
                     RMS)
-        acc, acc2 = _mac(acc, acc2, x, w1, BLOCK_M)
+        acc, acc2 = _mac(acc, acc2, x, w1, BLOCK_M, DOT_F16)
         if SWIGLU:
-            accu, accu2 = _mac(accu, accu2, x, u1, BLOCK_M)
+            accu, accu2 = _mac(accu, accu2, x, u1, BLOCK_M, DOT_F16)
     for k0 in range(FIRST_STEPS * BLOCK_K, K, BLOCK_K):
         x = _x_tile(x_ptrs + k0, k0, K, rmask, ks, mean, rstd, ln_w_ptr, ln_b_ptr, xs_ptr, LN, XSCALE, RMS)
         w = tl.load(w_ptrs + k0, mask=((k0 + ks) < K)[:, None] & cmask[None, :], other=0.0)
-        acc, acc2 = _mac(acc, acc2, x, w, BLOCK_M)
+        acc, acc2 = _mac(acc, acc2, x, w, BLOCK_M, DOT_F16)
         if SWIGLU:
             u = tl.load(u_ptrs + k0, mask=((k0 + ks) < K)[:, None] & cmask[None, :], other=0.0)
-            accu, accu2 = _mac(accu, accu2, x, u, BLOCK_M)
+            accu, accu2 = _mac(accu, accu2, x, u, BLOCK_M, DOT_F16)
     if BLOCK_M == 1:
         acc = tl.sum(acc2, 0)[None, :]
         if SWIGLU:
@@ -339,18 +344,24 @@ def _long_row_blocks(N: int, K: int, wbytes: int = 2, swiglu: bool = False,
     residual takes 16 rows (8B 11.4 us, where the DSL kernel took 13.9) or, 2048 wide, 4 rows of
     2048-element steps (1B 3.5 us, DSL 4.5).
 
-    8-bit weights (weight-only, `gemv_sweep_fp8_h100.md`): shorter steps with the prologue or
-    two tiles (8B q/k/v 11.5 us vs 12.9 at 1024, gate/up + SwiGLU 48.3 vs 56.0), 2048-element
-    steps at 2048 rows wide (1B down 7.4, o_proj 2.6: the DSL kernel took 8.0 and 3.6)."""
+    8-bit weights (weight-only, `gemv_sweep_fp8_h100.md`): shorter steps with the prologue
+    (8B q/k/v 11.5 us vs 12.9 at 1024), 2048-element steps at 2048 rows wide (1B down 7.4,
+    o_proj 2.6: the DSL kernel took 8.0 and 3.6). Gate/up with SwiGLU takes the tl.dot form
+    (x padded to 16 rows, the weights in f16 on the tensor cores, `gemv_sweep_fp8_dot_h100.md`):
+    two FMA tiles per step leave few registers, and per weight the FMA form pays two
+    conversions (e4m3 -> f16 -> f32) where the dot form pays half of one; everywhere else the
+    dot form lost (8B q/k/v 15.0 us, o_proj 11.4, down 27.9)."""
     if wbytes == 1:
-        if swiglu:
-            return 1, 8, 512, 4, 4
+        if swiglu:  # the tl.dot form in f16 (see _mac): 8B 42.1 us vs 48.3, 1B 14.6 vs 15.8
+            return (16, 64, 256, 4, 3) if N > 8192 else (16, 32, 256, 4, 4)
         if N <= ONE_ROW_MAX_N:
             return 1, 4, 2048, 4, 3
         if rms and 4096 <= K < 8192:
             return 1, 8, 512, 4, 3
         return 1, 8, 1024, 4, 3
     if swiglu:  # two row tiles per step (gate and up) hold twice the fp32 products: half the rows
+        if N <= 8192:  # the tl.dot form (`gemv_sweep_bf16_dot_h100.md`): 1B 23.3 us vs 25.1; 8B 81.1 vs 79.4
+            return 16, 32, 256, 4, 3
         _, bn, bk, w, st = _long_row_blocks(N, K, rms=True)
         return 1, max(1, bn // 2), bk, w, st
     if N <= ONE_ROW_MAX_N:
@@ -451,7 +462,8 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
          alpha != 1.0, residual is not None and beta != 1.0, block_m, block_n, block_k,
          ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None or rms is not None else 16,
          w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,
-         pdl, FIRST_STEPS if K > block_k else 1, *kv_args, rms is not None, bool(swiglu)),
+         pdl, FIRST_STEPS if K > block_k else 1, *kv_args, rms is not None, bool(swiglu),
+         M == 1 and block_m > 1 and w_nk.element_size() == 1),
         num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
