@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 ALL_ON = {"CUTE_KERNELS_LLAMA_QKV": "1", "CUTE_KERNELS_LLAMA_RMS_PROLOGUE": "1", "CUTE_KERNELS_LLAMA_SWIGLU": "1",
-          "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1", "CUTE_KERNELS_DECODE_GLUE": "1"}
+          "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1", "CUTE_KERNELS_LLAMA_QKV_ROPE": "1", "CUTE_KERNELS_DECODE_GLUE": "1"}
 PREFILL_OFF = {"rmsnorm": False, "rope": False, "swiglu": False}
 PREFILL_SETTINGS = {"all off": PREFILL_OFF, **{f"{k} on": {**PREFILL_OFF, k: True} for k in PREFILL_OFF},
                     "swiglu split on": {**PREFILL_OFF, "swiglu": "split"},

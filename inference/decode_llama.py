@@ -17,7 +17,9 @@ On a patched model (our linears) the step takes these shortcuts, each with its s
   gate/up, the head) at <= 8 rows, else one launch of our RMSNorm (llama_kernels.py) instead
   of transformers' module (about seven kernels).
 - CUTE_KERNELS_LLAMA_SWIGLU: gate/up as one GEMV whose epilogue writes silu(gate) * up.
-- CUTE_KERNELS_LLAMA_ROPE_APPEND: RoPE of q and k and the K/V append in one launch.
+- CUTE_KERNELS_LLAMA_ROPE_APPEND: RoPE of q and k and the K/V append in one launch;
+  CUTE_KERNELS_LLAMA_QKV_ROPE: in the epilogue of the q/k/v GEMV instead, where it takes the
+  RMSNorm prologue (each program holds whole RoPE pairs: skinny_gemm's rope=).
 - CUTE_KERNELS_DECODE_GLUE: argmax, bookkeeping and the next embedding in one launch
   (next_token.py, without position embeddings).
 
@@ -47,6 +49,7 @@ QKV_ENV = "CUTE_KERNELS_LLAMA_QKV"
 RMS_ENV = "CUTE_KERNELS_LLAMA_RMS_PROLOGUE"
 SWIGLU_ENV = "CUTE_KERNELS_LLAMA_SWIGLU"
 ROPE_ENV = "CUTE_KERNELS_LLAMA_ROPE_APPEND"
+QKV_ROPE_ENV = "CUTE_KERNELS_LLAMA_QKV_ROPE"
 QUANT8_ENV = "CUTE_KERNELS_LLAMA_8BIT_DECODE"
 
 
@@ -99,6 +102,7 @@ class LlamaStaticDecoder(StaticDecoder):
         self._rms = fuse and env.enabled(RMS_ENV)
         self._swiglu = fuse and env.enabled(SWIGLU_ENV)
         self._rope_append = fuse and env.enabled(ROPE_ENV)
+        self._qkv_rope = self._rope_append and self._rms and env.enabled(QKV_ROPE_ENV)
         concat = fuse and (env.enabled(QKV_ENV) or self._swiglu)
         self._layers = []
         with torch.no_grad():
@@ -188,11 +192,27 @@ class LlamaStaticDecoder(StaticDecoder):
         h2 = h.reshape(-1, h.shape[-1])
         return weight_only_eligible(module, h2) and self._prologue_fits(h2)
 
+    def _epilogue_rope_fits(self, layer, f: _Fused, h: torch.Tensor) -> bool:
+        """The decode step's q/k/v GEMV can take RoPE and the append in its epilogue (Triton
+        skinny GEMV with the RMSNorm prologue; 8-bit: weight-only)."""
+        h2 = h.reshape(-1, h.shape[-1])
+        if f.qkv_s is not None:
+            return self._q8_fits(layer.qkv_projections[0], h)
+        return self._backend == "cute" and h2.is_cuda and self._prologue_fits(h2)
+
     def _qkv(self, layer, f: _Fused, h: torch.Tensor, i: int, positions, cos, sin, decode: bool):
         """q [B, S, Hq, D] after RoPE, with k and v written to layer i's cache at positions;
         also k, v [B, S, Hkv, D] for a prefill (None in decode)."""
         B, S, _ = h.shape
         Hq, D = self.n_head, self.head_dim
+        if decode and self._qkv_rope and f.qkv_w is not None and self._epilogue_rope_fits(layer, f, h):
+            from cute_kernels.matmul.gemv import skinny_gemm
+
+            norm = layer.attn_norm
+            q = skinny_gemm(h.reshape(-1, h.shape[-1]).contiguous(), f.qkv_w, f.qkv_b,
+                            rms=(norm.weight, float(norm.variance_epsilon)), w_scale=f.qkv_s,
+                            rope=(self._cos, self._sin, positions, self.k[i], self.v[i], Hq))
+            return q.view(B, 1, Hq, D), None, None
         if f.qkv_w is not None and (f.qkv_s is None or B * S <= GEMV_MAX_M):
             qkv = self._norm_linear(layer.attn_norm, h, f.qkv_w, f.qkv_b, scale=f.qkv_s,
                                     parts=layer.qkv_projections)

@@ -391,6 +391,62 @@ def test_llama_rms_prologue_and_swiglu_gemv(M, K):
         assert a.shape == (M, I) and float((a.float() - ref).abs().max()) <= 2 * float(e_torch) + 1e-3
 
 
+@pytest.mark.parametrize("w8", [None, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("Hq,Hkv,D,K,M", [(32, 8, 128, 4096, 1), (32, 8, 64, 2048, 1), (28, 4, 128, 3584, 4)])
+@torch.no_grad()
+def test_qkv_gemv_rope_epilogue(w8, Hq, Hkv, D, K, M):
+    """RoPE + the K/V append in the q/k/v GEMV's epilogue against the GEMV followed by the
+    rope_append launch: q, the appended k and v within one bf16 step of the largest value
+    (the GEMV's tile width may differ, and with it the order of its fp32 sums), and nothing else
+    of the caches touched."""
+    from cute_kernels.matmul.gemv import skinny_gemm
+    from inference.llama_kernels import rope_append_triton
+
+    g = torch.Generator(device="cuda").manual_seed(Hq + D + K)
+    N = (Hq + 2 * Hkv) * D
+    x = (torch.randn(M, K, device="cuda", generator=g) * 2).bfloat16()
+    nw = (1 + 0.2 * torch.randn(K, device="cuda", generator=g)).bfloat16()
+    w = torch.randn(N, K, device="cuda", generator=g) * K ** -0.5
+    s8 = None
+    if w8 is not None:
+        s8 = w.abs().amax(1) / 448.0
+        w = (w / s8[:, None]).to(w8)
+    else:
+        w = w.bfloat16()
+    b = torch.randn(N, device="cuda", generator=g).bfloat16()
+    L = 64
+    ang = torch.rand(L, D, device="cuda", generator=g) * 6.3
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    pos = torch.tensor([37], device="cuda")
+    kc = torch.randn(M + 1, Hkv, L, D, device="cuda", generator=g).bfloat16()
+    vc = torch.randn(M + 1, Hkv, L, D, device="cuda", generator=g).bfloat16()
+    kr, vr = kc.clone(), vc.clone()
+    q = skinny_gemm(x, w, b, rms=(nw, 1e-5), w_scale=s8, rope=(cos, sin, pos, kc, vc, Hq))
+    qkv = skinny_gemm(x, w, b, rms=(nw, 1e-5), w_scale=s8)
+    qr = rope_append_triton(qkv, cos, sin, pos, kr, vr, Hq)
+    for a, r in ((q, qr.reshape(M, -1)), (kc[:, :, 37], kr[:, :, 37]), (vc[:, :, 37], vr[:, :, 37])):
+        assert float((a.float() - r.float()).abs().max()) <= 2.0 ** -7 * float(r.float().abs().max())
+    assert torch.equal(kc[:, :, :37], kr[:, :, :37]) and torch.equal(vc[:, :, 38:], vr[:, :, 38:])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@torch.no_grad()
+def test_llama_decode_qkv_rope_tokens(kind, precision, monkeypatch):
+    """The decoder with RoPE + append in the q/k/v GEMV's epilogue gives the greedy tokens of
+    the decoder with the separate rope_append launch."""
+    from inference.decoders import decoder_for
+
+    pm = _patch(random_llama(kind).to(torch.bfloat16), "cute", precision=precision)
+    x = _ids(2, 32, vocab=32000)
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_QKV_ROPE", "0")
+    want = decoder_for(pm, batch_size=2, max_len=48).generate(x, 16)
+    monkeypatch.setenv("CUTE_KERNELS_LLAMA_QKV_ROPE", "1")
+    dec = decoder_for(pm, batch_size=2, max_len=48)
+    assert dec._qkv_rope
+    assert torch.equal(dec.generate(x, 16), want)
+
+
 @pytest.mark.parametrize("wdt", [torch.float8_e4m3fn, torch.int8], ids=["e4m3", "int8"])
 @pytest.mark.parametrize("N,K,kind", [(6144, 4096, "rms"), (3072, 2048, "rms"), (2048, 4096, "rms_swiglu"),
                                       (4096, 4096, "residual"), (2048, 2048, "residual"), (2048, 8192, "residual")])

@@ -595,6 +595,28 @@ for M, N, K, bf in ((1, 24, 96, torch.bfloat16), (3, 40, 80, torch.float16), (1,
         ref = ops.swiglu_ref((h.float() @ wd.t()).to(bf))
         tol = ref.float().abs() * 2.0 ** -5 + 2e-2 * ref.float().abs().max()
         assert a.shape == (M, N) and bool(((a.float() - ref.float()).abs() <= tol).all()), (w8, M, N, K)
+# RoPE + append in the q/k/v GEMV's epilogue (skinny_gemm rope=) against the GEMV + rope_append_ref
+for Hq, Hkv, D, K, M, dt, w8 in ((4, 2, 16, 96, 1, torch.bfloat16, None), (4, 2, 32, 320, 3, torch.float16, None),
+                                 (8, 2, 64, 2048, 1, torch.bfloat16, torch.float8_e4m3fn)):
+    N = (Hq + 2 * Hkv) * D
+    x = (torch.randn(M, K, generator=g) * 2).to(dt)
+    nw = torch.randn(K, generator=g).to(dt)
+    if w8 is None:
+        w, s8 = (torch.randn(N, K, generator=g) * K ** -0.5).to(dt), None
+    else:
+        w, s8 = (torch.randn(N, K, generator=g) * 40).to(w8), torch.rand(N, generator=g) * 1e-3 + 1e-4
+    b = torch.randn(N, generator=g).to(dt)
+    ang = torch.rand(12, D, generator=g) * 6.3
+    cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+    pos = torch.tensor([7])
+    kc, vc = torch.randn(M + 1, Hkv, 12, D, generator=g).to(dt), torch.randn(M + 1, Hkv, 12, D, generator=g).to(dt)
+    kr, vr = kc.clone(), vc.clone()
+    q = skinny_gemm(x, w, b, rms=(nw, 1e-5), w_scale=s8, rope=(cos, sin, pos, kc, vc, Hq))
+    qr = ops.rope_append_ref(skinny_gemm(x, w, b, rms=(nw, 1e-5), w_scale=s8), cos, sin, pos, kr, vr, Hq)
+    # two steps of the largest value (truncating conversions on the CPU interpreter)
+    near = lambda a, c: bool(((a.float() - c.float()).abs() <= 2.0 ** -6 * c.float().abs().max()).all())
+    assert q.shape == (M, Hq * D) and near(q, qr.reshape(M, -1)) and near(kc, kr) and near(vc, vr), (Hq, D, M)
+    assert torch.equal(kc[:, :, :7], kr[:, :, :7]) and torch.equal(vc[:, :, 8:], vr[:, :, 8:])
 bf = torch.bfloat16
 for Hq, Hkv, D, M in ((4, 2, 16, 3), (8, 2, 64, 1)):
     L = 12

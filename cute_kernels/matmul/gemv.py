@@ -60,6 +60,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..activations import code as activation_code
 from ..runtime import env
@@ -178,10 +179,21 @@ def _gemv_kernel(
     KV: tl.constexpr = False, k_cache_ptr=None, v_cache_ptr=None, pos_ptr=None, pos_stride=0,
     kv_c=1, kv_sb=0, kv_sh=0, kv_ss=0, KV_D: tl.constexpr = 64, RMS: tl.constexpr = False,
     SWIGLU: tl.constexpr = False, DOT_F16: tl.constexpr = False,
+    ROPE: tl.constexpr = False, cos_ptr=None, sin_ptr=None, q_ptr=None, stride_q=0, QD=0, KD=0,
+    ROPE_EXACT: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROPE:
+        # RoPE pairs dims (p, p + D/2) of a head: this program's columns are BLOCK_N / 2 such
+        # pairs of one head, interleaved (first half, second half, ...), so the epilogue holds
+        # both members of every pair. Weight rows load in any order (each is its own K run).
+        HB: tl.constexpr = BLOCK_N // 2
+        PER_HEAD: tl.constexpr = KV_D // BLOCK_N
+        i = tl.arange(0, BLOCK_N)
+        cols = (pid // PER_HEAD) * KV_D + (pid % PER_HEAD) * HB + i // 2 + (i % 2) * (KV_D // 2)
+    else:
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     rmask = rows < M
     cmask = cols < N
@@ -274,8 +286,12 @@ def _gemv_kernel(
     else:
         y = epilogue_math(acc, rows, cols, rmask, cmask, bias_ptr, res_ptr, bias_ptr, col_scale_ptr, alpha, beta,
                           stride_rm, ACT, HAS_BIAS, HAS_RES, 0, COL_SCALE, USE_ALPHA, USE_BETA)
-    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+    if ROPE:
+        _rope_epilogue(y, rows, cols, rmask, cos_ptr, sin_ptr, q_ptr, stride_q, k_cache_ptr, v_cache_ptr, pos_ptr,
+                       pos_stride, kv_sb, kv_sh, kv_ss, QD, KD, BLOCK_M, BLOCK_N, KV_D, ROPE_EXACT)
+    else:
+        out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
     if KV:
         # KV-cache append fused into c_attn: columns [C, 2C) are the new key, [2C, 3C) the
         # new value, head-major (head = (col % C) // D). Row m (one sequence) goes to cache
@@ -290,6 +306,51 @@ def _gemv_kernel(
         tl.store(k_cache_ptr + off, yk, mask=live & (part == 1)[None, :])
         tl.store(v_cache_ptr + off, yk, mask=live & (part == 2)[None, :])
 
+
+
+@triton.jit
+def _rope_epilogue(y, rows, cols, rmask, cos_ptr, sin_ptr, q_ptr, stride_q, k_ptr, v_ptr, pos_ptr, pos_stride,
+                   c_sb, c_sh, c_ss, QD, KD, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                   EXACT: tl.constexpr):
+    """The Llama decode step's q/k/v epilogue: columns [0, QD) are q, [QD, QD + KD) k, then v,
+    head-major with head dim D, in the interleaved pair order of the kernel's ROPE columns.
+    RoPE of q and k at row m's position pos[m] with transformers' roundings (the projection
+    rounded to the activations' dtype, then round(round(x * cos) + round(rotate_half(x) * sin)),
+    the products as mul.rn so that none skips its rounding in an FMA); q to q_ptr [M, QD],
+    k and v to the caches [B, Hkv, Smax, D] at row pos[m]. This replaces a launch of
+    rope_append after the GEMV."""
+    dt = k_ptr.dtype.element_ty
+    HB: tl.constexpr = BLOCK_N // 2
+    HALF: tl.constexpr = D // 2
+    yb = y.to(dt).to(tl.float32)
+    a, b = tl.split(tl.reshape(yb, (BLOCK_M, HB, 2)))  # dims p and p + D/2
+    ca, _ = tl.split(tl.reshape(cols, (HB, 2)))
+    d1 = ca % D
+    pos = tl.load(pos_ptr + rows * pos_stride, mask=rmask, other=0).to(tl.int64)
+    tab = pos[:, None] * D + d1[None, :]
+    c1 = tl.load(cos_ptr + tab).to(tl.float32)
+    c2 = tl.load(cos_ptr + tab + HALF).to(tl.float32)
+    s1 = tl.load(sin_ptr + tab).to(tl.float32)
+    s2 = tl.load(sin_ptr + tab + HALF).to(tl.float32)
+    if EXACT:  # mul.rn: never contracted into an FMA with the add that follows
+        p1, p2, p3, p4 = libdevice.mul_rn(a, c1), libdevice.mul_rn(-b, s1), libdevice.mul_rn(b, c2), libdevice.mul_rn(a, s2)
+    else:  # Triton's CPU interpreter has no libdevice (and does not contract)
+        p1, p2, p3, p4 = a * c1, -b * s1, b * c2, a * s2
+    o1 = (p1.to(dt).to(tl.float32) + p2.to(dt).to(tl.float32)).to(dt)
+    o2 = (p3.to(dt).to(tl.float32) + p4.to(dt).to(tl.float32)).to(dt)
+    live = rmask[:, None]
+    is_q = (ca < QD)[None, :]
+    is_k = ((ca >= QD) & (ca < QD + KD))[None, :]
+    is_v = (ca >= QD + KD)[None, :]
+    q_off = rows[:, None].to(tl.int64) * stride_q + ca[None, :]
+    tl.store(q_ptr + q_off, o1, mask=live & is_q)
+    tl.store(q_ptr + q_off + HALF, o2, mask=live & is_q)
+    head = tl.where(ca < QD + KD, ca - QD, ca - QD - KD) // D
+    c_off = rows[:, None].to(tl.int64) * c_sb + pos[:, None] * c_ss + (head * c_sh + d1)[None, :]
+    tl.store(k_ptr + c_off, o1, mask=live & is_k)
+    tl.store(k_ptr + c_off + HALF, o2, mask=live & is_k)
+    tl.store(v_ptr + c_off, a.to(dt), mask=live & is_v)
+    tl.store(v_ptr + c_off + HALF, b.to(dt), mask=live & is_v)
 
 
 # K steps of weights (1 or 2) loaded before the PDL wait. Same-run A/B on the H100: 2 took
@@ -408,7 +469,7 @@ LN_MAX_K = 8192  # the LayerNorm prologue holds a whole row in registers (K_PAD 
 
 
 def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None, alpha=1.0, beta=1.0, ln=None,
-                w_scale=None, x_scale=None, kv=None, rms=None, swiglu=False):
+                w_scale=None, x_scale=None, kv=None, rms=None, swiglu=False, rope=None):
     """One launch of the skinny kernel for x [M <= GEMV_MAX_M, K] (unit stride on K):
 
         act(alpha * ((LN(x) if ln else x) * x_scale) @ (w_nk * w_scale).T + bias) + beta * residual
@@ -426,15 +487,28 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     both of its roundings). swiglu: w_nk is [gate; up] ([2N, K], 16-bit) and the result is
     silu(gate) * up [M, N] (transformers' roundings), with no bias, activation, residual,
     scales or kv. These two run on the Triton kernel only.
+    rope = (cos, sin, pos, k_cache, v_cache, n_q_heads): w_nk is the Llama family's [q; k; v]
+    (head dim D = k_cache.shape[3], a power of two) and the epilogue is rope_append's: the result
+    is q after RoPE [M, n_q_heads * D] (into `out` if given), with k after RoPE and v written to
+    the caches [B >= M, Hkv, Smax, D] at row pos (one position for every row); cos / sin [Smax, D]
+    in x's dtype. No activation, residual, kv, swiglu or scaling (Triton kernel only).
     On CUDA the launch is a programmatic dependent launch (see PDL_ENV).
     """
     M, K = x.shape
     N = w_nk.shape[0]
     if rms is not None or swiglu:
         N = _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_scale, kv, rms, swiglu)
+    rope_args = (False, None, None, None, 0, 0, 0, True)
+    if rope is not None:
+        cos, sin, pos, k_cache, v_cache, n_q = rope
+        D = _check_rope(x, w_nk, out, activation, residual, kv, swiglu, alpha, beta, rope)
+        if out is None:
+            out = torch.empty((M, n_q * D), dtype=x.dtype, device=x.device)
+        rope_args = (True, cos, sin, out, out.stride(0), n_q * D, k_cache.shape[1] * D,
+                     os.environ.get("TRITON_INTERPRET", "0") != "1")
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if rms is None and not swiglu and gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
+    if rms is None and not swiglu and rope is None and gemv_sm90_applies(x, w_nk, out, bias, residual, ln, w_scale, x_scale, kv):
         return gemv_sm90(x, w_nk, out, bias, activation, residual, alpha, beta, ln, kv, w_scale)
     block_m, block_n, block_k, warps, stages = _launch_blocks(M, N, K, w_nk.element_size(), bool(swiglu),
                                                               rms is not None)
@@ -446,6 +520,9 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     ln_w, ln_b, eps = ln if ln is not None else (rms[0], None, rms[1]) if rms is not None else (None, None, 1e-5)
     pdl = x.is_cuda and pdl_enabled()
     kv_args = (False, None, None, None, 0, 1, 0, 0, 0, 64)
+    if rope is not None:  # whole RoPE pairs per program: an even tile that divides the head dim
+        block_n = min(max(block_n, 2), D)
+        kv_args = (False, k_cache, v_cache, pos, 0, 1, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), D)
     if kv is not None:
         k_cache, v_cache, pos = kv
         _check_kv(k_cache, v_cache, pos, M, N)
@@ -463,7 +540,7 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
          ln_w, ln_b, float(eps), ln is not None, triton.next_power_of_2(K) if ln is not None or rms is not None else 16,
          w_scale, x_scale, 2 if w_scale is not None else 0, x_scale is not None,
          pdl, FIRST_STEPS if K > block_k else 1, *kv_args, rms is not None, bool(swiglu),
-         M == 1 and block_m > 1 and w_nk.element_size() == 1),
+         M == 1 and block_m > 1 and w_nk.element_size() == 1, *rope_args),
         num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     if pdl and kernel is not None:  # a launch through the JIT: the kernel may be new
@@ -499,6 +576,35 @@ def _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_sc
             raise ValueError("swiglu: w = [gate; up] with an even row count; no bias, activation or residual")
         N //= 2
     return N
+
+
+def _check_rope(x, w_nk, out, activation, residual, kv, swiglu, alpha, beta, rope) -> int:
+    """Validate skinny_gemm's rope argument; the head dim."""
+    if not (isinstance(rope, tuple) and len(rope) == 6):
+        raise TypeError("rope = (cos, sin, pos, k_cache, v_cache, n_q_heads)")
+    cos, sin, pos, k_cache, v_cache, n_q = rope
+    if activation or residual is not None or kv is not None or swiglu or alpha != 1.0 or beta != 1.0:
+        raise ValueError("rope takes no activation, residual, kv append, swiglu, alpha or beta")
+    for t, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.stride(3) != 1:
+            raise ValueError(f"{n} must be a 4-D [B, Hkv, Smax, D] tensor with unit stride on D")
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.dtype != x.dtype \
+            or v_cache.dtype != x.dtype:
+        raise ValueError(f"k_cache and v_cache: same shape and strides, in x's dtype {x.dtype}")
+    B, Hkv, Smax, D = k_cache.shape
+    M = x.shape[0]
+    if not isinstance(n_q, int) or n_q <= 0 or D < 2 or D & (D - 1) or w_nk.shape[0] != (n_q + 2 * Hkv) * D or M > B:
+        raise ValueError(f"rope: w must be [(n_q_heads + 2 Hkv) D, K] = [{(n_q + 2 * Hkv) * D}, K] with D a power of "
+                         f"two and M <= {B}, got w {tuple(w_nk.shape)}, D = {D}, M = {M}")
+    for t, n in ((cos, "cos"), (sin, "sin")):
+        if not isinstance(t, torch.Tensor) or t.shape != (Smax, D) or not t.is_contiguous() or t.dtype != x.dtype:
+            raise ValueError(f"{n} must be a contiguous [{Smax}, {D}] table in {x.dtype}")
+    if not isinstance(pos, torch.Tensor) or pos.dtype not in (torch.int32, torch.int64) or pos.numel() != 1 \
+            or pos.device != x.device:
+        raise ValueError(f"pos must be one int32/int64 position on {x.device}")
+    if out is not None and (out.shape != (M, n_q * D) or out.stride(1) != 1 or out.dtype != x.dtype):
+        raise ValueError(f"out must be [{M}, {n_q * D}] in {x.dtype} with unit stride")
+    return D
 
 
 def _check_kv(k_cache, v_cache, pos, M, N):

@@ -56,6 +56,9 @@ SWITCHES: dict[str, Switch] = {
     "CUTE_KERNELS_LLAMA_ROPE_APPEND": Switch(
         "1", "0: the Llama-family decode step applies RoPE to q and k and appends k and v to the cache with torch "
              "ops instead of one Triton launch."),
+    "CUTE_KERNELS_LLAMA_QKV_ROPE": Switch(
+        "1", "0: the Llama-family decode step runs RoPE + append as its own launch after the q/k/v GEMV instead of in "
+             "that GEMV's epilogue (with the RMSNorm prologue and CUTE_KERNELS_LLAMA_ROPE_APPEND on)."),
     "CUTE_KERNELS_LLAMA_PREFILL_RMSNORM": Switch(
         "0", "1: patch_model runs the Llama family's RMSNorm modules (16-bit CUDA inputs, eval mode) as one Triton "
              "launch each instead of transformers' torch ops (same two roundings)."),
