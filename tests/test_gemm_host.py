@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import re
 
 import pytest
 import torch
@@ -622,7 +623,8 @@ GEMV_SIGNATURE = {  # the skinny kernel's non-constexpr parameters, for sm_90 co
     "stride_wn": "i32", "stride_om": "i32", "stride_rm": "i32", "ln_w_ptr": "*bf16", "ln_b_ptr": "*bf16",
     "eps": "fp32", "col_scale_ptr": "*fp32", "xs_ptr": "*fp32",
     "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "pos_ptr": "*i32", "pos_stride": "i32", "kv_c": "i32",
-    "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32"}
+    "kv_sb": "i32", "kv_sh": "i32", "kv_ss": "i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "q_ptr": "*bf16",
+    "stride_q": "i32", "QD": "i32", "KD": "i32"}
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (1, 8)])
@@ -634,7 +636,8 @@ def test_gemv_triton_compiles_for_sm90(block_m, block_n):
     sig = GEMV_SIGNATURE
     const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True,
-                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2, RMS=False, SWIGLU=False)  # every option
+                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2, RMS=False, SWIGLU=False, DOT_F16=False, ROPE=False,
+                 ROPE_EXACT=True)  # every option
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
     # PDL: the first weight tile is loaded before the wait,
@@ -655,11 +658,28 @@ def test_gemv_llama_prologue_compiles_for_sm90(block_m, block_n):
     sig = GEMV_SIGNATURE
     const = dict(ACT=0, HAS_BIAS=False, HAS_RES=False, USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_K=256, LN=False, K_PAD=4096, COL_SCALE=0, XSCALE=False,
-                 PDL=True, KV=False, KV_D=64, FIRST_STEPS=2, RMS=True, SWIGLU=True)
+                 PDL=True, KV=False, KV_D=64, FIRST_STEPS=2, RMS=True, SWIGLU=True, DOT_F16=False, ROPE=False,
+                 ROPE_EXACT=True)
     ptx = _triton_ptx_sm90(K, sig, const, num_warps=8, num_stages=4)
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert ptx[:i_wait].count("ld.global") >= 2 and "st.global" not in ptx[:i_wait]
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (1, 8)])
+def test_gemv_rope_epilogue_compiles_for_sm90(block_m, block_n):
+    """The q/k/v GEMV with RoPE + append in its epilogue (the Llama decode step) through Triton's
+    sm_90 pipeline: the RoPE products are mul.rn (never contracted into an FMA), nothing is
+    stored before the PDL wait."""
+    from cute_kernels.matmul.gemv import _gemv_kernel as K
+
+    const = dict(ACT=0, HAS_BIAS=True, HAS_RES=False, USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m,
+                 BLOCK_N=block_n, BLOCK_K=512, LN=False, K_PAD=4096, COL_SCALE=0, XSCALE=False,
+                 PDL=True, KV=False, KV_D=128, FIRST_STEPS=2, RMS=True, SWIGLU=False, DOT_F16=False, ROPE=True,
+                 ROPE_EXACT=True)
+    ptx = _triton_ptx_sm90(K, GEMV_SIGNATURE, const, num_warps=4, num_stages=3)
+    i_wait = ptx.index("griddepcontrol.wait")
+    assert ".target sm_90" in ptx and re.search(r"mul\.rn(\.ftz)?\.f32", ptx) and "st.global" not in ptx[:i_wait]
 
 
 def test_layernorm_linear_validates():
