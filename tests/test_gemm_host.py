@@ -627,18 +627,23 @@ GEMV_SIGNATURE = {  # the skinny kernel's non-constexpr parameters, for sm_90 co
     "stride_q": "i32", "QD": "i32", "KD": "i32"}
 
 
+def _gemv_constexprs(block_m: int, block_n: int, **on) -> dict:
+    """The skinny kernel's constexprs for an sm_90 compile: every option off but those in `on`."""
+    return {**dict(ACT=0, HAS_BIAS=False, HAS_RES=False, USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m,
+                   BLOCK_N=block_n, BLOCK_K=256, LN=False, K_PAD=4096, COL_SCALE=0, XSCALE=False, PDL=True,
+                   KV=False, KV_D=64, FIRST_STEPS=2, RMS=False, SWIGLU=False, DOT_F16=False, ROPE=False,
+                   ROPE_EXACT=True), **on}
+
+
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (1, 8)])
 def test_gemv_triton_compiles_for_sm90(block_m, block_n):
     """The skinny kernel through Triton's GPU pipeline (PTX for sm_90) on the CPU: the
     tl.dot form and the one-row FMA form."""
     from cute_kernels.matmul.gemv import _gemv_kernel as K
 
-    sig = GEMV_SIGNATURE
-    const = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, USE_BETA=False, BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=256, LN=True, K_PAD=2048, COL_SCALE=2, XSCALE=True,
-                 PDL=True, KV=True, KV_D=64, FIRST_STEPS=2, RMS=False, SWIGLU=False, DOT_F16=False, ROPE=False,
-                 ROPE_EXACT=True)  # every option
-    ptx = _triton_ptx_sm90(K, sig, const, num_warps=4, num_stages=4)
+    const = _gemv_constexprs(block_m, block_n, ACT=3, HAS_BIAS=True, HAS_RES=True, USE_ALPHA=True, LN=True,
+                             K_PAD=2048, COL_SCALE=2, XSCALE=True, KV=True)  # every option
+    ptx = _triton_ptx_sm90(K, GEMV_SIGNATURE, const, num_warps=4, num_stages=4)
     assert ".target sm_90" in ptx and ("mma.sync" in ptx) == (block_m == 16) and "st.global" in ptx
     # PDL: the first weight tile is loaded before the wait,
     # nothing is stored before it, and the next kernel may launch before it too (the decode
@@ -655,12 +660,8 @@ def test_gemv_llama_prologue_compiles_for_sm90(block_m, block_n):
     before it."""
     from cute_kernels.matmul.gemv import _gemv_kernel as K
 
-    sig = GEMV_SIGNATURE
-    const = dict(ACT=0, HAS_BIAS=False, HAS_RES=False, USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=256, LN=False, K_PAD=4096, COL_SCALE=0, XSCALE=False,
-                 PDL=True, KV=False, KV_D=64, FIRST_STEPS=2, RMS=True, SWIGLU=True, DOT_F16=False, ROPE=False,
-                 ROPE_EXACT=True)
-    ptx = _triton_ptx_sm90(K, sig, const, num_warps=8, num_stages=4)
+    const = _gemv_constexprs(block_m, block_n, RMS=True, SWIGLU=True)
+    ptx = _triton_ptx_sm90(K, GEMV_SIGNATURE, const, num_warps=8, num_stages=4)
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and ptx.index("griddepcontrol.launch_dependents") < i_wait
     assert ptx[:i_wait].count("ld.global") >= 2 and "st.global" not in ptx[:i_wait]
@@ -673,10 +674,7 @@ def test_gemv_rope_epilogue_compiles_for_sm90(block_m, block_n):
     stored before the PDL wait."""
     from cute_kernels.matmul.gemv import _gemv_kernel as K
 
-    const = dict(ACT=0, HAS_BIAS=True, HAS_RES=False, USE_ALPHA=False, USE_BETA=False, BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=512, LN=False, K_PAD=4096, COL_SCALE=0, XSCALE=False,
-                 PDL=True, KV=False, KV_D=128, FIRST_STEPS=2, RMS=True, SWIGLU=False, DOT_F16=False, ROPE=True,
-                 ROPE_EXACT=True)
+    const = _gemv_constexprs(block_m, block_n, HAS_BIAS=True, BLOCK_K=512, KV_D=128, RMS=True, ROPE=True)
     ptx = _triton_ptx_sm90(K, GEMV_SIGNATURE, const, num_warps=4, num_stages=3)
     i_wait = ptx.index("griddepcontrol.wait")
     assert ".target sm_90" in ptx and re.search(r"mul\.rn(\.ftz)?\.f32", ptx) and "st.global" not in ptx[:i_wait]
