@@ -760,9 +760,15 @@ def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
     assert torch.equal(on, off) and torch.equal(split, off)
 
 
-def test_prefill_switches_off_by_default():
-    pm = patched(tiny("llama"))
-    layer = pm.model.layers[0]
+def test_prefill_switches_on_by_default_and_off_by_switch(monkeypatch):
+    for name in PREFILL_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    layer = patched(tiny("llama")).model.layers[0]
+    assert layer.input_layernorm.fused and layer.self_attn.fused_rope and layer.fused_swiglu
+    assert layer.gate_up is not None
+    for name in PREFILL_SWITCHES:
+        monkeypatch.setenv(name, "0")
+    layer = patched(tiny("llama")).model.layers[0]
     assert not (layer.input_layernorm.fused or layer.self_attn.fused_rope or layer.fused_swiglu)
     assert layer.gate_up is None
 

@@ -60,14 +60,15 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: the Llama-family decode step runs RoPE + append as its own launch after the q/k/v GEMV instead of in "
              "that GEMV's epilogue (with the RMSNorm prologue and CUTE_KERNELS_LLAMA_ROPE_APPEND on)."),
     "CUTE_KERNELS_LLAMA_PREFILL_RMSNORM": Switch(
-        "0", "1: patch_model runs the Llama family's RMSNorm modules (16-bit CUDA inputs, eval mode) as one Triton "
-             "launch each instead of transformers' torch ops (same two roundings)."),
+        "1", "0: patch_model leaves the Llama family's RMSNorm modules to transformers' torch ops instead of one "
+             "Triton launch each (16-bit CUDA inputs, eval mode; same two roundings)."),
     "CUTE_KERNELS_LLAMA_PREFILL_ROPE": Switch(
-        "0", "1: patch_model's Llama-family attention applies RoPE to q and k with one Triton launch (transformers' "
-             "bf16 roundings) instead of transformers' apply_rotary_pos_emb."),
+        "1", "0: patch_model's Llama-family attention applies RoPE with transformers' apply_rotary_pos_emb instead "
+             "of one Triton launch for q and k (transformers' bf16 roundings)."),
     "CUTE_KERNELS_LLAMA_PREFILL_SWIGLU": Switch(
-        "0", "1: patch_model's Llama-family MLP runs gate and up as one GEMM over the concatenated weights and "
-             "silu(gate) * up as one Triton launch; split: the Triton silu * mul after the two separate GEMMs."),
+        "1", "0: patch_model's Llama-family MLP runs transformers' gate, up, SiLU and product instead of one GEMM "
+             "over the concatenated gate and up weights and silu(gate) * up as one Triton launch; split: the Triton "
+             "silu * mul after the two separate GEMMs."),
     "CUTE_KERNELS_TRITON_DIRECT": Switch(
         "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
     "CUTE_KERNELS_TP_ALLREDUCE": Switch(
