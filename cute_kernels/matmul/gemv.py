@@ -50,6 +50,14 @@ decode linears at 1.11-1.43x cuBLAS at M = 1 and the 1x50257x1600 lm_head at 1.7
 eligible M <= 8 product here. CUTE_KERNELS_GEMV=0 turns it off (the wgmma path, for
 comparison). In the GPT-2 XL decode step (48 layers x 4 GEMVs in one CUDA graph) PDL took
 2.24 to 2.09 ms per token, and loading weights ahead of the wait 2.09 to 1.81.
+
+The Llama family's decode step (inference/decode_llama.py) runs three launches per layer
+here besides o_proj / down: q/k/v with the RMSNorm prologue and RoPE + the K/V append in the
+epilogue (`rope=`: each program takes whole RoPE pairs of one head), gate/up with the prologue
+and silu(gate) * up in the epilogue (`swiglu=`), all in 16-bit or 8-bit weight-only form. Where
+registers run short (two weight tiles per step, 8-bit weights converted twice per element) the
+tl.dot form with the row padded to 16 wins even at M = 1; _long_row_blocks holds the measured
+picks (docs/quant-and-decode.md).
 """
 
 from __future__ import annotations
@@ -478,20 +486,21 @@ def skinny_gemm(x, w_nk, bias=None, activation=None, residual=None, *, out=None,
     ln = (weight, bias, eps) runs LayerNorm as the prologue (K <= LN_MAX_K). w_nk is 16-bit
     like x, or fp8/int8 with w_scale [N] fp32 per output channel (weight-only decode: the
     activations stay unquantized, more accurate than W8A8 and one quantize launch fewer; at
-    M = 1 fp8 e4m3 and int8 run on the one-row CuTe DSL kernel). x_scale [K] fp32 is
-    SmoothQuant's activation factor (Triton only).
+    M = 1 fp8 e4m3 and int8 run on the one-row CuTe DSL kernel where gemv_sm90_applies).
+    x_scale [K] fp32 is SmoothQuant's activation factor (Triton only).
     kv = (k_cache, v_cache, pos) also writes columns [C, 2C) / [2C, 3C) of the result (C = N/3,
     c_attn's k and v) into the caches [B >= M, H, Smax, D] (any strides but unit D) at row
     pos[m] (pos: int tensor of M elements, or one for every row). See _check_kv.
     rms = (weight, eps) runs transformers' Llama RMSNorm as the prologue instead (K <= LN_MAX_K;
-    both of its roundings). swiglu: w_nk is [gate; up] ([2N, K], 16-bit) and the result is
-    silu(gate) * up [M, N] (transformers' roundings), with no bias, activation, residual,
-    scales or kv. These two run on the Triton kernel only.
+    both of its roundings). swiglu: w_nk is [gate; up] ([2N, K], 16-bit, or 8-bit with w_scale
+    [2N]) and the result is silu(gate) * up [M, N] (transformers' roundings), with no bias,
+    activation, residual, x_scale or kv. These two run on the Triton kernel only.
     rope = (cos, sin, pos, k_cache, v_cache, n_q_heads): w_nk is the Llama family's [q; k; v]
     (head dim D = k_cache.shape[3], a power of two) and the epilogue is rope_append's: the result
     is q after RoPE [M, n_q_heads * D] (into `out` if given), with k after RoPE and v written to
     the caches [B >= M, Hkv, Smax, D] at row pos (one position for every row); cos / sin [Smax, D]
-    in x's dtype. No activation, residual, kv, swiglu or scaling (Triton kernel only).
+    in x's dtype. Bias, rms and w_scale combine with it; no activation, residual, kv, swiglu,
+    alpha or beta (Triton kernel only).
     On CUDA the launch is a programmatic dependent launch (see PDL_ENV).
     """
     M, K = x.shape
