@@ -587,6 +587,16 @@ def _check_llama_prologue(x, w_nk, bias, activation, residual, ln, w_scale, x_sc
     return N
 
 
+def _check_cache_pair(k_cache, v_cache) -> None:
+    """The K and V caches the kv and rope epilogues write: 4-D [B, H, Smax, D], unit stride on D,
+    one shape, strides and dtype."""
+    for t, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.stride(3) != 1:
+            raise ValueError(f"{n} must be a 4-D [B, H, Smax, D] tensor with unit stride on D")
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
+        raise ValueError("k_cache and v_cache must have the same shape, strides and dtype")
+
+
 def _check_rope(x, w_nk, out, activation, residual, kv, swiglu, alpha, beta, rope) -> int:
     """Validate skinny_gemm's rope argument; the head dim."""
     if not (isinstance(rope, tuple) and len(rope) == 6):
@@ -594,12 +604,9 @@ def _check_rope(x, w_nk, out, activation, residual, kv, swiglu, alpha, beta, rop
     cos, sin, pos, k_cache, v_cache, n_q = rope
     if activation or residual is not None or kv is not None or swiglu or alpha != 1.0 or beta != 1.0:
         raise ValueError("rope takes no activation, residual, kv append, swiglu, alpha or beta")
-    for t, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.stride(3) != 1:
-            raise ValueError(f"{n} must be a 4-D [B, Hkv, Smax, D] tensor with unit stride on D")
-    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.dtype != x.dtype \
-            or v_cache.dtype != x.dtype:
-        raise ValueError(f"k_cache and v_cache: same shape and strides, in x's dtype {x.dtype}")
+    _check_cache_pair(k_cache, v_cache)
+    if k_cache.dtype != x.dtype:
+        raise ValueError(f"rope: the caches must be in x's dtype {x.dtype}, got {k_cache.dtype}")
     B, Hkv, Smax, D = k_cache.shape
     M = x.shape[0]
     if not isinstance(n_q, int) or n_q <= 0 or D < 2 or D & (D - 1) or w_nk.shape[0] != (n_q + 2 * Hkv) * D or M > B:
@@ -619,11 +626,7 @@ def _check_rope(x, w_nk, out, activation, residual, kv, swiglu, alpha, beta, rop
 def _check_kv(k_cache, v_cache, pos, M, N):
     if N % 3:
         raise ValueError(f"kv append needs the fused qkv width N = 3 * C, got N = {N}")
-    for t, n in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.stride(3) != 1:
-            raise ValueError(f"{n} must be a 4-D [B, H, Smax, D] tensor with unit stride on D")
-    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.dtype != v_cache.dtype:
-        raise ValueError("k_cache and v_cache must have the same shape, strides and dtype")
+    _check_cache_pair(k_cache, v_cache)
     B, H, _, D = k_cache.shape
     if H * D != N // 3 or B < M:
         raise ValueError(f"caches {tuple(k_cache.shape)} do not hold {M} rows of {N // 3} = H * D columns")
