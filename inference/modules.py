@@ -96,6 +96,20 @@ def concat_rows(params) -> torch.Tensor:
     return cat
 
 
+class _PositionState:
+    """Whether the innermost running patched base model (CuteGPT2Model, patch_llama's
+    `_CuteBaseModel`) makes its own position ids and has no cache and no padding mask, so
+    that every row is one plain causal sequence.
+
+    Read only by patch.py's mask function. A plain attribute rather than a ContextVar or
+    threading.local, so that Dynamo traces it (a compiled patched model keeps one graph)."""
+
+    own = False
+
+
+POSITIONS = _PositionState()
+
+
 def apply_linear(module, x, residual):
     """module(x) + residual, in the epilogue when the module supports it."""
     if residual is None:

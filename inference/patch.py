@@ -52,6 +52,7 @@ from . import ops
 from .adapters import ADAPTERS
 from .models import PRECISIONS
 from .modules import (  # noqa: F401  (re-exported: decode.py and the tests import the linears from here)
+    POSITIONS,
     CuteLinear,
     CuteLMHead,
     _CuteLinearMixin,
@@ -236,11 +237,15 @@ def _mask_function(*, q_length, kv_length, q_offset=0, mask_function=None, atten
     GPT2Model hands transformers its own arange position ids, and without a cache
     transformers checks them for packed sequences: a device sync eagerly, and under CUDA
     graph capture a packed-sequence overlay that forces an explicit mask (and SDPA). When
-    CuteGPT2Model made those positions itself (`_POSITIONS.own`) nothing can be packed,
-    so the overlay is a no-op and the mask is plain causal."""
+    CuteGPT2Model (or a Llama-family base model, patch_llama's `_CuteBaseModel`) made those
+    positions itself (`modules.POSITIONS.own`) nothing can be packed, so the overlay is a
+    no-op and the mask is plain causal."""
     # A static cache hands q_offset as a tensor: not known to be 0 without a sync.
     plain = attention_mask is None and local_size is None and isinstance(q_offset, int) and q_offset == 0
-    if plain and _POSITIONS.own and q_length == kv_length:
+    # A sliding window longer than the sequence (Mistral's 4096 at a short prompt) masks nothing.
+    windowless = local_size is None or kv_length < local_size
+    if (attention_mask is None and windowless and isinstance(q_offset, int) and q_offset == 0 and POSITIONS.own
+            and q_length == kv_length):
         return None
     if (plain and allow_is_causal_skip and mask_function is causal_mask_function
             and (q_length == kv_length or q_length == 1)):
@@ -262,31 +267,18 @@ def register_attention(backend: str) -> str:
 
 # --------------------------------------------------------------------------- position ids and the mask
 
-class _PositionState:
-    """Whether the innermost running CuteGPT2Model.forward makes its own position ids and
-    has no cache and no padding mask, so that every row is one plain causal sequence.
-
-    Read only by our mask function. A plain attribute rather than a ContextVar or
-    threading.local, so that Dynamo traces it (a compiled patched model keeps one graph)."""
-
-    own = False
-
-
-_POSITIONS = _PositionState()
-
-
 class CuteGPT2Model(_GPT2.GPT2Model):
-    """GPT2Model that marks calls whose position ids it makes itself (see `_mask_function`)."""
+    """GPT2Model that marks calls whose position ids it makes itself (modules.POSITIONS)."""
 
     def forward(self, *args, **kwargs):
         a = _stock_arguments(_GPT2.GPT2Model.forward, args[1:], kwargs)
         own = (a.get("position_ids") is None and a["cache"] is None and a.get("attention_mask") is None
                and a.get("encoder_hidden_states") is None)
-        outer, _POSITIONS.own = _POSITIONS.own, own
+        outer, POSITIONS.own = POSITIONS.own, own
         try:
             return super().forward(*args, **kwargs)
         finally:
-            _POSITIONS.own = outer
+            POSITIONS.own = outer
 
 
 # --------------------------------------------------------------------------- patch_model

@@ -52,7 +52,7 @@ from transformers.models.qwen2 import modeling_qwen2 as _QWEN2
 from cute_kernels.runtime import env
 
 from . import ops
-from .modules import CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear, concat_rows
+from .modules import POSITIONS, CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear, concat_rows
 
 
 class _CuteAttention:
@@ -135,6 +135,37 @@ class _CuteRMSNorm:
         return ops.rms_norm(x, self.weight, self.variance_epsilon, self.backend)
 
 
+class _CuteBaseModel:
+    """The family's base model (LlamaModel, ...) marking the calls whose position ids it makes
+    itself, with no cache and no padding mask (modules.POSITIONS): every row is then one
+    plain causal sequence. Without the mark transformers checks its arange positions for
+    packed sequences: a device sync per forward eagerly, and under CUDA graph capture an
+    explicit mask that sends the prefill to SDPA instead of our attention."""
+
+    _stock = _LLAMA.LlamaModel
+
+    def forward(self, *args, **kwargs):
+        a = _stock_arguments(self._stock.forward, args[1:], kwargs)
+        own = a.get("position_ids") is None and a["cache"] is None and a.get("attention_mask") is None
+        outer, POSITIONS.own = POSITIONS.own, own
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            POSITIONS.own = outer
+
+
+class CuteLlamaModel(_CuteBaseModel, _LLAMA.LlamaModel):
+    _stock = _LLAMA.LlamaModel
+
+
+class CuteQwen2Model(_CuteBaseModel, _QWEN2.Qwen2Model):
+    _stock = _QWEN2.Qwen2Model
+
+
+class CuteMistralModel(_CuteBaseModel, _MISTRAL.MistralModel):
+    _stock = _MISTRAL.MistralModel
+
+
 class CuteLlamaRMSNorm(_CuteRMSNorm, _LLAMA.LlamaRMSNorm):
     pass
 
@@ -184,6 +215,9 @@ SWAPS = {
     _QWEN2.Qwen2DecoderLayer: CuteQwen2DecoderLayer,
     _MISTRAL.MistralAttention: CuteMistralAttention,
     _MISTRAL.MistralDecoderLayer: CuteMistralDecoderLayer,
+    _LLAMA.LlamaModel: CuteLlamaModel,
+    _QWEN2.Qwen2Model: CuteQwen2Model,
+    _MISTRAL.MistralModel: CuteMistralModel,
 }
 NORM_SWAPS = {
     _LLAMA.LlamaRMSNorm: CuteLlamaRMSNorm,

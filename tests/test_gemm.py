@@ -559,6 +559,26 @@ def test_split_k_cuda_graph(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg_name", ["64x64pp", "128x256-c2"])
+def test_split_k_is_deterministic(cfg_name):
+    """Whichever split finishes a tile, its partials add in split order: fp32 outputs are the
+    same bits on every launch (arrival order varies from launch to launch)."""
+    from cute_kernels.matmul.api import run_gemm
+    from cute_kernels.matmul.config import Epilogue
+
+    a = torch.randn(96, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16)
+    cfg = SPLIT_CFGS[cfg_name](5)
+    first = torch.empty(96, 512, device="cuda", dtype=torch.float32)
+    run_gemm(a, b, first, epi=Epilogue(), config=cfg)
+    _err_rule(first, (a @ b.t()).float(), a.double() @ b.double().t())
+    out = torch.empty_like(first)
+    for _ in range(50):
+        run_gemm(a, b, out, epi=Epilogue(), config=cfg)
+        assert torch.equal(out, first)
+
+
+@pytest.mark.gpu
 def test_split_k_nan_stays_in_its_row_and_fp32_out():
     from cute_kernels.matmul.api import run_gemm
     from cute_kernels.matmul.config import Epilogue

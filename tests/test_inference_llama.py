@@ -111,6 +111,33 @@ def test_ops_are_what_runs(model, monkeypatch):
     assert calls == {"linear": 7 * L + 1, "residual": 2 * L, "attn": L}
 
 
+def test_plain_causal_reaches_our_attention_under_capture(model, monkeypatch):
+    """Under CUDA graph capture transformers' tracing checks are true, so it overlays a
+    packed-sequence mask on the base model's own arange positions. A plain causal prefill
+    must still reach our attention with mask None (not an explicit mask and SDPA); so must
+    Mistral's, whose default 4096-token window is longer than the sequence."""
+    import transformers.masking_utils as mu
+
+    x = ids()
+    with torch.no_grad():
+        ref = model(x, use_cache=False).logits
+    pm = patched(model, attention="cute")
+    calls = {"attn": 0}
+    real_attn = ops.flash_attn_ref
+
+    def count_attn(*a, **k):
+        calls["attn"] += 1
+        return real_attn(*a, **k)
+
+    monkeypatch.setattr(ops, "flash_attn_ref", count_attn)
+    with torch.no_grad():
+        close(pm(x, use_cache=False).logits, ref)
+        monkeypatch.setattr(mu, "is_tracing", lambda *a, **k: True)  # what stream capture makes it return
+        close(pm(x, use_cache=False).logits, ref)
+    L = model.config.num_hidden_layers
+    assert calls["attn"] == 2 * L
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("heads", [(6, 2), (6, 6), (4, 1)])
 def test_gqa_group_sizes(kind, heads):

@@ -103,8 +103,9 @@ class GemmSm90:
     (it is the finisher) or publishes its own raw accumulators to a global workspace
     in register order (element v of thread e at v * threads + e: coalesced) and
     counts in on the tile's counter, becoming the finisher if it is the last. The
-    finisher adds the partials into its registers, resets the counter and runs the
-    normal fused epilogue; the others skip it (`split_fixup`). One launch, no waits.
+    finisher sums the partials in split order (fp32: the same bits whichever split
+    finishes), resets the counter and runs the normal fused epilogue; the others skip
+    it (`split_fixup`). One launch, no waits.
     """
 
     def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue, b_kn: bool = False):
@@ -757,7 +758,8 @@ class GemmSm90:
         counts in, and the one that brings the count to S is the finisher. Either way
         exactly one split finishes, nobody waits for anybody (a spin loop here made
         ptxas spill under the 168-register launch cap), and the finisher resets the
-        counter for the next launch.
+        counter for the next launch. Floating-point partials are summed in split order
+        whichever split finishes, so a launch's result is the same bits every time.
         """
         pingpong = self.cfg.pingpong
         threads = self.threads_per_wg if pingpong else self.num_mma_threads
@@ -794,8 +796,26 @@ class GemmSm90:
             if e == 0:
                 mSem[tile] = 0  # all other splits have counted in: ready for the next launch
             cute.arch.fence_acq_rel_gpu()
-            for other in range(splits):
-                if other != split_idx:
+            if cutlass.const_expr(self.acc_dtype == cutlass.Int32):
+                # Integer sums are exact in any order: add the others to our own.
+                for other in range(splits):
+                    if other != split_idx:
+                        obase = (other * tiles + tile) * tile_elems + e
+                        for v in cutlass.range_constexpr(n_acc):
+                            acc[v] = acc[v] + mWs[obase + v * threads]
+            else:
+                # fp32 addition is not associative: sum in split order, from split 0's
+                # partial, whichever split finishes, so the bits never depend on arrival
+                # order. A finisher other than split 0 parks its own partial at its index
+                # first (each thread reads back only what it wrote: no fence needed).
+                if split_idx != 0:
+                    own = (split_idx * tiles + tile) * tile_elems + e
+                    for v in cutlass.range_constexpr(n_acc):
+                        mWs[own + v * threads] = acc[v]
+                    first = tile * tile_elems + e
+                    for v in cutlass.range_constexpr(n_acc):
+                        acc[v] = mWs[first + v * threads]
+                for other in range(1, splits):
                     obase = (other * tiles + tile) * tile_elems + e
                     for v in cutlass.range_constexpr(n_acc):
                         acc[v] = acc[v] + mWs[obase + v * threads]
