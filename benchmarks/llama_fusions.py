@@ -8,9 +8,10 @@ switches are read when a decoder is built) and times its CUDA-graph decode: ever
 each one turned off alone, and all off. Writes llama_fusions_<model>_b<batch>_<gpu>.{json,md}
 to --out (default benchmarks/results).
 
---prefill times the patched model's eager prefill forward instead, over the prefill fusions
-(patch_llama.set_prefill_fusions flips them in place): all off, each one on alone, all on,
-and SwiGLU as the fused silu * mul after two GEMMs; writes llama_prefill_fusions_<...>.
+--prefill times the patched model's prefill forward instead (CUDA-graph replays, as the
+inference bench times it), over the prefill fusions (patch_llama.set_prefill_fusions flips
+them in place): all off, each one on alone, SwiGLU as a launch after the [gate; up] GEMM and
+after two GEMMs, all on with the SwiGLU launch, all on; writes llama_prefill_fusions_<...>.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ ALL_ON = {"CUTE_KERNELS_LLAMA_QKV": "1", "CUTE_KERNELS_LLAMA_RMS_PROLOGUE": "1",
           "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1", "CUTE_KERNELS_LLAMA_QKV_ROPE": "1", "CUTE_KERNELS_DECODE_GLUE": "1"}
 PREFILL_OFF = {"rmsnorm": False, "rope": False, "swiglu": False}
 PREFILL_SETTINGS = {"all off": PREFILL_OFF, **{f"{k} on": {**PREFILL_OFF, k: True} for k in PREFILL_OFF},
+                    "swiglu launch on": {**PREFILL_OFF, "swiglu": "launch"},
                     "swiglu split on": {**PREFILL_OFF, "swiglu": "split"},
+                    "all on, swiglu launch": {**{k: True for k in PREFILL_OFF}, "swiglu": "launch"},
                     "all on": {k: True for k in PREFILL_OFF}}
 # The one-row DSL GEMV (matmul/gemv.py) against the Triton GEMV for the shapes it takes (o_proj, lm_head).
 GEMV_SM90 = "CUTE_KERNELS_GEMV_SM90"
@@ -123,8 +126,8 @@ def _prefill_ab(model, ids, args) -> int:
     base = rows[0].get("ms")
     return _write(args, "llama_prefill_fusions", f"b{args.batch}x{args.prompt_len}", {}, rows, [
         "Llama-family prefill fusions",
-        f"prefill {args.batch}x{args.prompt_len}, eager forward of the patched model (backend cute, attention "
-        "cute); each row sets the fusions in place on the same weights.",
+        f"prefill {args.batch}x{args.prompt_len}, forward of the patched model timed as CUDA-graph replays "
+        "(backend cute, attention cute); each row sets the fusions in place on the same weights.",
         "| setting | ms | tokens/s | vs all off | max last-token logit diff vs all off |"],
         lambda r: f"{r['ms']:.2f} | {r['tok_s']:,.0f} | {_rel(r['ms'], base)} | {r['max_logit_diff_vs_all_off']:.3g}")
 

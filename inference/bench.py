@@ -155,6 +155,8 @@ def _gemm_mnk(name: str, shapes) -> tuple[int, int, int, int] | None:
     a, b = mats[0], mats[1]
     if len(a) == 3 and len(b) == 3:  # bmm [B, M, K] x [B, K, N]
         return a[0], a[1], b[2], a[2]
+    if len(a) == 3 and len(b) == 2 and a[2] == b[1]:  # x [B, S, K] against a weight [N, K]
+        return 1, a[0] * a[1], b[0], a[2]
     if len(a) != 2 or len(b) != 2:
         return None
     if a[1] == b[0]:

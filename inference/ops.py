@@ -397,6 +397,22 @@ def _(q, k, cos, sin, backend):
     return torch.empty_like(q), torch.empty_like(k)
 
 
+@torch.library.custom_op("cute_inference::swiglu_linear", mutates_args=())
+def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, backend: str) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for gate_up = [gate; up] ([2I, K]) with transformers'
+    roundings. Backend "cute": one GEMM whose epilogue writes only the [..., I] product
+    (cute_kernels.swiglu_linear); the reference runs transformers' torch ops."""
+    if backend == "cute":
+        return _cute().swiglu_linear(x, gate_up)
+    y = linear(x, gate_up, None, None, "", 1.0, 1.0, backend)[..., : gate_up.shape[0]]
+    return swiglu_ref(y).contiguous()
+
+
+@swiglu_linear.register_fake
+def _(x, gate_up, backend):
+    return x.new_empty((*x.shape[:-1], gate_up.shape[0] // 2))
+
+
 @torch.library.custom_op("cute_inference::silu_mul", mutates_args=())
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
     """F.silu(gate) * up in their dtype (silu rounded before the product, as transformers'

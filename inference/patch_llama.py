@@ -29,10 +29,13 @@ What changes, and why it is done this way:
     for q and k instead of about eight torch kernels).
   - CUTE_KERNELS_LLAMA_PREFILL_SWIGLU: gate and up become one GEMM over their weights
     concatenated (modules.concat_rows re-points the two Parameters at row blocks of one
-    storage, as the decode step does) and silu(gate) * up one launch (ops.silu_mul); "split"
-    keeps the two GEMMs.
-  All three reproduce transformers' bf16 roundings; they are separate switches so that each
-  can be measured on its own.
+    storage, as the decode step does) whose epilogue computes silu(gate) * up
+    (ops.swiglu_linear: each tile multiplies matching gate and up rows, so the [M, 2I]
+    projection is never written); "launch" writes the projection and runs silu * up as one
+    more launch (ops.silu_mul), "split" keeps the two GEMMs before that launch.
+  They reproduce transformers' bf16 roundings (the SwiGLU epilogue's silu uses approximate
+  exp2 and reciprocal, which can move a rounding by one bf16 step now and then); they are
+  separate switches so that each can be measured on its own.
 - Attention is patch.py's `register_attention`, whose mask function is transformers' sdpa
   mask: Mistral's sliding window and padding arrive as an explicit mask (SDPA for a prefill,
   our decode kernel with that mask as key mask for one token), and the mask is None only
@@ -101,6 +104,7 @@ class _CuteDecoderLayer:
     fused_swiglu = False
     backend = "cute"  # of the fused ops (inference.ops)
     gate_up: tuple | None = None  # (weight, bias) over [gate; up] when the two run as one GEMM
+    swiglu_epilogue = False  # silu(gate) * up in that GEMM's epilogue (ops.swiglu_linear)
 
     def forward(self, hidden_states, *args, **kwargs):
         if self.training or not isinstance(self.self_attn, _CuteAttention):
@@ -112,7 +116,9 @@ class _CuteDecoderLayer:
         if not (self.fused_swiglu and _fusable(x, self.backend)):
             return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), h)
         gate = mlp.gate_proj
-        if self.gate_up is not None:
+        if self.gate_up is not None and self.swiglu_epilogue:
+            act = ops.swiglu_linear(x, self.gate_up[0], self.backend)
+        elif self.gate_up is not None:
             n = gate.weight.shape[0]
             y = gate._run(x, *self.gate_up, None)
             act = ops.silu_mul(y[..., :n], y[..., n:], self.backend)
@@ -258,7 +264,16 @@ def patch_llama_modules(model, *, backend: str) -> None:
         _positional_names(stock)  # resolve the signatures outside any Dynamo trace
     swiglu = env.get(SWIGLU_ENV)
     set_prefill_fusions(model, rmsnorm=env.enabled(RMSNORM_ENV), rope=env.enabled(ROPE_ENV),
-                        swiglu="split" if swiglu == "split" else swiglu != "0")
+                        swiglu=swiglu if swiglu in ("split", "launch") else swiglu != "0")
+
+
+def _plain_linears(*mods) -> bool:
+    """Our plain 16-bit linears on one K, without activation or tensor-parallel reduction, and
+    with a bias on all or none: what can run as one GEMM over their concatenated rows."""
+    first = mods[0]
+    return all(type(m) is CuteLinear and m.tp is None and not m.activation
+               and (m.bias is None) == (first.bias is None) and m.weight.shape[1:] == first.weight.shape[1:]
+               for m in mods)
 
 
 def _gate_up_operands(mlp):
@@ -267,9 +282,7 @@ def _gate_up_operands(mlp):
     reduction, bias on one only, an activation other than SiLU)."""
     gate, up = mlp.gate_proj, mlp.up_proj
     act = getattr(getattr(mlp, "config", None), "hidden_act", None)
-    if type(gate) is not CuteLinear or type(up) is not CuteLinear or act not in ("silu", "swish") \
-            or gate.tp is not None or up.tp is not None or (gate.bias is None) != (up.bias is None) \
-            or gate.activation or up.activation or gate.weight.shape[1:] != up.weight.shape[1:]:
+    if act not in ("silu", "swish") or not _plain_linears(gate, up):
         return None
     with torch.no_grad():
         w = concat_rows([gate.weight, up.weight])
@@ -280,8 +293,10 @@ def _gate_up_operands(mlp):
 def set_prefill_fusions(model, *, rmsnorm: bool, rope: bool, swiglu: bool | str) -> None:
     """Turn the prefill fusions of a patched Llama-family model on or off in place (the
     switches RMSNORM_ENV, ROPE_ENV and SWIGLU_ENV set them at patch time; a benchmark A/Bs them
-    in one process). swiglu: True (one [gate; up] GEMM where possible, then ops.silu_mul), "split"
-    (ops.silu_mul after the two GEMMs) or False."""
+    in one process). swiglu: True (one [gate; up] GEMM with silu * up in its epilogue where
+    possible: no bias and I a multiple of 32; else as "launch"), "launch" (the [gate; up] GEMM,
+    then ops.silu_mul), "split" (ops.silu_mul after the two GEMMs) or False."""
+    one_gemm = swiglu is True or swiglu == "launch"
     for module in model.modules():
         if isinstance(module, _CuteRMSNorm):
             module.fused = rmsnorm
@@ -289,7 +304,10 @@ def set_prefill_fusions(model, *, rmsnorm: bool, rope: bool, swiglu: bool | str)
             module.fused_rope = rope
         elif isinstance(module, _CuteDecoderLayer):
             module.fused_swiglu = bool(swiglu)
-            if swiglu is True and module.gate_up is None:
+            if one_gemm and module.gate_up is None:
                 module.gate_up = _gate_up_operands(module.mlp)
-            elif swiglu is not True:
+            elif not one_gemm:
                 module.gate_up = None
+            gu = module.gate_up
+            module.swiglu_epilogue = (swiglu is True and gu is not None and gu[1] is None
+                                      and (gu[0].shape[0] // 2) % 32 == 0)

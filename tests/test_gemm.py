@@ -127,6 +127,52 @@ def test_fp32_output_fused_epilogue_compiles(tmp_path):
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
 
 
+SWIGLU_COMPILE_CASES = [
+    (GemmConfig(128, 256, 2, 1), torch.bfloat16),
+    (GemmConfig(128, 128, 2, 1, pingpong=True), torch.bfloat16),
+    (GemmConfig(128, 192, 1, 2, pingpong=True), torch.float16),
+    (GemmConfig(64, 64, 1, 1, pingpong=True), torch.bfloat16),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,dtype", SWIGLU_COMPILE_CASES,
+                         ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}-{str(d)[6:]}"
+                              for c, d in SWIGLU_COMPILE_CASES])
+def test_swiglu_compiles_for_sm90a(tmp_path, cfg, dtype):
+    """The SwiGLU epilogue: B is [gate; up] seen as tiles of matching gate and up rows, one
+    4-D TMA box per tile (multicast when the cluster shares B), silu from ex2 and rcp,
+    no spills."""
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.config import Epilogue
+
+    _compile(dtype, dtype, dtype, "k", "k", cfg, Epilogue(activation="swiglu"), "Float32", keep_dir=str(tmp_path))
+    ptx_files = glob.glob(str(tmp_path / "*.ptx"))
+    ptx = open(ptx_files[0]).read()
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.4d" in ptx
+    assert "ex2.approx" in ptx and "rcp.approx" in ptx and "div.rn.f32" not in ptx
+    if cfg.cluster_m > 1:
+        assert re.search(r"cp\.async\.bulk\.tensor\.4d\S*multicast", ptx)
+    report = _ptxas_report(ptx_files[0])
+    if report:
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills and all(s == ("0", "0") for s in spills), report
+
+
+def test_swiglu_config_divides_the_output():
+    """swiglu_config keeps the plain GEMM's pick when its half tile divides N, else narrows it;
+    N not a multiple of 32 has no config."""
+    from cute_kernels.matmul.api import swiglu_config
+
+    for M, N, K in [(8192, 14336, 4096), (8192, 8192, 2048), (8192, 18944, 3584), (300, 1408, 2048), (64, 96, 128),
+                    (8192, 224, 1024)]:
+        cfg = swiglu_config(M, N, K)
+        assert cfg is not None and cfg.split_k == 1 and N % (cfg.tile_n // 2) == 0, (M, N, K, cfg)
+        assert cfg.tile_n in (64, 128, 192, 256)
+        cfg.validate()
+    assert swiglu_config(8192, 100, 1024) is None
+
+
 SPLIT_COMPILE_CASES = [
     (GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2), {}, "k", "k", torch.bfloat16),
     (GemmConfig(128, 128, 2, 1, pingpong=True, split_k=2), {"bias", "residual", "alpha", "beta"}, "k", "k", torch.bfloat16),
@@ -556,6 +602,51 @@ def test_split_k_cuda_graph(monkeypatch):
         torch.cuda.synchronize()
         ref = ck.linear_ref(x.float(), w.float(), bias.float(), activation="gelu_tanh")
         _err_rule(y, _torch_linear(x, w, bias, "gelu_tanh", None, 1.0, 1.0), ref)
+
+
+SWIGLU_GPU_CASES = [
+    # (M, N, K, config or None for swiglu_config's pick, dtype)
+    (1000, 1408, 2048, None, torch.bfloat16),
+    (4096, 14336, 4096, None, torch.bfloat16),  # Llama-3-8B's MLP at 4096 tokens
+    (777, 2048, 1024, GemmConfig(128, 128, 2, 1, pingpong=True), torch.bfloat16),
+    (300, 960, 512, GemmConfig(128, 192, 1, 2, pingpong=True), torch.float16),
+    (129, 96, 200, GemmConfig(64, 64, 1, 1, pingpong=True), torch.bfloat16),
+    (5, 1024, 2048, None, torch.bfloat16),  # up to 8 rows: the skinny GEMV's SwiGLU epilogue
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,cfg,dtype", SWIGLU_GPU_CASES)
+def test_swiglu_linear_matches_reference(M, N, K, cfg, dtype):
+    """silu(x gate^T) * (x up^T) in one GEMM: within 2x the error of transformers' torch ops in
+    the same dtype, against an fp64 reference; the [gate; up] rows of every tile pair up."""
+    import cute_kernels as ck
+
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    gu = torch.randn(2 * N, K, device="cuda", dtype=dtype) / K**0.5
+    out = ck.swiglu_linear(x, gu, config=cfg)
+    assert out.shape == (M, N) and out.dtype == dtype
+    xd, gd = x.double(), gu.double()
+    ref = torch.nn.functional.silu(xd @ gd[:N].t()) * (xd @ gd[N:].t())
+    _err_rule(out, ck.swiglu_linear_ref(x, gu), ref)
+    # a 3-D x keeps its leading dims
+    out3 = ck.swiglu_linear(x.view(1, M, K), gu, config=cfg)
+    assert out3.shape == (1, M, N) and torch.equal(out3[0], out)
+
+
+@pytest.mark.gpu
+def test_swiglu_linear_validates():
+    import cute_kernels as ck
+
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ck.swiglu_linear(x, torch.randn(2 * 100, 256, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="must end in K"):
+        ck.swiglu_linear(x, torch.randn(128, 255, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="same dtype"):
+        ck.swiglu_linear(x, torch.randn(128, 256, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="cannot run the swiglu epilogue"):
+        ck.swiglu_linear(x, torch.randn(2 * 96, 256, device="cuda", dtype=torch.bfloat16), config=GemmConfig(128, 256))
 
 
 @pytest.mark.gpu

@@ -85,7 +85,8 @@ def test_patched_logits_equal_original(model, attention):
 
 
 def test_ops_are_what_runs(model, monkeypatch):
-    """Every linear (7 per layer and the head) and every prefill attention run our ops."""
+    """Every linear (7 per layer and the head; fp32: no SwiGLU fusion) and every prefill
+    attention run our ops."""
     import importlib
 
     gref = importlib.import_module("cute_kernels.matmul.reference")
@@ -750,8 +751,9 @@ PREFILL_SWITCHES = ("CUTE_KERNELS_LLAMA_PREFILL_RMSNORM", "CUTE_KERNELS_LLAMA_PR
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
     """With the three prefill switches on, a bf16 model (reference backend: the fused paths'
-    torch forms) runs ops.rms_norm, ops.rope_prefill and ops.silu_mul over one [gate; up]
-    weight, and its logits equal those with the switches off; set_prefill_fusions flips them."""
+    torch forms) runs ops.rms_norm, ops.rope_prefill and ops.swiglu_linear over one [gate; up]
+    weight, and its logits equal those with the switches off, with silu * up as a launch of its
+    own ("launch") and after two GEMMs ("split"); set_prefill_fusions flips them."""
     from inference import patch_llama
 
     for name in PREFILL_SWITCHES:
@@ -766,7 +768,7 @@ def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
     sd0, sd1 = m.state_dict(), pm.state_dict()
     assert list(sd0) == list(sd1) and all(torch.equal(sd0[k], sd1[k]) for k in sd0)
     calls = {}
-    for op in ("rms_norm", "rope_prefill", "silu_mul"):
+    for op in ("rms_norm", "rope_prefill", "silu_mul", "swiglu_linear"):
         real = getattr(ops, op)
 
         def counted(*a, _real=real, _op=op):
@@ -778,13 +780,18 @@ def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
     with torch.no_grad():
         on = pm(x).logits
         n_layers = len(pm.model.layers)
-        assert calls == {"rms_norm": 2 * n_layers + 1, "rope_prefill": n_layers, "silu_mul": n_layers}
+        assert calls == {"rms_norm": 2 * n_layers + 1, "rope_prefill": n_layers, "swiglu_linear": n_layers}
         patch_llama.set_prefill_fusions(pm, rmsnorm=False, rope=False, swiglu=False)
         assert not layer.input_layernorm.fused and layer.gate_up is None
         off = pm(x).logits
+        calls.clear()
+        patch_llama.set_prefill_fusions(pm, rmsnorm=True, rope=True, swiglu="launch")
+        assert layer.gate_up is not None and not layer.swiglu_epilogue
+        launch = pm(x).logits
+        assert calls["silu_mul"] == n_layers and "swiglu_linear" not in calls
         patch_llama.set_prefill_fusions(pm, rmsnorm=True, rope=True, swiglu="split")
         split = pm(x).logits
-    assert torch.equal(on, off) and torch.equal(split, off)
+    assert torch.equal(on, off) and torch.equal(launch, off) and torch.equal(split, off)
 
 
 def test_prefill_switches_on_by_default_and_off_by_switch(monkeypatch):
@@ -792,7 +799,7 @@ def test_prefill_switches_on_by_default_and_off_by_switch(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     layer = patched(tiny("llama")).model.layers[0]
     assert layer.input_layernorm.fused and layer.self_attn.fused_rope and layer.fused_swiglu
-    assert layer.gate_up is not None
+    assert layer.gate_up is not None and layer.swiglu_epilogue
     for name in PREFILL_SWITCHES:
         monkeypatch.setenv(name, "0")
     layer = patched(tiny("llama")).model.layers[0]

@@ -20,7 +20,7 @@ from .heuristics import default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
-           "clear_dispatch_caches"]
+           "clear_dispatch_caches", "swiglu_linear", "swiglu_linear_ref", "swiglu_config"]
 
 
 def _major(t: torch.Tensor, rows_name: str) -> str:
@@ -62,7 +62,9 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     es = lambda dt: torch.empty((), dtype=dt).element_size()  # noqa: E731
     fa = mat(a_dt, m, a_major == "k", 16 // es(a_dt))
     fb = mat(b_dt, n, b_major == "k", 16 // es(b_dt), kn=b_kn)
-    fd = make_fake_tensor(to_cutlass(c_dt), (m, n), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
+    # SwiGLU writes silu(gate) * up: D has half as many columns as B has rows.
+    n_d = cute.sym_int32() if epi.activation == "swiglu" else n
+    fd = make_fake_tensor(to_cutlass(c_dt), (m, n_d), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
     f32 = cutlass.Float32
     vec = lambda length: make_fake_tensor(f32, (length,), (1,), assumed_align=4)  # noqa: E731
     bias_dt = to_cutlass(epi_bias_dtype(c_dt))
@@ -474,6 +476,77 @@ def linear(
             return out if flat else out.view(*lead, N)
         return out[0] if not lead else _reshape_padded(out, lead, N)
     return _linear_slow(x, weight, bias, activation, residual, alpha, beta, key)
+
+
+SWIGLU_TILE_N = (256, 128, 64)  # widest first: tile_n / 2 output columns per tile must divide N
+
+
+def swiglu_config(M: int, N: int, K: int) -> GemmConfig | None:
+    """The config of the [gate; up] GEMM with the SwiGLU epilogue: the plain GEMM's pick for
+    M x 2N x K (tuning cache, else heuristic) without split-K, its tile_n narrowed to the widest
+    of SWIGLU_TILE_N whose half divides N where it does not. None when N is not a multiple of 32."""
+    from .config import Epilogue
+
+    cfg = dataclasses.replace(_pick_config(M, 2 * N, K, 2, False, tuning_class(
+        torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())), split_k=1)
+    if cfg.tile_n in (64, 128, 192, 256) and N % (cfg.tile_n // 2) == 0:
+        return cfg
+    for tn in SWIGLU_TILE_N:
+        if N % (tn // 2) == 0:
+            # 128 x 256 works cooperatively; 128 x 128 and narrower overlap epilogues (ping-pong).
+            pp = tn <= 128
+            cand = dataclasses.replace(cfg, tile_m=64 if tn == 64 else 128, tile_n=tn, pingpong=pp, promote=False)
+            try:
+                cand.validate()
+            except ValueError:
+                continue
+            return cand
+    return None
+
+
+def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, *, config: GemmConfig | None = None) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for gate_up = [gate; up] ([2N, K]): one GEMM whose epilogue
+    writes only the [..., N] product, so the [..., 2N] projection never reaches memory.
+
+    Transformers' roundings (LlamaMLP in 16 bits): each projection and silu rounded to x's
+    dtype, the product rounded by the store. x [..., K] and gate_up in one dtype (bf16/fp16),
+    on an sm_90 GPU; N must be a multiple of 32. Up to 8 rows run the skinny GEMV's SwiGLU
+    epilogue instead (decode)."""
+    from .config import Epilogue
+
+    _check_16bit_operands(x, gate_up, "x", "gate_up")
+    if gate_up.dim() != 2 or gate_up.shape[0] % 2:
+        raise ValueError(f"gate_up must be 2-D [2N, K] ([gate; up]), got shape {tuple(gate_up.shape)}")
+    if x.dim() < 1 or x.shape[-1] != gate_up.shape[1]:
+        raise ValueError(f"x [..., K] must end in K={gate_up.shape[1]}, got {tuple(x.shape)}")
+    N2, K = gate_up.shape
+    N = N2 // 2
+    if N % 32:
+        raise ValueError(f"swiglu_linear needs N (gate_up rows / 2) to be a multiple of 32, got {N}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if M == 0 or K == 0:
+        return swiglu_linear_ref(x, gate_up)
+    if config is None and M <= 8 and env.enabled("CUTE_KERNELS_GEMV"):
+        from .gemv import skinny_gemm
+
+        return skinny_gemm(x2.contiguous(), gate_up, swiglu=True).reshape(*lead, N)
+    cfg = config or swiglu_config(M, N, K)
+    if cfg is None or N % (cfg.tile_n // 2) or cfg.split_k > 1:
+        raise ValueError(f"{cfg} cannot run the swiglu epilogue at N={N}: tile_n / 2 must divide N, no split-K")
+    a = _prepare_operand(x2, "m")
+    w = gate_up if gate_up.stride(1) == 1 and _tma_ok(gate_up, "k") else _prepare_operand(gate_up.contiguous(), "n")
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    fn = get_kernel("gemm_sm90", x.dtype, x.dtype, x.dtype, _major(a, "m"), "k", cfg, Epilogue(activation="swiglu"))
+    fn(a, w, out, None, None, None, None, 1.0, 1.0)
+    return out.reshape(*lead, N)
+
+
+def swiglu_linear_ref(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """Reference: transformers' LlamaMLP gate/up/act in x's dtype (the torch ops it runs)."""
+    N = gate_up.shape[0] // 2
+    return torch.nn.functional.silu(x @ gate_up[:N].t()) * (x @ gate_up[N:].t())
 
 
 def layernorm_linear(

@@ -184,7 +184,8 @@ def splitk_k_tiles(k_tiles: int, split: int, index: int) -> tuple[int, int]:
 class Epilogue:
     """Compile-time description of the fused epilogue."""
 
-    activation: str = "none"  # none | relu | gelu | gelu_tanh
+    # none | relu | gelu | gelu_tanh | swiglu (B = [gate; up], D = silu(gate) * up: half as wide)
+    activation: str = "none"
     row_scale: str = "none"  # none | scalar | vector | block  (per-row of A: per token)
     col_scale: str = "none"  # none | scalar | vector | block  (per-column of B: per channel)
     bias: bool = False

@@ -67,8 +67,9 @@ SWITCHES: dict[str, Switch] = {
              "of one Triton launch for q and k (transformers' bf16 roundings)."),
     "CUTE_KERNELS_LLAMA_PREFILL_SWIGLU": Switch(
         "1", "0: patch_model's Llama-family MLP runs transformers' gate, up, SiLU and product instead of one GEMM "
-             "over the concatenated gate and up weights and silu(gate) * up as one Triton launch; split: the Triton "
-             "silu * mul after the two separate GEMMs."),
+             "over the concatenated gate and up weights with silu(gate) * up in its epilogue; launch: that GEMM "
+             "writes gate and up and silu * up is one Triton launch after it; split: the Triton silu * mul after "
+             "the two separate GEMMs."),
     "CUTE_KERNELS_TRITON_DIRECT": Switch(
         "1", "0: Triton kernels always launch through Triton's JIT dispatch (no captured launcher)."),
     "CUTE_KERNELS_TP_ALLREDUCE": Switch(
