@@ -10,9 +10,8 @@ to --out (default benchmarks/results).
 
 --prefill times the patched model's prefill forward instead (CUDA-graph replays, as the
 inference bench times it), over the prefill fusions (patch_llama.set_prefill_fusions flips
-them in place): all off, each one on alone, RoPE as a launch after the projections, SwiGLU
-as a launch after the [gate; up] GEMM and after two GEMMs, all on with those launches, all
-on; writes llama_prefill_fusions_<...>.
+them in place): all off, each one on alone, SwiGLU as a launch after the [gate; up] GEMM and
+after two GEMMs, all on with the SwiGLU launch, all on; writes llama_prefill_fusions_<...>.
 """
 
 from __future__ import annotations
@@ -29,12 +28,9 @@ ALL_ON = {"CUTE_KERNELS_LLAMA_QKV": "1", "CUTE_KERNELS_LLAMA_RMS_PROLOGUE": "1",
           "CUTE_KERNELS_LLAMA_ROPE_APPEND": "1", "CUTE_KERNELS_LLAMA_QKV_ROPE": "1", "CUTE_KERNELS_DECODE_GLUE": "1"}
 PREFILL_OFF = {"rmsnorm": False, "rope": False, "swiglu": False}
 PREFILL_SETTINGS = {"all off": PREFILL_OFF, **{f"{k} on": {**PREFILL_OFF, k: True} for k in PREFILL_OFF},
-                    "rope launch on": {**PREFILL_OFF, "rope": "launch"},
                     "swiglu launch on": {**PREFILL_OFF, "swiglu": "launch"},
                     "swiglu split on": {**PREFILL_OFF, "swiglu": "split"},
-                    "all on, rope and swiglu launches": {**{k: True for k in PREFILL_OFF}, "rope": "launch",
-                                                         "swiglu": "launch"},
-                    "all on, rope launch": {**{k: True for k in PREFILL_OFF}, "rope": "launch"},
+                    "all on, swiglu launch": {**{k: True for k in PREFILL_OFF}, "swiglu": "launch"},
                     "all on": {k: True for k in PREFILL_OFF}}
 # The one-row DSL GEMV (matmul/gemv.py) against the Triton GEMV for the shapes it takes (o_proj, lm_head).
 GEMV_SM90 = "CUTE_KERNELS_GEMV_SM90"

@@ -4,8 +4,7 @@ Public ops (torch tensors in, torch tensors out, launched on the current stream)
 
 - `gemm(a, b)`, `linear(x, weight, bias, activation=..., residual=...)`: BF16/FP16 GEMM
   with a fused epilogue; `swiglu_linear(x, gate_up)`: silu(x gate^T) * (x up^T) as one GEMM
-  whose epilogue writes only the product (Llama-family MLPs); `rope_linear(x, w, cos, sin)`: a
-  projection with rotary embeddings applied in its epilogue (Llama-family q and k).
+  whose epilogue writes only the product (Llama-family MLPs).
 - `scaled_mm`, `scaled_mm_blockwise`, `int8_mm`: FP8 and INT8 GEMM with fused scaling.
 - `flash_attn`, `flash_attn_with_kvcache`, `flash_attn_varlen`: FlashAttention forward.
 - `tune(shapes, model=..., dtypes=..., ms=...)`: time GEMM configs on this GPU and keep the
@@ -29,8 +28,6 @@ from .matmul.api import (
     layernorm_linear_ref,
     linear,
     linear_ref,
-    rope_linear,
-    rope_linear_ref,
     swiglu_linear,
     swiglu_linear_ref,
 )
@@ -53,7 +50,7 @@ _LAZY = {
 
 __all__ = [
     "ACTIVATIONS", "gemm", "gemm_ref", "layernorm_linear", "layernorm_linear_ref", "linear", "linear_ref",
-    "rope_linear", "rope_linear_ref", "swiglu_linear", "swiglu_linear_ref", "tune",
+    "swiglu_linear", "swiglu_linear_ref", "tune",
     *_LAZY,
 ]
 

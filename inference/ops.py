@@ -397,26 +397,6 @@ def _(q, k, cos, sin, backend):
     return torch.empty_like(q), torch.empty_like(k)
 
 
-@torch.library.custom_op("cute_inference::rope_linear", mutates_args=())
-def rope_linear(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                backend: str) -> torch.Tensor:
-    """x @ weight.T [B, S, H * D] with transformers' RoPE (apply_rotary_pos_emb's rotate_half form
-    and roundings) applied per head, cos / sin [B or 1, S, D]. Backend "cute": one GEMM with the
-    rotation in its epilogue (cute_kernels.rope_linear); the reference rotates the linear op's
-    output with rope_ref."""
-    if backend == "cute":
-        return _cute().rope_linear(x, weight, cos, sin)
-    D, N = cos.shape[-1], weight.shape[0]
-    y = linear(x.reshape(-1, x.shape[-1]), weight, None, None, "", 1.0, 1.0, backend)[:, :N]
-    h = y.reshape(*x.shape[:-1], -1, D)
-    return rope_ref(h, cos.unsqueeze(-2), sin.unsqueeze(-2)).reshape(*x.shape[:-1], N)
-
-
-@rope_linear.register_fake
-def _(x, weight, cos, sin, backend):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
 @torch.library.custom_op("cute_inference::swiglu_linear", mutates_args=())
 def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, backend: str) -> torch.Tensor:
     """silu(x @ gate.T) * (x @ up.T) for gate_up = [gate; up] ([2I, K]) with transformers'
@@ -424,8 +404,8 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, backend: str) -> torch
     (cute_kernels.swiglu_linear); the reference runs transformers' torch ops."""
     if backend == "cute":
         return _cute().swiglu_linear(x, gate_up)
-    y = linear(x.reshape(-1, x.shape[-1]), gate_up, None, None, "", 1.0, 1.0, backend)[:, : gate_up.shape[0]]
-    return swiglu_ref(y).reshape(*x.shape[:-1], -1)
+    y = linear(x, gate_up, None, None, "", 1.0, 1.0, backend)[..., : gate_up.shape[0]]
+    return swiglu_ref(y).contiguous()
 
 
 @swiglu_linear.register_fake

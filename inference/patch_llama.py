@@ -25,11 +25,8 @@ What changes, and why it is done this way:
     subclass that checks the flag, so it stays a module with the stock weight and the stock
     forward as its super(), and a tensor-parallel mixin placed before it later
     (tp.SeqParallelNorm) wraps it whether the flag is on or off.
-  - CUTE_KERNELS_LLAMA_PREFILL_ROPE: the attention's RoPE runs in the q_proj and k_proj
-    GEMMs' epilogues (ops.rope_linear: a column and its rotation partner D/2 away sit in the
-    same thread's accumulators) where those are our plain linears without bias; "launch" (and
-    Qwen2, whose q and k have biases) rotates q and k in one launch after the projections
-    (ops.rope_prefill) instead of about eight torch kernels.
+  - CUTE_KERNELS_LLAMA_PREFILL_ROPE: the attention's RoPE is ops.rope_prefill (one launch
+    for q and k instead of about eight torch kernels).
   - CUTE_KERNELS_LLAMA_PREFILL_SWIGLU: gate and up become one GEMM over their weights
     concatenated (modules.concat_rows re-points the two Parameters at row blocks of one
     storage, as the decode step does) whose epilogue computes silu(gate) * up
@@ -69,7 +66,6 @@ class _CuteAttention:
     _stock = _LLAMA.LlamaAttention
     fused_rope = False
     backend = "cute"  # of the fused ops (inference.ops); the projections keep their own
-    rope_epilogue = False  # RoPE in the q_proj / k_proj GEMMs' epilogues (ops.rope_linear)
 
     def _interface_kwargs(self) -> dict:
         """What the stock forward passes the attention function beyond the layer's kwargs."""
@@ -84,18 +80,13 @@ class _CuteAttention:
         attention_mask = a.pop("attention_mask", None)
         cos, sin = a.pop("position_embeddings")
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        fused = self.fused_rope and _fusable(hidden_states, self.backend) and cos.dtype == hidden_states.dtype
-        if fused and self.rope_epilogue:
-            q, k = (ops.rope_linear(hidden_states, p.weight, cos, sin, self.backend).view(shape).transpose(1, 2)
-                    for p in (self.q_proj, self.k_proj))
+        if self.fused_rope and _fusable(q, self.backend) and cos.dtype == q.dtype:
+            q, k = ops.rope_prefill(q, k, cos, sin, self.backend)
         else:
-            q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
-            k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
-            if fused:
-                q, k = ops.rope_prefill(q, k, cos, sin, self.backend)
-            else:
-                q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
+            q, k = fam.apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         attention = fam.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
@@ -272,8 +263,7 @@ def patch_llama_modules(model, *, backend: str) -> None:
     for stock in {cls._stock.forward for cls in SWAPS.values()}:
         _positional_names(stock)  # resolve the signatures outside any Dynamo trace
     swiglu = env.get(SWIGLU_ENV)
-    rope = env.get(ROPE_ENV)
-    set_prefill_fusions(model, rmsnorm=env.enabled(RMSNORM_ENV), rope="launch" if rope == "launch" else rope != "0",
+    set_prefill_fusions(model, rmsnorm=env.enabled(RMSNORM_ENV), rope=env.enabled(ROPE_ENV),
                         swiglu=swiglu if swiglu in ("split", "launch") else swiglu != "0")
 
 
@@ -300,22 +290,18 @@ def _gate_up_operands(mlp):
     return w, b
 
 
-def set_prefill_fusions(model, *, rmsnorm: bool, rope: bool | str, swiglu: bool | str) -> None:
+def set_prefill_fusions(model, *, rmsnorm: bool, rope: bool, swiglu: bool | str) -> None:
     """Turn the prefill fusions of a patched Llama-family model on or off in place (the
     switches RMSNORM_ENV, ROPE_ENV and SWIGLU_ENV set them at patch time; a benchmark A/Bs them
     in one process). swiglu: True (one [gate; up] GEMM with silu * up in its epilogue where
     possible: no bias and I a multiple of 32; else as "launch"), "launch" (the [gate; up] GEMM,
-    then ops.silu_mul), "split" (ops.silu_mul after the two GEMMs) or False. rope: True (in the
-    q_proj and k_proj GEMMs' epilogues where possible: our plain linears without bias, head dim
-    64 or 128; else as "launch"), "launch" (ops.rope_prefill after the projections) or False."""
+    then ops.silu_mul), "split" (ops.silu_mul after the two GEMMs) or False."""
     one_gemm = swiglu is True or swiglu == "launch"
     for module in model.modules():
         if isinstance(module, _CuteRMSNorm):
             module.fused = rmsnorm
         elif isinstance(module, _CuteAttention):
-            module.fused_rope = bool(rope)
-            module.rope_epilogue = (rope is True and module.head_dim in (64, 128)
-                                    and _plain_linears(module.q_proj, module.k_proj) and module.q_proj.bias is None)
+            module.fused_rope = rope
         elif isinstance(module, _CuteDecoderLayer):
             module.fused_swiglu = bool(swiglu)
             if one_gemm and module.gate_up is None:

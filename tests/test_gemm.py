@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import math
 import re
 
 import pytest
@@ -172,50 +171,6 @@ def test_swiglu_config_divides_the_output():
         assert cfg.tile_n in (64, 128, 192, 256)
         cfg.validate()
     assert swiglu_config(8192, 100, 1024) is None
-
-
-ROPE_COMPILE_CASES = [(GemmConfig(128, 128, 2, 1), 64), (GemmConfig(128, 128, 1, 2), 64),
-                      (GemmConfig(128, 128, 2, 1), 128), (GemmConfig(64, 128, 2, 2, pingpong=True), 64)]
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("cfg,D", ROPE_COMPILE_CASES,
-                         ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}x{c.cluster_n}{'-pp' if c.pingpong else ''}-D{d}"
-                              for c, d in ROPE_COMPILE_CASES])
-def test_rope_compiles_for_sm90a(tmp_path, cfg, D):
-    """The RoPE epilogue: products and sum rounded to bf16 on their own (no fused multiply-add
-    across a rounding), cos / sin read per element, no spills and no serialized wgmmas."""
-    from cute_kernels.matmul.api import _compile
-    from cute_kernels.matmul.config import Epilogue
-
-    _compile(torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", cfg, Epilogue(rope=D), "Float32",
-             keep_dir=str(tmp_path))
-    ptx_files = glob.glob(str(tmp_path / "*.ptx"))
-    ptx = open(ptx_files[0]).read()
-    assert "wgmma.mma_async" in ptx and "cvt.rn.bf16.f32" in ptx and "ld.global" in ptx
-    assert not re.search(r"fma\.rn\.f32", ptx)
-    report = _ptxas_report(ptx_files[0])
-    if report:
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-        assert spills and all(s == ("0", "0") for s in spills), report
-        assert "C7514" not in report, report
-
-
-def test_rope_epilogue_validates():
-    import cutlass
-
-    from cute_kernels.matmul.config import Epilogue
-    from cute_kernels.matmul.kernel import GemmSm90
-
-    for cfg, epi in [(GemmConfig(128, 192, 2, 1, pingpong=True), Epilogue(rope=64)),
-                     (GemmConfig(128, 256, 2, 1), Epilogue(rope=64)),
-                     (GemmConfig(128, 128, 2, 1, pingpong=True), Epilogue(rope=64)),
-                     (GemmConfig(64, 192, 2, 1, pingpong=True), Epilogue(rope=128)),
-                     (GemmConfig(128, 256, 2, 1), Epilogue(rope=96)),
-                     (GemmConfig(128, 256, 2, 1), Epilogue(rope=64, bias=True)),
-                     (GemmConfig(128, 256, 2, 1, split_k=2), Epilogue(rope=64))]:
-        with pytest.raises(ValueError, match="rope epilogue"):
-            GemmSm90(cfg, cutlass.Float32, epi)
 
 
 SPLIT_COMPILE_CASES = [
@@ -677,42 +632,6 @@ def test_swiglu_linear_matches_reference(M, N, K, cfg, dtype):
     # a 3-D x keeps its leading dims
     out3 = ck.swiglu_linear(x.view(1, M, K), gu, config=cfg)
     assert out3.shape == (1, M, N) and torch.equal(out3[0], out)
-
-
-ROPE_GPU_CASES = [
-    # (x lead dims, N, K, D, table lead dims, config or None)
-    ((1000,), 2048, 2048, 64, (1000,), None),
-    ((4, 500), 1024, 2048, 128, (1, 500), None),  # one sequence's table shared by the batch
-    ((2, 300), 512, 1024, 64, (2, 300), GemmConfig(128, 128, 1, 2)),
-    ((3, 129), 1024, 512, 128, (1, 129), GemmConfig(64, 128, 2, 2, pingpong=True)),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("lead,N,K,D,t_lead,cfg", ROPE_GPU_CASES)
-def test_rope_linear_is_the_projection_then_transformers_rope(lead, N, K, D, t_lead, cfg):
-    """Bit for bit the same GEMM (same config, no epilogue) followed by transformers'
-    apply_rotary_pos_emb in bf16, and within 2x torch's error against an fp64 reference."""
-    import cute_kernels as ck
-    from cute_kernels.matmul.api import rope_config, run_gemm
-    from cute_kernels.matmul.config import Epilogue
-
-    M = math.prod(lead)
-    x = torch.randn(*lead, K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
-    ang = torch.rand(*t_lead, D // 2, device="cuda") * 100
-    cos, sin = (torch.cat([f(ang)] * 2, -1).bfloat16() for f in (torch.cos, torch.sin))
-    out = ck.rope_linear(x, w, cos, sin, config=cfg)
-    assert out.shape == (*lead, N)
-    plain = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    run_gemm(x.reshape(M, K), w, plain, epi=Epilogue(), config=cfg or rope_config(M, N, K, D))
-    h = plain.view(*lead, N // D, D)
-    rot = torch.cat((-h[..., D // 2:], h[..., : D // 2]), -1)
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    assert torch.equal(out, (h * c + rot * s).reshape(*lead, N))
-    hd = (x.double() @ w.double().t()).view(*lead, N // D, D)
-    rotd = torch.cat((-hd[..., D // 2:], hd[..., : D // 2]), -1)
-    _err_rule(out, ck.rope_linear_ref(x, w, cos, sin), (hd * c.double() + rotd * s.double()).reshape(*lead, N))
 
 
 @pytest.mark.gpu

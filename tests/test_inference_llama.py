@@ -750,20 +750,16 @@ PREFILL_SWITCHES = ("CUTE_KERNELS_LLAMA_PREFILL_RMSNORM", "CUTE_KERNELS_LLAMA_PR
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
-    """With the three prefill switches on, a bf16 model with 64-wide heads (reference backend:
-    the fused paths' torch forms) runs ops.rms_norm, RoPE in the q / k projections
-    (ops.rope_linear; Qwen2, with q / k biases, ops.rope_prefill) and ops.swiglu_linear over one
-    [gate; up] weight, and its logits equal those with the switches off, with RoPE and silu * up
-    as launches of their own ("launch") and silu * up after two GEMMs ("split");
-    set_prefill_fusions flips them."""
+    """With the three prefill switches on, a bf16 model (reference backend: the fused paths'
+    torch forms) runs ops.rms_norm, ops.rope_prefill and ops.swiglu_linear over one [gate; up]
+    weight, and its logits equal those with the switches off, with silu * up as a launch of its
+    own ("launch") and after two GEMMs ("split"); set_prefill_fusions flips them."""
     from inference import patch_llama
 
     for name in PREFILL_SWITCHES:
         monkeypatch.setenv(name, "1")
-    m = tiny(kind, hidden_size=128, num_attention_heads=2, num_key_value_heads=1).to(torch.bfloat16)
+    m = tiny(kind).to(torch.bfloat16)
     pm = patched(m)
-    assert pm.model.layers[0].self_attn.head_dim == 64
-    assert pm.model.layers[0].self_attn.rope_epilogue == (kind != "qwen2")
     layer = pm.model.layers[0]
     assert layer.input_layernorm.fused and layer.self_attn.fused_rope and layer.fused_swiglu
     w, _ = layer.gate_up
@@ -772,7 +768,7 @@ def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
     sd0, sd1 = m.state_dict(), pm.state_dict()
     assert list(sd0) == list(sd1) and all(torch.equal(sd0[k], sd1[k]) for k in sd0)
     calls = {}
-    for op in ("rms_norm", "rope_prefill", "rope_linear", "silu_mul", "swiglu_linear"):
+    for op in ("rms_norm", "rope_prefill", "silu_mul", "swiglu_linear"):
         real = getattr(ops, op)
 
         def counted(*a, _real=real, _op=op):
@@ -784,17 +780,15 @@ def test_prefill_fusions_run_our_ops_and_keep_logits(kind, monkeypatch):
     with torch.no_grad():
         on = pm(x).logits
         n_layers = len(pm.model.layers)
-        rope = {"rope_prefill": n_layers} if kind == "qwen2" else {"rope_linear": 2 * n_layers}
-        assert calls == {"rms_norm": 2 * n_layers + 1, **rope, "swiglu_linear": n_layers}
+        assert calls == {"rms_norm": 2 * n_layers + 1, "rope_prefill": n_layers, "swiglu_linear": n_layers}
         patch_llama.set_prefill_fusions(pm, rmsnorm=False, rope=False, swiglu=False)
         assert not layer.input_layernorm.fused and layer.gate_up is None
         off = pm(x).logits
         calls.clear()
-        patch_llama.set_prefill_fusions(pm, rmsnorm=True, rope="launch", swiglu="launch")
-        assert layer.gate_up is not None and not layer.swiglu_epilogue and not layer.self_attn.rope_epilogue
+        patch_llama.set_prefill_fusions(pm, rmsnorm=True, rope=True, swiglu="launch")
+        assert layer.gate_up is not None and not layer.swiglu_epilogue
         launch = pm(x).logits
-        assert calls["silu_mul"] == calls["rope_prefill"] == n_layers
-        assert "swiglu_linear" not in calls and "rope_linear" not in calls
+        assert calls["silu_mul"] == n_layers and "swiglu_linear" not in calls
         patch_llama.set_prefill_fusions(pm, rmsnorm=True, rope=True, swiglu="split")
         split = pm(x).logits
     assert torch.equal(on, off) and torch.equal(launch, off) and torch.equal(split, off)

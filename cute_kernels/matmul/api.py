@@ -20,8 +20,7 @@ from .heuristics import default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
-           "clear_dispatch_caches", "swiglu_linear", "swiglu_linear_ref", "swiglu_config", "rope_linear",
-           "rope_linear_ref", "rope_config"]
+           "clear_dispatch_caches", "swiglu_linear", "swiglu_linear_ref", "swiglu_config"]
 
 
 def _major(t: torch.Tensor, rows_name: str) -> str:
@@ -83,10 +82,6 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     fsb = make_fake_tensor(f32, (cute.sym_int32(), kblocks), (cute.sym_int64(divisibility=4), 1), assumed_align=16)
     frow = {"none": None, "vector": vec(m), "scalar": vec(1), "block": fsa}[epi.row_scale]
     fcol = {"none": None, "vector": vec(n), "scalar": vec(1), "block": fsb}[epi.col_scale]
-    if epi.rope:  # the cos and sin tables [P, D] (P rows, P dividing M) ride in the row / column scale slots
-        rows = cute.sym_int32()
-        table = lambda: make_fake_tensor(to_cutlass(c_dt), (rows, epi.rope), (cute.sym_int64(), 1), assumed_align=2)  # noqa: E731
-        frow, fcol = table(), table()
     kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi, b_kn=b_kn)
     max_clusters = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
     args = (fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0))
@@ -552,78 +547,6 @@ def swiglu_linear_ref(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """Reference: transformers' LlamaMLP gate/up/act in x's dtype (the torch ops it runs)."""
     N = gate_up.shape[0] // 2
     return torch.nn.functional.silu(x @ gate_up[:N].t()) * (x @ gate_up[N:].t())
-
-
-def rope_config(M: int, N: int, K: int, head_dim: int) -> GemmConfig:
-    """The config of the projection with the RoPE epilogue: the plain GEMM's pick (tuning cache,
-    else heuristic) without split-K where its tile_n is a multiple of the head dim (heads must
-    not straddle tiles) and it holds at most 64 accumulators a thread (see GemmSm90), else
-    128 x 128 cooperative."""
-    from .config import Epilogue
-
-    cfg = dataclasses.replace(_pick_config(M, N, K, 2, False, tuning_class(
-        torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())), split_k=1)
-    per_thread = cfg.tile_m * cfg.tile_n // (128 if cfg.pingpong else 128 * cfg.num_mma_warpgroups)
-    if cfg.tile_n % head_dim == 0 and per_thread <= 64:
-        return cfg
-    return dataclasses.replace(cfg, tile_m=128, tile_n=128, pingpong=False, promote=False)
-
-
-def rope_linear(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                config: GemmConfig | None = None) -> torch.Tensor:
-    """x @ weight.T with rotary embeddings applied to every head of D = cos.shape[-1] columns in
-    the GEMM's epilogue: transformers' apply_rotary_pos_emb (rotate_half form) on the projection,
-    with its roundings (projection, both products and the sum each rounded to x's dtype).
-
-    x [..., K], weight [N, K] (N a multiple of D; D 64 or 128), cos / sin [..., D] with x's
-    leading dims or their trailing ones (the rotary embedding's [B, S, D], or [1, S, D] shared
-    by the batch: row m of x reads table row m mod S), all in one 16-bit dtype on an sm_90 GPU."""
-    from .config import Epilogue
-
-    _check_16bit_operands(x, weight, "x", "weight")
-    for t, name in ((cos, "cos"), (sin, "sin")):
-        if not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.device != x.device:
-            raise TypeError(f"{name} must be a {x.dtype} tensor on {x.device}")
-    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x [..., K] must end in weight's K, got x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    D = cos.shape[-1]
-    lead = x.shape[:-1]
-    t_lead = tuple(cos.shape[:-1])
-    while t_lead and t_lead[0] == 1 and len(t_lead) > 1:
-        t_lead = t_lead[1:]
-    if (D not in (64, 128) or sin.shape != cos.shape or len(t_lead) > len(lead)
-            or t_lead != tuple(lead[len(lead) - len(t_lead):])):
-        raise ValueError(f"cos and sin must both be [..., D] with D 64 or 128 and leading dims that are x's "
-                         f"{tuple(lead)} or their trailing ones, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    N, K = weight.shape
-    if N % D:
-        raise ValueError(f"weight's {N} rows must be whole heads of {D}")
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
-    cfg = config or rope_config(M, N, K, D)
-    if cfg.tile_n % D or cfg.split_k > 1:
-        raise ValueError(f"{cfg} cannot run the rope epilogue: tile_n must be a multiple of {D}, no split-K")
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0:
-        return out.reshape(*lead, N)
-    # Tables of P rows, P dividing M: the kernel reads row m mod P.
-    c2, s2 = (t.reshape(-1, D) for t in (cos, sin))
-    c2, s2 = (t if t.stride(1) == 1 else t.contiguous() for t in (c2, s2))
-    a = _prepare_operand(x2, "m")
-    w = weight if weight.stride(1) == 1 and _tma_ok(weight, "k") else _prepare_operand(weight.contiguous(), "n")
-    fn = get_kernel("gemm_sm90", x.dtype, x.dtype, x.dtype, _major(a, "m"), "k", cfg, Epilogue(rope=D))
-    fn(a, w, out, None, None, c2, s2, 1.0, 1.0)
-    return out.reshape(*lead, N)
-
-
-def rope_linear_ref(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Reference: the projection, then transformers' rotate_half RoPE per head, in x's dtype."""
-    D = cos.shape[-1]
-    y = x @ weight.t()
-    h = y.view(*y.shape[:-1], -1, D)
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    rot = torch.cat((-h[..., D // 2:], h[..., : D // 2]), dim=-1)
-    return (h * c + rot * s).reshape(y.shape)
 
 
 def layernorm_linear(

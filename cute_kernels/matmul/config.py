@@ -192,9 +192,6 @@ class Epilogue:
     residual: bool = False
     alpha: bool = False  # multiply by the runtime scalar alpha
     beta: bool = False  # multiply the residual by the runtime scalar beta
-    # RoPE over heads of this many columns (0: none): D = rotate_half-RoPE(A B^T) with the
-    # cos and sin tables [M, rope] in the row_scale / col_scale operand slots (no other operand).
-    rope: int = 0
 
     @property
     def is_identity(self) -> bool:

@@ -126,17 +126,6 @@ class GemmSm90:
                             or epilogue != Epilogue(activation="swiglu")):
             raise ValueError("the swiglu epilogue takes no other epilogue operand, no split-K, a [2N, K] B "
                              f"and tile_n in (64, 128, 192, 256), got {cfg} {epilogue}")
-        # RoPE (Llama's rotate_half form) over heads of `rope` columns: a column and its partner
-        # D/2 away are both in every thread's accumulator (a wgmma tile holds whole rows), so
-        # the epilogue rotates them together; heads must not straddle tiles.
-        # At most 64 accumulators a thread (128 x 128 cooperative, 64 x 128 ping-pong): with 128
-        # (128 x 256 cooperative, 128 x 128 ping-pong) ptxas spilled the staged tables.
-        self.rope = epilogue.rope
-        acc_per_thread = cfg.tile_m * cfg.tile_n // (128 if cfg.pingpong else 128 * cfg.num_mma_warpgroups)
-        if self.rope and (self.rope not in (64, 128) or cfg.tile_n % self.rope or cfg.split_k > 1 or b_kn
-                          or epilogue != Epilogue(rope=self.rope) or acc_per_thread > 64):
-            raise ValueError("the rope epilogue takes head dims 64 or 128 dividing tile_n, at most 64 accumulators "
-                             f"a thread, no other epilogue operand, no split-K and a [N, K] B, got {cfg} {epilogue}")
         self.cfg = cfg
         # b_kn: B arrives as torch.mm's b [K, N] rather than as its [N, K] transpose. The
         # transpose is then a layout permutation at trace time instead of a torch view
@@ -177,8 +166,8 @@ class GemmSm90:
             tiler_mn=(64, self.tile_mn[1]),
         )
         out_bytes = c_dtype.width // 8
-        if (self.swiglu or self.rope) and out_bytes != 2:
-            raise ValueError("the swiglu and rope epilogues write a 16-bit output")
+        if self.swiglu and out_bytes != 2:
+            raise ValueError("the swiglu epilogue writes a 16-bit output")
         # Columns of D one tile writes: half the B rows it multiplies under SwiGLU.
         self.out_n = self.tile_mn[1] // 2 if self.swiglu else self.tile_mn[1]
         self.epi_tile = epi_tile(self.cfg, out_bytes)
@@ -967,14 +956,6 @@ class GemmSm90:
                     tRS_rD[v] = tRS_acc[gate * n_regs + v]
                     tRS_rU[v] = tRS_acc[(gate + acc_slabs_n // 2) * n_regs + v]
                 self._swiglu(tRS_rD, tRS_rU)
-            elif cutlass.const_expr(self.rope):
-                # The partner slab holds the columns D/2 away in the same head.
-                c0 = (slab % acc_slabs_n) * self.epi_tile[1]
-                first = c0 % self.rope < self.rope // 2
-                step = self.rope // 2 // self.epi_tile[1]
-                partner = slab + step if first else slab - step
-                self._rope(tRS_rD, tRS_acc, slab * n_regs, partner * n_regs, tRS_cD, mD, mRowScale, mColScale,
-                           tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0], c0 % self.rope, first)
             else:
                 for v in cutlass.range_constexpr(n_regs):
                     tRS_rD[v] = rd_dtype(tRS_acc[slab * n_regs + v])
@@ -987,7 +968,7 @@ class GemmSm90:
                 self._load_residual(res[(slab + 1) % 2], tRS_cD, mD, mResidual,
                                     tm * self.tile_mn[0] + nxt[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + nxt[1] * self.epi_tile[1])
-            if cutlass.const_expr(not self.epi.is_identity and not self.swiglu and not self.rope):
+            if cutlass.const_expr(not self.epi.is_identity and not self.swiglu):
                 self._epilogue_math(tRS_rD, tRS_cD, mD, mBias, rres, mRowScale, mColScale, factor, beta,
                                     tm * self.tile_mn[0] + slab_mn[0] * self.epi_tile[0],
                                     tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1],
@@ -1045,41 +1026,6 @@ class GemmSm90:
             rG[v] = g * cute.arch.rcp_approx(1.0 + cute.math.exp2(g * -_LOG2_E, fastmath=True))
         u = rU.load().to(self.c_dtype).to(cutlass.Float32)
         rG.store(rG.load().to(self.c_dtype).to(cutlass.Float32) * u)
-
-    @cute.jit
-    def _rope(self, rD, acc, own: int, partner: int, cD, mD, mCos, mSin, row0, col0: int, first: bool):
-        """rD <- RoPE of one slab with transformers' roundings (apply_rotary_pos_emb in 16 bits):
-        x = acc[own + i] and its partner y = acc[partner + i] (D/2 columns away) rounded to
-        the output dtype, x cos and y sin each rounded, then x cos - y sin (first half of the
-        head) or x cos + y sin (second half), rounded by the store. The slab's cos and sin are
-        loaded first, then the accumulators read: loads issued among the accumulator reads
-        made ptxas serialize the main loop's wgmmas (C7514).
-
-        Register i sits at row row0 + cD[i][0] and head column col0 + cD[i][1]; rows past M
-        read row M - 1 (clipped by the store). A table of P rows serves rows m mod P (one
-        sequence's positions shared by the batch); a thread's few rows repeat in every slab,
-        so the remainders are common subexpressions."""
-        m_last = mD.shape[0] - 1
-        period = mCos.shape[0]
-        dt = self.c_dtype
-        f32 = cutlass.Float32
-        rC = cute.make_rmem_tensor(rD.shape, f32)
-        rS = cute.make_rmem_tensor(rD.shape, f32)
-        for v in cutlass.range_constexpr(cute.size(rD)):
-            m_local, n_local = cD[v]
-            row = cutlass.min(row0 + m_local, m_last) % period
-            rC[v] = f32(mCos[row, col0 + n_local])
-            rS[v] = f32(mSin[row, col0 + n_local])
-        rY = cute.make_rmem_tensor(rD.shape, f32)
-        for v in cutlass.range_constexpr(cute.size(rD)):
-            rD[v] = acc[own + v]
-            rY[v] = acc[partner + v]
-        xc = (rD.load().to(dt).to(f32) * rC.load()).to(dt).to(f32)
-        ys = (rY.load().to(dt).to(f32) * rS.load()).to(dt).to(f32)
-        if cutlass.const_expr(first):
-            rD.store(xc - ys)
-        else:
-            rD.store(xc + ys)
 
     def _slab_layout(self, tile_n: int | None = None):
         """Epilogue slab index -> (slab row, slab column) in the tile; slabs run along N first."""

@@ -64,8 +64,7 @@ SWITCHES: dict[str, Switch] = {
              "Triton launch each (16-bit CUDA inputs, eval mode; same two roundings)."),
     "CUTE_KERNELS_LLAMA_PREFILL_ROPE": Switch(
         "1", "0: patch_model's Llama-family attention applies RoPE with transformers' apply_rotary_pos_emb instead "
-             "of in the q_proj and k_proj GEMMs' epilogues (transformers' bf16 roundings); launch: one Triton launch "
-             "for q and k after the projections."),
+             "of one Triton launch for q and k (transformers' bf16 roundings)."),
     "CUTE_KERNELS_LLAMA_PREFILL_SWIGLU": Switch(
         "1", "0: patch_model's Llama-family MLP runs transformers' gate, up, SiLU and product instead of one GEMM "
              "over the concatenated gate and up weights with silu(gate) * up in its epilogue; launch: that GEMM "
