@@ -7,6 +7,9 @@ A is (M, K), B is (N, K) and D is (M, N) row-major. A and B may be K-major or
 M/N-major for 16-bit inputs; 8-bit inputs (fp8, int8) must be K-major, which is
 the only layout the 8-bit wgmma accepts. Every epilogue operand is optional and
 its absence is compiled in, so a plain GEMM carries no epilogue cost.
+
+The SwiGLU epilogue (Llama-family MLPs) instead takes B = [gate; up] (2N, K) and writes
+D[m, n] = silu(sum_k A[m, k] gate[n, k]) * sum_k A[m, k] up[n, k], (M, N).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class GemmSm90:
         2/3 hand the tensor cores over so one warpgroup's epilogue runs under the
         other's main loop. Per tile: `mma()` (wgmma main loop;
         FP8 "promote" adds each k-tile's partial sums into an fp32 accumulator), then
-        `epilogue()`: accumulators -> epilogue math in fp32 -> output dtype -> stmatrix
+        `epilogue()`: accumulators -> epilogue math in fp32 (SwiGLU: silu(gate) * up from
+        two accumulator slabs into one) -> output dtype -> stmatrix
         into a staged smem slab -> one warp issues the TMA store (the same store warp
         TMA-loads the tile's residual slabs ahead, when `res_tma`). 32-bit outputs
         (int32, fp32) use `epilogue_32bit()`: each warp writes its own 16 x 32 boxes
