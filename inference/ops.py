@@ -401,7 +401,8 @@ def _(q, k, cos, sin, backend):
 def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, backend: str) -> torch.Tensor:
     """silu(x @ gate.T) * (x @ up.T) for gate_up = [gate; up] ([2I, K]) with transformers'
     roundings. Backend "cute": one GEMM whose epilogue writes only the [..., I] product
-    (cute_kernels.swiglu_linear); the reference runs transformers' torch ops."""
+    (cute_kernels.swiglu_linear, silu from approximate exp2 / reciprocal); the reference runs
+    the linear op and transformers' torch ops."""
     if backend == "cute":
         return _cute().swiglu_linear(x, gate_up)
     y = linear(x, gate_up, None, None, "", 1.0, 1.0, backend)[..., : gate_up.shape[0]]

@@ -509,9 +509,10 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, *, config: GemmConfig 
     writes only the [..., N] product, so the [..., 2N] projection never reaches memory.
 
     Transformers' roundings (LlamaMLP in 16 bits): each projection and silu rounded to x's
-    dtype, the product rounded by the store. x [..., K] and gate_up in one dtype (bf16/fp16),
-    on an sm_90 GPU; N must be a multiple of 32. Up to 8 rows run the skinny GEMV's SwiGLU
-    epilogue instead (decode)."""
+    dtype, the product rounded by the store; silu comes from the approximate exp2 and
+    reciprocal, which can move its rounding by one step now and then. x [..., K] and gate_up
+    in one dtype (bf16/fp16), on an sm_90 GPU; N must be a multiple of 32. Up to 8 rows run
+    the skinny GEMV's SwiGLU epilogue instead (decode)."""
     from .config import Epilogue
 
     _check_16bit_operands(x, gate_up, "x", "gate_up")
