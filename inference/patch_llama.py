@@ -144,9 +144,10 @@ class _CuteRMSNorm:
 class _CuteBaseModel:
     """The family's base model (LlamaModel, ...) marking the calls whose position ids it makes
     itself, with no cache and no padding mask (modules.POSITIONS): every row is then one
-    plain causal sequence. Without the mark transformers checks its arange positions for
-    packed sequences: a device sync per forward eagerly, and under CUDA graph capture an
-    explicit mask that sends the prefill to SDPA instead of our attention."""
+    plain causal sequence. transformers checks such positions for packed sequences, and
+    under CUDA graph capture (where it cannot look at the result) it overlays a packed-
+    sequence mask that would send the prefill to SDPA instead of our attention; with the
+    mark, our mask function returns None for these calls."""
 
     _stock = _LLAMA.LlamaModel
 
