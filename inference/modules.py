@@ -97,9 +97,9 @@ def concat_rows(params) -> torch.Tensor:
 
 
 class _PositionState:
-    """Whether the innermost running patched base model (CuteGPT2Model, patch_llama's
-    `_CuteBaseModel`) makes its own position ids and has no cache and no padding mask, so
-    that every row is one plain causal sequence.
+    """Whether the innermost running patched base model (`OwnPositionsMixin`) makes its own
+    position ids and has no cache and no padding mask, so that every row is one plain causal
+    sequence.
 
     Read only by patch.py's mask function. A plain attribute rather than a ContextVar or
     threading.local, so that Dynamo traces it (a compiled patched model keeps one graph)."""
@@ -108,6 +108,27 @@ class _PositionState:
 
 
 POSITIONS = _PositionState()
+
+
+class OwnPositionsMixin:
+    """Mixed in before a stock base model (GPT2Model, LlamaModel, ...; `_stock` is it): marks
+    the calls whose position ids the model makes itself, with no cache, padding mask or
+    encoder states, in POSITIONS. transformers checks such positions for packed sequences, and
+    under CUDA graph capture (where it cannot look at the result) it overlays a packed-sequence
+    mask that would send the prefill to SDPA instead of our attention; with the mark, patch.py's
+    mask function returns None for these calls."""
+
+    _stock = None
+
+    def forward(self, *args, **kwargs):
+        a = _stock_arguments(self._stock.forward, args[1:], kwargs)
+        own = (a.get("position_ids") is None and a["cache"] is None and a.get("attention_mask") is None
+               and a.get("encoder_hidden_states") is None)
+        outer, POSITIONS.own = POSITIONS.own, own
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            POSITIONS.own = outer
 
 
 def apply_linear(module, x, residual):

@@ -55,6 +55,7 @@ from .modules import (  # noqa: F401  (re-exported: decode.py and the tests impo
     POSITIONS,
     CuteLinear,
     CuteLMHead,
+    OwnPositionsMixin,
     _CuteLinearMixin,
     _positional_names,
     _stock_arguments,
@@ -237,7 +238,7 @@ def _mask_function(*, q_length, kv_length, q_offset=0, mask_function=None, atten
     GPT2Model hands transformers its own arange position ids, and without a cache
     transformers checks them for packed sequences: a device sync eagerly, and under CUDA
     graph capture a packed-sequence overlay that forces an explicit mask (and SDPA). When
-    CuteGPT2Model (or a Llama-family base model, patch_llama's `_CuteBaseModel`) made those
+    CuteGPT2Model (or a Llama-family base model, modules.OwnPositionsMixin) made those
     positions itself (`modules.POSITIONS.own`) nothing can be packed, so the overlay is a
     no-op and the mask is plain causal."""
     # A static cache hands q_offset as a tensor: not known to be 0 without a sync.
@@ -267,18 +268,10 @@ def register_attention(backend: str) -> str:
 
 # --------------------------------------------------------------------------- position ids and the mask
 
-class CuteGPT2Model(_GPT2.GPT2Model):
+class CuteGPT2Model(OwnPositionsMixin, _GPT2.GPT2Model):
     """GPT2Model that marks calls whose position ids it makes itself (modules.POSITIONS)."""
 
-    def forward(self, *args, **kwargs):
-        a = _stock_arguments(_GPT2.GPT2Model.forward, args[1:], kwargs)
-        own = (a.get("position_ids") is None and a["cache"] is None and a.get("attention_mask") is None
-               and a.get("encoder_hidden_states") is None)
-        outer, POSITIONS.own = POSITIONS.own, own
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            POSITIONS.own = outer
+    _stock = _GPT2.GPT2Model
 
 
 # --------------------------------------------------------------------------- patch_model

@@ -55,7 +55,15 @@ from transformers.models.qwen2 import modeling_qwen2 as _QWEN2
 from cute_kernels.runtime import env
 
 from . import ops
-from .modules import POSITIONS, CuteLinear, CuteLMHead, _positional_names, _stock_arguments, apply_linear, concat_rows
+from .modules import (
+    CuteLinear,
+    CuteLMHead,
+    OwnPositionsMixin,
+    _positional_names,
+    _stock_arguments,
+    apply_linear,
+    concat_rows,
+)
 
 
 class _CuteAttention:
@@ -141,35 +149,15 @@ class _CuteRMSNorm:
         return ops.rms_norm(x, self.weight, self.variance_epsilon, self.backend)
 
 
-class _CuteBaseModel:
-    """The family's base model (LlamaModel, ...) marking the calls whose position ids it makes
-    itself, with no cache and no padding mask (modules.POSITIONS): every row is then one
-    plain causal sequence. transformers checks such positions for packed sequences, and
-    under CUDA graph capture (where it cannot look at the result) it overlays a packed-
-    sequence mask that would send the prefill to SDPA instead of our attention; with the
-    mark, our mask function returns None for these calls."""
-
-    _stock = _LLAMA.LlamaModel
-
-    def forward(self, *args, **kwargs):
-        a = _stock_arguments(self._stock.forward, args[1:], kwargs)
-        own = a.get("position_ids") is None and a["cache"] is None and a.get("attention_mask") is None
-        outer, POSITIONS.own = POSITIONS.own, own
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            POSITIONS.own = outer
-
-
-class CuteLlamaModel(_CuteBaseModel, _LLAMA.LlamaModel):
+class CuteLlamaModel(OwnPositionsMixin, _LLAMA.LlamaModel):
     _stock = _LLAMA.LlamaModel
 
 
-class CuteQwen2Model(_CuteBaseModel, _QWEN2.Qwen2Model):
+class CuteQwen2Model(OwnPositionsMixin, _QWEN2.Qwen2Model):
     _stock = _QWEN2.Qwen2Model
 
 
-class CuteMistralModel(_CuteBaseModel, _MISTRAL.MistralModel):
+class CuteMistralModel(OwnPositionsMixin, _MISTRAL.MistralModel):
     _stock = _MISTRAL.MistralModel
 
 
