@@ -165,6 +165,7 @@ def tuning_class(in_dtype, out_dtype, majors: tuple[str, str], epi, promoted: bo
 def clear_dispatch_caches() -> None:
     """Forget memoised config picks and recorded launches (after the tuning cache changed)."""
     _pick_config.cache_clear()
+    swiglu_config.cache_clear()
     _GEMM_PLANS.clear()
     _LINEAR_PLANS.clear()
     _SPLIT_LAUNCHES.clear()
@@ -481,10 +482,12 @@ def linear(
 SWIGLU_TILE_N = (256, 128, 64)  # widest first: tile_n / 2 output columns per tile must divide N
 
 
+@functools.lru_cache(maxsize=1024)
 def swiglu_config(M: int, N: int, K: int) -> GemmConfig | None:
     """The config of the [gate; up] GEMM with the SwiGLU epilogue: the plain GEMM's pick for
     M x 2N x K (tuning cache, else heuristic) without split-K, its tile_n narrowed to the widest
-    of SWIGLU_TILE_N whose half divides N where it does not. None when N is not a multiple of 32."""
+    of SWIGLU_TILE_N whose half divides N where it does not. None when N is not a multiple of 32.
+    Memoised, as _pick_config is: a prefill pays the pick once per shape."""
     from .config import Epilogue
 
     cfg = dataclasses.replace(_pick_config(M, 2 * N, K, 2, False, tuning_class(
