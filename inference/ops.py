@@ -405,8 +405,9 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, backend: str) -> torch
     the linear op and transformers' torch ops."""
     if backend == "cute":
         return _cute().swiglu_linear(x, gate_up)
-    y = linear(x, gate_up, None, None, "", 1.0, 1.0, backend)[..., : gate_up.shape[0]]
-    return swiglu_ref(y).contiguous()
+    # The linear op takes x [M, K] (its output rows are padded to 16 bytes: keep 2I columns).
+    y = linear(x.reshape(-1, x.shape[-1]), gate_up, None, None, "", 1.0, 1.0, backend)[:, : gate_up.shape[0]]
+    return swiglu_ref(y).reshape(*x.shape[:-1], -1)
 
 
 @swiglu_linear.register_fake
