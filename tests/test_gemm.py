@@ -132,6 +132,7 @@ SWIGLU_COMPILE_CASES = [
     (GemmConfig(128, 128, 2, 1, pingpong=True), torch.bfloat16),
     (GemmConfig(128, 192, 1, 2, pingpong=True), torch.float16),
     (GemmConfig(64, 64, 1, 1, pingpong=True), torch.bfloat16),
+    (GemmConfig(256, 128, 1, 2), torch.bfloat16),  # the autotuner's swiglu candidates include 256-row tiles
 ]
 
 
@@ -611,6 +612,7 @@ SWIGLU_GPU_CASES = [
     (777, 2048, 1024, GemmConfig(128, 128, 2, 1, pingpong=True), torch.bfloat16),
     (300, 960, 512, GemmConfig(128, 192, 1, 2, pingpong=True), torch.float16),
     (129, 96, 200, GemmConfig(64, 64, 1, 1, pingpong=True), torch.bfloat16),
+    (1000, 2048, 2048, GemmConfig(256, 128, 1, 2, raster_m=False), torch.bfloat16),
     (5, 1024, 2048, None, torch.bfloat16),  # up to 8 rows: the skinny GEMV's SwiGLU epilogue
 ]
 

@@ -57,7 +57,7 @@ def test_m_buckets_are_exact_then_half_octaves_and_cover_every_m():
 def test_problem_validates_its_fields():
     for bad in (("int4", "bf16", "kk", "plain"), ("bf16", "int32", "kk", "plain"), ("int8", "int32", "kk", "vector"),
                 ("fp8-row", "bf16", "kk", "plain"), ("fp8-tensor", "bf16", "mk", "plain"),
-                ("bf16", "bf16", "kx", "plain"), ("bf16", "bf16", "kk", "gelu")):
+                ("bf16", "bf16", "kx", "plain"), ("bf16", "bf16", "kk", "gelu"), ("int8", "bf16", "kk", "swiglu")):
         with pytest.raises(ValueError):
             Problem(*bad, 64, 64, 64)
     with pytest.raises(ValueError, match="K % 16"):
@@ -256,6 +256,37 @@ def test_candidates_all_validate_and_fit():
             assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in more)
 
 
+def test_the_swiglu_class_tunes_only_configs_its_epilogue_runs(tuning_env):
+    from cute_kernels.matmul.api import swiglu_config, swiglu_fallback, tuning_class
+    from cute_kernels.tuning.tune import candidates, heuristic, problems_for, refinements
+
+    assert tuning_class(torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue(activation="swiglu"))[3] == "swiglu"
+    for bad in (("fp8-row", "bf16", "kk", "swiglu", 64, 128, 64), ("bf16", "fp32", "kk", "swiglu", 64, 128, 64),
+                ("bf16", "bf16", "kk", "swiglu", 64, 96, 64)):
+        with pytest.raises(ValueError, match="swiglu"):
+            Problem(*bad)
+    for m, n2, k in ((8192, 16384, 2048), (8192, 28672, 4096), (300, 2 * 18944, 3584)):
+        p = Problem("bf16", "bf16", "kk", "swiglu", m, n2, k)
+        assert heuristic(p) == swiglu_fallback(m, n2 // 2, k)
+        first = candidates(p)
+        for cfg in first + refinements(p, first[:3]):
+            p.check(cfg)
+            assert cfg.split_k == 1 and (n2 // 2) % (cfg.tile_n // 2) == 0
+        assert len(first) > 4
+    with pytest.raises(ValueError, match="swiglu"):
+        Problem("bf16", "bf16", "kk", "swiglu", 64, 16384, 2048).check(GemmConfig(128, 192, 1, 1, pingpong=True))
+    # A tuned swiglu entry is what swiglu_config runs; without one it is the fallback.
+    tuned = GemmConfig(256, 128, 1, 2)
+    assert swiglu_config(8192, 8192, 2048) == swiglu_fallback(8192, 8192, 2048) != tuned
+    cache.store([_entry(8192, 16384, 2048, tuned, ("bf16", "bf16", "kk", "swiglu"))], H100)
+    from cute_kernels.matmul.api import clear_dispatch_caches
+
+    clear_dispatch_caches()
+    assert swiglu_config(8192, 8192, 2048) == tuned and swiglu_config(8192, 8192, 4096) != tuned
+    ps = problems_for(model="llama-3.2-1b", dtypes=("bf16", "fp8"), ms=(8192,))
+    assert {p.op: p.epilogue for p in ps if p.n == 16384} == {"bf16": "swiglu", "fp8-row": "vector"}
+
+
 def test_first_round_is_the_cheapest_by_the_cost_model():
     from cute_kernels.matmul.heuristics import model_cost
     from cute_kernels.tuning.tune import FIRST_ROUND, candidates, heuristic
@@ -304,7 +335,7 @@ def test_problems_for_a_model_and_shapes():
 
 
 def test_model_table_has_the_published_sizes():
-    from cute_kernels.tuning.models import MODELS, linears, model_name
+    from cute_kernels.tuning.models import MODELS, linears, model_name, tuned_linears
 
     xl = {lin.name: (lin.n, lin.k) for lin in linears("openai-community/gpt2-xl")}
     assert xl == {"qkv": (4800, 1600), "o": (1600, 1600), "up": (6400, 1600), "down": (1600, 6400),
@@ -312,6 +343,10 @@ def test_model_table_has_the_published_sizes():
     l8 = {lin.name: (lin.n, lin.k) for lin in linears("llama-3-8b")}
     assert l8 == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                   "lm_head": (128256, 4096)}
+    assert {lin.name: lin.epilogue for lin in linears("llama-3-8b")}["down"] == "residual"  # as patch_model fuses it
+    t1 = {lin.name: (lin.n, lin.k) for lin in tuned_linears("llama-3.2-1b")}
+    assert t1["q"] == (2048, 2048) and t1["kv"] == (512, 2048) and t1["qkv"] == (3072, 2048)
+    assert tuned_linears("gpt2") == linears("gpt2")
     assert len(MODELS) == 10 and model_name("meta-llama/Meta-Llama-3-8B") == "llama-3-8b"
     with pytest.raises(ValueError, match="unknown model"):
         linears("gpt5")

@@ -20,7 +20,8 @@ from .heuristics import default_config, split_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
-           "clear_dispatch_caches", "swiglu_linear", "swiglu_linear_ref", "swiglu_config"]
+           "clear_dispatch_caches", "swiglu_linear", "swiglu_linear_ref", "swiglu_config",
+           "swiglu_fallback"]
 
 
 def _major(t: torch.Tensor, rows_name: str) -> str:
@@ -484,12 +485,27 @@ SWIGLU_TILE_N = (256, 128, 64)  # widest first: tile_n / 2 output columns per ti
 
 @functools.lru_cache(maxsize=1024)
 def swiglu_config(M: int, N: int, K: int) -> GemmConfig | None:
-    """The config of the [gate; up] GEMM with the SwiGLU epilogue: the plain GEMM's pick for
-    M x 2N x K (tuning cache, else heuristic) without split-K, its tile_n narrowed to the widest
-    of SWIGLU_TILE_N whose half divides N where it does not. None when N is not a multiple of 32.
-    Memoised, as _pick_config is: a prefill pays the pick once per shape."""
+    """The config of the [gate; up] GEMM with the SwiGLU epilogue (M x 2N x K, output M x N):
+    the tuning cache's winner for the swiglu class, else `swiglu_fallback`. Memoised, as
+    _pick_config is: a prefill pays the pick once per shape."""
     from .config import Epilogue
 
+    if N % 32 == 0:
+        hit = _tuned(tuning_class(torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue(activation="swiglu")),
+                     M, 2 * N, K)
+        if hit is not None:
+            return hit
+    return swiglu_fallback(M, N, K)
+
+
+def swiglu_fallback(M: int, N: int, K: int) -> GemmConfig | None:
+    """The SwiGLU GEMM's config without a tuned one: the plain GEMM's pick for M x 2N x K
+    (tuning cache, else heuristic) without split-K, its tile_n narrowed to the widest of
+    SWIGLU_TILE_N whose half divides N where it does not. None when N is not a multiple of 32."""
+    from .config import Epilogue
+
+    if N % 32:
+        return None
     cfg = dataclasses.replace(_pick_config(M, 2 * N, K, 2, False, tuning_class(
         torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())), split_k=1)
     if cfg.tile_n in (64, 128, 192, 256) and N % (cfg.tile_n // 2) == 0:

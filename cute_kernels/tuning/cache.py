@@ -47,8 +47,11 @@ _OUTS = {"bf16": ("bf16", "fp16", "fp32"), "fp16": ("bf16", "fp16", "fp32"), "in
 MAJORS = ("kk", "kn", "mk", "mn")  # A's contiguous dim (k or m), then B's (k or n) as [N, K]
 # What changes the epilogue's cost, and so which config wins: nothing to load (scalar scales
 # fold into one factor), per-column / per-row vectors (bias, scales: staged by the vector
-# loader warp), or a residual tile (TMA slabs or column pairs, residual smem).
-EPILOGUES = ("plain", "vector", "residual")
+# loader warp), or a residual tile (TMA slabs or column pairs, residual smem); and the SwiGLU
+# epilogue (matmul.swiglu_linear), whose N is the [gate; up] rows, 2x the output's width,
+# and whose tiles must split evenly into matching gate and up halves.
+EPILOGUES = ("plain", "vector", "residual", "swiglu")
+SWIGLU_WIDTHS = (64, 128, 192, 256)  # the tile widths the SwiGLU epilogue compiles for
 # M up to here is its own bucket: decode and short-prefill batches, a handful of values met
 # over and over, where one more or one fewer row changes the split-K and 64-row-tile picks.
 EXACT_M = 16
@@ -75,6 +78,8 @@ def m_bucket(m: int) -> tuple[int, int]:
 
 def epilogue_class(epi) -> str:
     """The EPILOGUES class of a matmul.config.Epilogue."""
+    if epi.activation == "swiglu":
+        return "swiglu"
     if epi.residual:
         return "residual"
     if epi.bias or "vector" in (epi.row_scale, epi.col_scale) or epi.block_scaled:
@@ -135,6 +140,10 @@ class Problem:
             raise ValueError(f"{self.op} applies per-row scales: its epilogue class is 'vector' or 'residual'")
         if self.out == "int32" and self.epilogue != "plain":
             raise ValueError("int8 with an int32 output has no epilogue operands (epilogue 'plain')")
+        if self.epilogue == "swiglu" and (self.op not in ("bf16", "fp16") or self.out != self.op
+                                          or self.majors != "kk" or self.n % 64):
+            raise ValueError("the swiglu class is a 16-bit GEMM writing its input dtype, K-major operands, and "
+                             f"n = 2 x the output width, a multiple of 64; got {self}")
         for name in ("m", "n", "k"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -170,6 +179,9 @@ class Problem:
         cfg.validate(self.in_bytes, self.out_bytes)
         if cfg.promote != self.promoted:
             raise ValueError(f"{self.op} needs promote={self.promoted}, got {cfg}")
+        if self.epilogue == "swiglu" and (cfg.split_k > 1 or cfg.tile_n not in SWIGLU_WIDTHS
+                                          or (self.n // 2) % (cfg.tile_n // 2)):
+            raise ValueError(f"the swiglu epilogue needs split_k 1 and tile_n / 2 dividing {self.n // 2}, got {cfg}")
 
 
 @dataclass(frozen=True)

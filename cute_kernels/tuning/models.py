@@ -5,7 +5,9 @@ Sizes are those of each model's published Hugging Face config (hidden_size,
 intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size), so
 no hub access or transformers import is needed. Projections are listed the way a serving
 stack runs them: q, k and v as one fused [q | k | v] GEMM, and a gated MLP's gate and up
-as one [gate | up] GEMM; GPT-2 fuses q, k and v itself (c_attn).
+as one [gate | up] GEMM; GPT-2 fuses q, k and v itself (c_attn). The grid benchmark draws
+from those (`linears`); the autotuner also tunes the separate q and k/v projections that
+the Llama family's prefill runs (`tuned_linears`).
 """
 
 from __future__ import annotations
@@ -44,9 +46,22 @@ class ModelShape:
             return (Linear("qkv", qkv, h, "vector"), Linear("o", h, self.heads * self.head_dim, "residual"),
                     Linear("up", inter, h, "vector"), Linear("down", h, inter, "residual"),
                     Linear("lm_head", self.vocab, h))
+        # The Llama family as patch_model runs it: o_proj and down_proj add the decoder
+        # layer's residual in their epilogues, [gate | up] has the SwiGLU epilogue
+        # (matmul.swiglu_linear; the 8-bit linears tune it as a plain GEMM).
         return (Linear("qkv", qkv, h, "vector" if self.qkv_bias else "plain"),
-                Linear("o", h, self.heads * self.head_dim), Linear("gate_up", 2 * inter, h),
-                Linear("down", h, inter), Linear("lm_head", self.vocab, h))
+                Linear("o", h, self.heads * self.head_dim, "residual"), Linear("gate_up", 2 * inter, h, "swiglu"),
+                Linear("down", h, inter, "residual"), Linear("lm_head", self.vocab, h))
+
+
+    def tuned_linears(self) -> tuple[Linear, ...]:
+        """`linears()` plus the GEMMs the Llama family's prefill runs separately: its
+        attention projects q, k and v one linear at a time (k and v share a shape)."""
+        if not self.gated:
+            return self.linears()
+        extra = (Linear("q", self.heads * self.head_dim, self.hidden, "vector" if self.qkv_bias else "plain"),
+                 Linear("kv", self.kv_heads * self.head_dim, self.hidden, "vector" if self.qkv_bias else "plain"))
+        return self.linears() + extra
 
 
 def _gpt2(hidden: int, heads: int) -> ModelShape:
@@ -82,3 +97,8 @@ def model_name(name: str) -> str:
 def linears(name: str) -> tuple[Linear, ...]:
     """The linear layers of model `name` (a MODELS name, or a hub id ending in one)."""
     return MODELS[model_name(name)].linears()
+
+
+def tuned_linears(name: str) -> tuple[Linear, ...]:
+    """The GEMM shapes the autotuner tunes for model `name`: every linear as patch_model runs it."""
+    return MODELS[model_name(name)].tuned_linears()

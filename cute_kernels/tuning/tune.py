@@ -66,6 +66,10 @@ def heuristic(problem: Problem) -> GemmConfig:
         from ..quantized.api import _promoted_config
 
         return _promoted_config(problem.m, problem.n, problem.k)
+    if problem.epilogue == "swiglu":
+        from ..matmul.api import swiglu_fallback
+
+        return swiglu_fallback(problem.m, problem.n // 2, problem.k)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit)
 
 
@@ -175,8 +179,11 @@ def _kernel_args(problem: Problem) -> dict:
         mode = "vector" if op.startswith("fp8-row") else "scalar"
         in_dt, kernel, acc, row, col = torch.float8_e4m3fn, "scaled_mm_sm90", "Float32", mode, mode
     out_dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32}[problem.out]
-    epi = Epilogue(row_scale=row, col_scale=col, bias=problem.epilogue != "plain",
-                   residual=problem.epilogue == "residual")
+    if problem.epilogue == "swiglu":
+        epi = Epilogue(activation="swiglu")
+    else:
+        epi = Epilogue(row_scale=row, col_scale=col, bias=problem.epilogue != "plain",
+                       residual=problem.epilogue == "residual")
     return {"in_dtype": in_dt, "out_dtype": out_dt, "kernel_name": kernel, "acc_name": acc, "epi": epi}
 
 
@@ -244,15 +251,17 @@ class GpuTimer:
                 args["bias"] = torch.randn(N, device="cuda").to(out_dt)
             if epi.residual:
                 args["residual"] = torch.randn(M, N, device="cuda").to(out_dt)
-            return a, w, _alloc_out(M, N, out_dt, "cuda"), args
+            return a, w, _alloc_out(M, N // 2 if swiglu else N, out_dt, "cuda"), args
 
-        nbytes = (M * K + N * K) * problem.in_bytes + M * N * problem.out_bytes * (2 if epi.residual else 1)
+        swiglu = problem.epilogue == "swiglu"
+        out_n = N // 2 if swiglu else N
+        nbytes = (M * K + N * K) * problem.in_bytes + M * out_n * problem.out_bytes * (2 if epi.residual else 1)
         return [one_set() for _ in range(rotation_count(nbytes))]
 
     def __call__(self, problem: Problem, cfg: GemmConfig) -> float:
         import torch
 
-        from ..matmul.api import run_gemm
+        from ..matmul.api import run_gemm, swiglu_linear
         from ..runtime.timing import time_ms, warm_up
 
         if problem != self._problem:
@@ -267,6 +276,8 @@ class GpuTimer:
 
         def run(i):
             a, w, out, args = self._sets[i]
+            if problem.epilogue == "swiglu":  # the [gate; up] view and output width are swiglu_linear's
+                return swiglu_linear(a, w, config=cfg)
             return run_gemm(a, w, out, **args, **run_kw)
 
         out = run(0).float()
@@ -518,7 +529,7 @@ def problems_for(shapes=None, *, model: str | None = None, dtypes: Sequence[str]
         else:
             raise ValueError(f"a shape is (N, K) or (M, N, K), got {s!r}")
     if model is not None:
-        for lin in models.linears(model):
+        for lin in models.tuned_linears(model):
             triples += [(m, lin.n, lin.k, epilogue or lin.epilogue) for m in ms]
     gemv = env.enabled("CUTE_KERNELS_GEMV")
     out = []
@@ -527,6 +538,8 @@ def problems_for(shapes=None, *, model: str | None = None, dtypes: Sequence[str]
         for m, n, k, epi in triples:
             if gemv and op in ("bf16", "fp16") and m <= 8:
                 continue
+            if epi == "swiglu" and op not in ("bf16", "fp16"):
+                epi = "plain"  # the 8-bit linears run gate and up as GEMMs, silu * up after them
             if outname == "int32":
                 epi = "plain"
             elif epi == "plain" and op in ("fp8-row", "fp8-row-promoted", "fp8-block", "int8"):
