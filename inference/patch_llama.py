@@ -119,8 +119,13 @@ class _CuteDecoderLayer:
             return super().forward(hidden_states, *args, **kwargs)
         a = _stock_arguments(self._stock.forward, args, kwargs)
         h, _ = self.self_attn(self.input_layernorm(hidden_states), residual=hidden_states, **a)
-        mlp, x = self.mlp, self.post_attention_layernorm(h)
-        # The stock MLP's forward, down_proj taking the residual.
+        return self.mlp_residual(self.post_attention_layernorm(h), h)
+
+    def mlp_residual(self, x, residual):
+        """down_proj(silu(gate_proj(x)) * up_proj(x)) + residual, the add in down_proj's
+        epilogue: the stock MLP's forward, or its SwiGLU fusion where the switch is on
+        (tp.SeqParallelDecoderLayer calls it too, with full rows x and local residual rows)."""
+        mlp, h = self.mlp, residual
         if not (self.fused_swiglu and _fusable(x, self.backend)):
             return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), h)
         gate = mlp.gate_proj

@@ -460,7 +460,7 @@ class SeqParallelDecoderLayer:
                 and isinstance(self.self_attn, _CuteAttention))
 
     def forward(self, hidden_states, *args, **kwargs):
-        from .modules import _stock_arguments, apply_linear
+        from .modules import _stock_arguments
 
         tp = self.sp_tp
         x = hidden_states
@@ -479,9 +479,8 @@ class SeqParallelDecoderLayer:
         a = _stock_arguments(self._stock.forward, args, kwargs)
         full = tp.all_gather(self.input_layernorm.local(x)).view(shape)
         h, _ = self.self_attn(full, residual=x, **a)  # o_proj: SeqParallelRowLinear, local rows out
-        mlp = self.mlp
         full = tp.all_gather(self.post_attention_layernorm.local(h)).view(*shape[:-1], h.shape[-1])
-        return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(full)) * mlp.up_proj(full), h)
+        return self.mlp_residual(full, h)  # the prefill's SwiGLU fusion as without SP; down_proj: local rows
 
 
 class SeqParallelRowLinear:
