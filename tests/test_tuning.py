@@ -140,7 +140,7 @@ def test_the_shipped_tables_match_this_code():
     matmul/kernel.py or matmul/config.py (not heuristics.py), re-tune on the GPU (docs/gemm.md, Tuning) or, for an
     edit that cannot move a winner, restamp: python -m cute_kernels.tune --write-table --gpu NAME."""
     tables = sorted(cache.TABLES_DIR.glob("*.json"))
-    assert [p.name for p in tables] == ["nvidia-h100-80gb-hbm3.json"]
+    assert [p.name for p in tables] == ["nvidia-h100-80gb-hbm3.json", "nvidia-h200.json"]
     for path in tables:
         data = json.loads(path.read_text())
         assert cache.slug(data["gpu"]) == path.stem
