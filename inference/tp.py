@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 import zlib
-from contextlib import nullcontext
 from datetime import timedelta
 
 import torch
@@ -56,7 +55,6 @@ from .modules import CuteLMHead
 ALLREDUCE_ENV = "CUTE_KERNELS_TP_ALLREDUCE"
 SP_NORM_ENV = "CUTE_KERNELS_TP_SP_NORM"
 SEQ_PARALLEL_ENV = "CUTE_KERNELS_TP_SEQ_PARALLEL"
-OVERLAP_ENV = "CUTE_KERNELS_TP_OVERLAP"
 # Sequence-parallel norms from this many rows on: below it (decode, short prompts) the
 # all-gather's latency costs more than the rows it saves.
 SP_MIN_ROWS = 1024
@@ -109,12 +107,6 @@ class TPGroup:
         # goes to the first decoder layer, which may keep only local rows); false for the decode
         # loops, which call the embedding themselves.
         self.sp_body = False
-        # A cache-less sequence-parallel prefill runs each layer as chunks of whole sequences
-        # whose collectives overlap the other chunk's compute (SeqParallelDecoderLayer).
-        self.sp_overlap = env.enabled(OVERLAP_ENV)
-        self.sp_defer: torch.Tensor | None = None  # where the next row-parallel reduce-scatter lands
-        self.sp_pending = None  # its Work (None: done in line)
-        self._side: dict = {}  # device -> the side stream of the overlapped layers
         self._symm: dict[torch.dtype, torch.Tensor] = {}
         self._push = None  # allreduce.PushAllReduce, built by setup()
         self._group_name = None
@@ -229,39 +221,6 @@ class TPGroup:
         else:  # gloo has no all_gather_into_tensor
             dist.all_gather(list(out.unbind(0)), x, group=self.group)
         return out
-
-    def side_stream(self, device: torch.device):
-        """The CUDA stream on which the overlapped layers run each chunk's communication and
-        the small ops between its collectives; None off CUDA."""
-        if device.type != "cuda":
-            return None
-        if device not in self._side:
-            self._side[device] = torch.cuda.Stream(device)
-        return self._side[device]
-
-    def gather_rows_async(self, x: torch.Tensor, out: torch.Tensor):
-        """out [size * rows, ...] = every rank's x [rows, ...] in rank order; returns the Work
-        to wait on (None when done in line: gloo, one rank)."""
-        import torch.distributed as dist
-
-        x = x.contiguous()
-        if self.size == 1:
-            out.copy_(x)
-            return None
-        if self.comm_backend == "nccl":
-            return dist.all_gather_into_tensor(out, x, group=self.group, async_op=True)
-        dist.all_gather(list(out.view(self.size, *x.shape).unbind(0)), x, group=self.group)
-        return None
-
-    def reduce_scatter_async(self, x: torch.Tensor, out: torch.Tensor):
-        """out = this rank's rows of the sum of x over the group (reduce_scatter into a given
-        buffer); returns the Work to wait on (None when done in line)."""
-        import torch.distributed as dist
-
-        if self.comm_backend == "nccl" and self.size > 1:
-            return dist.reduce_scatter_tensor(out, x.contiguous(), group=self.group, async_op=True)
-        out.copy_(self.reduce_scatter(x))
-        return None
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's 1/size of the rows (dim 0, in rank order) of the sum of x over the group.
@@ -478,9 +437,6 @@ class SeqParallelNorm:
         return tp.all_gather(y).view(*x.shape[:-1], y.shape[-1])
 
 
-_UNSET = object()
-
-
 class SeqParallelDecoderLayer:
     """Mixed in before our Llama-family decoder layer (patch_llama._CuteDecoderLayer): Megatron
     sequence parallelism. Between layers each rank holds 1/size of the residual stream's
@@ -521,85 +477,10 @@ class SeqParallelDecoderLayer:
                              "sequence-parallel forward")
         shape = tp.sp_shape
         a = _stock_arguments(self._stock.forward, args, kwargs)
-        chunks = self.overlap_chunks(x, shape, a)
-        if chunks > 1:
-            return self._forward_overlapped(x, shape, a, chunks)
         full = tp.all_gather(self.input_layernorm.local(x)).view(shape)
         h, _ = self.self_attn(full, residual=x, **a)  # o_proj: SeqParallelRowLinear, local rows out
         full = tp.all_gather(self.post_attention_layernorm.local(h)).view(*shape[:-1], h.shape[-1])
         return self.mlp_residual(full, h)  # the prefill's SwiGLU fusion as without SP; down_proj: local rows
-
-    def overlap_chunks(self, x: torch.Tensor, shape: torch.Size, a: dict) -> int:
-        """How many chunks of whole sequences this layer runs as (1: in line). Overlap needs a
-        cache-less call (the cache update takes the whole batch), no explicit mask, positions
-        shared by every sequence, and an even split of each rank's whole sequences."""
-        tp = self.sp_tp
-        if not tp.sp_overlap or len(shape) != 3 or a.get("cache") is not None or a.get("attention_mask") is not None:
-            return 1
-        pe = a.get("position_embeddings")
-        if pe is None or pe[0].dim() != 3 or pe[0].shape[0] != 1:
-            return 1
-        seqs, rem = divmod(x.shape[0], shape[1])  # this rank's whole sequences
-        return 2 if rem == 0 and seqs >= 2 and seqs % 2 == 0 else 1
-
-    def _forward_overlapped(self, x: torch.Tensor, shape: torch.Size, a: dict, k: int) -> torch.Tensor:
-        """The layer over k chunks of whole sequences. Chunk i is local rows [i c, (i + 1) c)
-        of every rank, so its gathered rows are whole sequences of every rank and its
-        reduce-scatter lands on this rank's rows of the chunk. The GEMMs and attention run on
-        the current stream; each chunk's reduce-scatter, residual add, RMSNorm and all-gather
-        run behind it on a side stream (the row-parallel projection leaves its reduce-scatter
-        in flight: tp.sp_defer), so they overlap the next chunk's compute. Buffers are
-        allocated on the current stream before the side stream starts, and the current stream
-        waits for the side stream before returning."""
-        tp = self.sp_tp
-        n, hidden = x.shape
-        c, seq = n // k, shape[1]
-        main = torch.cuda.current_stream(x.device) if x.is_cuda else None
-        side = tp.side_stream(x.device)
-        h, out = torch.empty_like(x), torch.empty_like(x)
-        gathered = [x.new_empty((tp.size * c, hidden)) for _ in range(2 * k)]
-        rows = [slice(i * c, (i + 1) * c) for i in range(k)]
-
-        def on_side():
-            return torch.cuda.stream(side) if side is not None else nullcontext()
-
-        def wait(work):
-            if work is not None:
-                work.wait()
-
-        def deferred(run, dest):
-            # run() ends in a row-parallel projection that leaves its reduce-scatter into dest
-            # in flight (SeqParallelRowLinear); its Work, or None where it ran in line.
-            tp.sp_defer, tp.sp_pending = dest, _UNSET
-            try:
-                run()
-                work = tp.sp_pending
-            finally:
-                tp.sp_defer = tp.sp_pending = None
-            if work is _UNSET:
-                raise RuntimeError("an overlapped sequence-parallel layer's projection did not reduce-scatter")
-            return work
-
-        if side is not None:
-            side.wait_stream(main)
-        works = [tp.gather_rows_async(self.input_layernorm.local(x[r]), gathered[i]) for i, r in enumerate(rows)]
-        works2 = []
-        for i, r in enumerate(rows):
-            wait(works[i])
-            rs = deferred(lambda: self.self_attn(gathered[i].view(-1, seq, hidden), residual=x[r], **a), h[r])
-            with on_side():
-                wait(rs)
-                h[r] += x[r]
-                works2.append(tp.gather_rows_async(self.post_attention_layernorm.local(h[r]), gathered[k + i]))
-        for i, r in enumerate(rows):
-            wait(works2[i])
-            rs = deferred(lambda: self.mlp_residual(gathered[k + i].view(-1, seq, hidden), h[r]), out[r])
-            with on_side():
-                wait(rs)
-                out[r] += h[r]
-        if side is not None:
-            main.wait_stream(side)
-        return out
 
 
 class SeqParallelRowLinear:
@@ -624,9 +505,6 @@ class SeqParallelRowLinear:
         N = w.shape[0]
         if y.shape[1] != N:  # the op pads rows to 16 bytes
             y = y[:, :N]
-        if tp.sp_defer is not None:  # an overlapped layer: it waits and adds the residual itself
-            tp.sp_pending = tp.reduce_scatter_async(y, tp.sp_defer)
-            return tp.sp_defer
         return tp.reduce_scatter(y) + residual
 
 

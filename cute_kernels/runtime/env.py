@@ -84,10 +84,6 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: with tensor parallelism, the Llama family's prefill all-reduces a replicated residual stream "
              "(default: over >= 1024 rows the stream stays split by rows between decoder layers, a reduce-scatter "
              "and an all-gather per half-layer instead of an all-reduce)."),
-    "CUTE_KERNELS_TP_OVERLAP": Switch(
-        "1", "0: a sequence-parallel prefill layer runs its collectives in line (default: a cache-less prefill of "
-             "whole sequences, two or more per rank, runs as two chunks of sequences, each chunk's reduce-scatter "
-             "and all-gather overlapping the other chunk's GEMMs)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 
