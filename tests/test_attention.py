@@ -39,6 +39,33 @@ def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
     assert not re.search(r"\(C751\d\)", report or ""), report
 
 
+@pytest.mark.compile
+def test_causal_key_range_per_warpgroup_compiles_both_ways(tmp_path):
+    """wg_key_range (on by default) and off: both build clean for the 192-row causal tile."""
+    from cute_kernels.attention.api import _compile
+    from cute_kernels.attention.config import prefill_config
+    from tests.test_gemm import _ptxas_report
+
+    cfg = prefill_config(64, 4096)
+    assert cfg.wg_key_range and cfg.num_mma_wg == 3
+    for i, c in enumerate((cfg, dataclasses.replace(cfg, wg_key_range=False))):
+        d = tmp_path / str(i)
+        d.mkdir()
+        _compile(torch.bfloat16, c, True, False, False, False, keep_dir=str(d))
+        report = _ptxas_report(glob.glob(str(d / "*.ptx"))[0])
+        assert not report or ("0 bytes spill stores" in report and not re.search(r"\(C751\d\)", report)), report
+
+
+def test_ab_attention_needs_a_gpu_and_says_so_in_one_line():
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ab_attention"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
+
+
 def test_reference_matches_sdpa_and_handles_empty_rows():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 5, 4, 64) for _ in range(3))

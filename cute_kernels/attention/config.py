@@ -45,7 +45,10 @@ class PrefillConfig:
     keys per step; K and V each stream through a `stages`-deep ring (None: 4 stages at
     D = 64, 2 above, where two already fill ~160 KB of shared memory with Q at D = 128).
     exps_before_pv_wait: exp2s per thread issued before a consumer waits for the previous
-    P V (None: all of them).
+    P V (None: all of them). wg_key_range: under a causal mask each consumer warpgroup
+    computes only up to its own 64 rows' last key block and passes over the tile's later
+    blocks (waits on and releases their stages, takes its ping-pong turns); without it
+    every warpgroup runs the tile's block count.
     """
 
     head_dim: int
@@ -54,6 +57,7 @@ class PrefillConfig:
     stages: int | None = None
     pingpong: bool = True
     exps_before_pv_wait: int | None = None
+    wg_key_range: bool = True
 
     ROWS_PER_WG = 64  # a consumer warpgroup's query rows (the wgmma M): not a field
 

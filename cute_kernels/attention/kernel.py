@@ -51,6 +51,11 @@ class FlashAttnFwdSm90:
     the next tile's loads overlap the last P V and the O store of this one. The pipeline
     states and ping-pong turns carry over from tile to tile.
 
+    Causal key ranges (`wg_key_range`): a tile's block count is its last row's; each
+    consumer warpgroup computes up to its own rows' last block and then passes over the
+    rest (waits on and releases each K/V stage, takes its turns), so the producer's ring
+    and the round robin see the same sequence from every warpgroup.
+
     Split-KV (`split_kv`, for grids too small to fill the GPU, e.g. decode): grid z is
     batch x splits, each CTA takes a balanced range of the query block's key blocks and
     writes its own normalised fp32 O and LSE; api.combine_splits merges them.
@@ -68,6 +73,7 @@ class FlashAttnFwdSm90:
         assert cfg.m_block == 64 * cfg.num_mma_wg and cfg.num_mma_wg in (2, 3)
         self.m_block, self.n_block, self.stages = cfg.m_block, cfg.n_block, cfg.stages
         self.pingpong = cfg.pingpong
+        self.wg_key_range = cfg.wg_key_range
         # Split-KV (decode): the key blocks of a query block are dealt out to `splits`
         # CTAs (the runtime leading extent of mO); each writes its own normalised fp32 O
         # and LSE, and api.py's combine step merges them with LSE weights.
@@ -358,11 +364,28 @@ class FlashAttnFwdSm90:
             acc_o.fill(0.0)
             row0 = m_idx * self.m_block
             causal_shift = s_k - s_q
+            last_wg = wg_idx == self.num_mma_wg - 1
+            # This warpgroup's first row, and the key blocks its 64 rows attend to.
+            wrow0 = row0 + 64 * wg_idx
+            n_mine = n_blocks
+            if cutlass.const_expr(self.causal and self.wg_key_range and self.num_mma_wg > 1):
+                end = cutlass.min(s_k, wrow0 + 64 + causal_shift)
+                n_mine = cutlass.max(cutlass.min(cute.ceil_div(end, self.n_block) - j_begin, n_blocks), 0)
+                if wrow0 >= s_q:
+                    n_mine = 0
             if n_blocks > 0:
                 if cutlass.const_expr(self.pingpong):
-                    if wg_idx == self.num_mma_wg - 1:  # the last warpgroup lets the first go
+                    if last_wg:  # the last warpgroup lets the first go
                         cute.arch.barrier_arrive(barrier_id=_TURN_BARRIER, number_of_threads=256)
                 q_pipe.consumer_wait(q_state)
+            if n_mine == 0 and n_blocks > 0:
+                # Nothing of this tile to compute: release Q and take the turn that the last
+                # P V would have taken (its blocks are passed over below).
+                q_pipe.consumer_release(q_state)
+                q_state.advance()
+                self._wait_turn(wg_idx)
+                self._pass_turn(wg_idx)
+            if n_mine > 0:
                 # ---- block 0: S_0, softmax, P_0 (nothing to overlap with yet)
                 k_pipe.consumer_wait(k_state)
                 self._wait_turn(wg_idx)
@@ -371,10 +394,10 @@ class FlashAttnFwdSm90:
                 warpgroup.wait_group(0)
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
-                self._mask(acc_s, tScS, j_begin * self.n_block, row0, s_k, causal_shift)
+                self._mask(acc_s, tScS, j_begin * self.n_block, row0, wrow0, s_k, causal_shift)
                 m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
                 rP.store(acc_s.load().to(self.dtype))
-                for j in range(1, n_blocks):
+                for j in range(1, n_mine):
                     # ---- issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}
                     k_pipe.consumer_wait(k_state)
                     v_pipe.consumer_wait(v_state)
@@ -386,7 +409,7 @@ class FlashAttnFwdSm90:
                     warpgroup.wait_group(1)
                     k_pipe.consumer_release(k_state)
                     k_state.advance()
-                    self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, s_k, causal_shift)
+                    self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, wrow0, s_k, causal_shift)
                     m0, m1, ref0, ref1, corr0, corr1 = self._row_max(acc_s, m0, m1, scale_log2)
                     n_early = cute.size(acc_s) if self.exps_before_pv_wait is None else self.exps_before_pv_wait
                     l0, l1 = self._exps(acc_s, 0, n_early, ref0, ref1, l0 * corr0, l1 * corr1, scale_log2)
@@ -406,11 +429,25 @@ class FlashAttnFwdSm90:
                 v_pipe.consumer_wait(v_state)
                 self._wait_turn(wg_idx)
                 self._issue_pv(pv_mma, acc_o, tOrP, tOrV, v_state.index)
-                if wg_idx != self.num_mma_wg - 1:  # the first warpgroup's next turn is the next tile's
+                # The tile's very last turn is the last warpgroup's; the first warpgroup's next
+                # turn is the next tile's (its pre-arrive).
+                if not last_wg or n_mine < n_blocks:
                     self._pass_turn(wg_idx)
                 warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
                 v_state.advance()
+            # ---- the tile's key blocks past this warpgroup's rows: wait for each stage to
+            # fill before releasing it (an early arrive would count toward its previous phase).
+            for jj in range(n_mine, n_blocks):
+                k_pipe.consumer_wait(k_state)
+                k_pipe.consumer_release(k_state)
+                k_state.advance()
+                v_pipe.consumer_wait(v_state)
+                v_pipe.consumer_release(v_state)
+                v_state.advance()
+                self._wait_turn(wg_idx)
+                if not last_wg or jj < n_blocks - 1:
+                    self._pass_turn(wg_idx)
 
             # ---- normalise, write O and the LSE
             sums = [l0, l1]
@@ -484,15 +521,16 @@ class FlashAttnFwdSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _mask(self, acc_s, tScS, col0, row0, s_k, causal_shift):
+    def _mask(self, acc_s, tScS, col0, row0, wrow0, s_k, causal_shift):
         """-inf where a key is past s_k (TMA zero-filled it) or, if causal, past the diagonal.
 
         Only blocks that straddle a boundary pay for it: the test is uniform across the
-        CTA (it uses the tile's first row, whose causal limit is the smallest).
+        warpgroup (it uses the warpgroup's first row wrow0, whose causal limit is the
+        smallest; tScS rows count from the tile's first row, row0).
         """
         limit0 = s_k
         if cutlass.const_expr(self.causal):
-            limit0 = cutlass.min(s_k, row0 + causal_shift + 1)
+            limit0 = cutlass.min(s_k, wrow0 + causal_shift + 1)
         if col0 + self.n_block > limit0:
             for v in cutlass.range_constexpr(cute.size(acc_s)):
                 r, c = tScS[v]
