@@ -508,7 +508,7 @@ def swiglu_fallback(M: int, N: int, K: int) -> GemmConfig | None:
         return None
     cfg = dataclasses.replace(_pick_config(M, 2 * N, K, 2, False, tuning_class(
         torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())), split_k=1)
-    if cfg.tile_n in (64, 128, 192, 256) and N % (cfg.tile_n // 2) == 0:
+    if tuning.swiglu_fits(cfg, N):
         return cfg
     for tn in SWIGLU_TILE_N:
         if N % (tn // 2) == 0:
@@ -553,7 +553,7 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, *, config: GemmConfig 
 
         return skinny_gemm(x2.contiguous(), gate_up, swiglu=True).reshape(*lead, N)
     cfg = config or swiglu_config(M, N, K)
-    if cfg is None or N % (cfg.tile_n // 2) or cfg.split_k > 1:
+    if cfg is None or not tuning.swiglu_fits(cfg, N):
         raise ValueError(f"{cfg} cannot run the swiglu epilogue at N={N}: tile_n / 2 must divide N, no split-K")
     a = _prepare_operand(x2, "m")
     w = gate_up if gate_up.stride(1) == 1 and _tma_ok(gate_up, "k") else _prepare_operand(gate_up.contiguous(), "n")

@@ -52,6 +52,12 @@ MAJORS = ("kk", "kn", "mk", "mn")  # A's contiguous dim (k or m), then B's (k or
 # and whose tiles must split evenly into matching gate and up halves.
 EPILOGUES = ("plain", "vector", "residual", "swiglu")
 SWIGLU_WIDTHS = (64, 128, 192, 256)  # the tile widths the SwiGLU epilogue compiles for
+
+
+def swiglu_fits(cfg: GemmConfig, n_out: int) -> bool:
+    """Whether `cfg` runs the SwiGLU epilogue for an output n_out wide: a width the epilogue
+    compiles for whose half (the output columns of one tile) divides n_out, and no split-K."""
+    return cfg.split_k == 1 and cfg.tile_n in SWIGLU_WIDTHS and n_out % (cfg.tile_n // 2) == 0
 # M up to here is its own bucket: decode and short-prefill batches, a handful of values met
 # over and over, where one more or one fewer row changes the split-K and 64-row-tile picks.
 EXACT_M = 16
@@ -179,8 +185,7 @@ class Problem:
         cfg.validate(self.in_bytes, self.out_bytes)
         if cfg.promote != self.promoted:
             raise ValueError(f"{self.op} needs promote={self.promoted}, got {cfg}")
-        if self.epilogue == "swiglu" and (cfg.split_k > 1 or cfg.tile_n not in SWIGLU_WIDTHS
-                                          or (self.n // 2) % (cfg.tile_n // 2)):
+        if self.epilogue == "swiglu" and not swiglu_fits(cfg, self.n // 2):
             raise ValueError(f"the swiglu epilogue needs split_k 1 and tile_n / 2 dividing {self.n // 2}, got {cfg}")
 
 
