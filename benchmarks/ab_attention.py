@@ -6,7 +6,7 @@ For each case (Llama-style GQA shapes, causal and not, head dim 64 and 128, plus
 MHA one), times the config `prefill_config` picks (provider `cute`) against the same config
 with the option flipped (`cute <option>=<value>`), and cuDNN's SDPA for reference, all
 CUDA-graph timed with L2 rotation (runtime.timing), `--reps` alternating repetitions. Each
-output is checked against cuDNN's. Writes ab_attention_<option>_<gpu>.{json,md}.
+variant's max error against cuDNN's output is recorded with its row. Writes ab_attention_<option>_<gpu>.{json,md}.
 """
 
 from __future__ import annotations
