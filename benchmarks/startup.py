@@ -6,7 +6,11 @@ line. Cases:
 - cold: empty kernel and Triton caches (fresh temporary directories);
 - warm 1..N: the same caches again;
 - with `--precompiled DIR`: a copy of a kernel cache that `python -m cute_kernels.precompile`
-  filled on another machine (a CPU one) with an empty Triton cache, then once more warm.
+  filled on a machine without a GPU, with a copy of the Triton cache the same command filled
+  there (`--precompiled-triton DIR`; else an empty one), then once more warm.
+Before the first case one untimed process imports torch and transformers and starts CUDA, so
+the cold case measures cold kernel caches, not a machine whose disk cache has not yet read
+the libraries.
 Results: benchmarks/results/startup_<gpu>.json and .md (CUTE_KERNELS_RESULTS_DIR to redirect).
 """
 
@@ -59,12 +63,24 @@ def run_case(name: str, kernel_cache: Path, triton_cache: Path) -> dict:
     return row
 
 
+def _extras() -> str:
+    """Optional packages that transformers imports at startup when present (FlashAttention's
+    `flash_attn` takes about half a second): named, since they change the imports phase."""
+    import importlib.util
+
+    found = [m for m in ("flash_attn", "quack") if importlib.util.find_spec(m) is not None]
+    return f"also installed: {', '.join(found)}; " if found else "no flash_attn or quack installed; "
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.splitlines()[0])
     ap.add_argument("--warm", type=int, default=3, help="warm runs after the cold one")
     ap.add_argument("--precompiled", type=Path, help="a kernel cache filled by cute_kernels.precompile elsewhere")
+    ap.add_argument("--precompiled-triton", type=Path,
+                    help="the Triton cache (TRITON_CACHE_DIR) that the same precompile filled")
     args = ap.parse_args(argv)
     require_hopper("benchmarks.startup")
+    subprocess.run([sys.executable, "-c", "import torch, transformers; torch.cuda.init()"], check=True, timeout=600)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -74,8 +90,12 @@ def main(argv=None) -> int:
         if args.precompiled:
             pc = tmp / "precompiled"
             shutil.copytree(args.precompiled, pc)
-            rows.append(run_case("kernel cache precompiled on a CPU machine, Triton cache empty", pc, tmp / "t2"))
-            rows.append(run_case("the same caches, next process", pc, tmp / "t2"))
+            tc2 = tmp / "t2"
+            if args.precompiled_triton:
+                shutil.copytree(args.precompiled_triton, tc2)
+            what = "kernel and Triton caches" if args.precompiled_triton else "kernel cache (Triton cache empty)"
+            rows.append(run_case(f"{what} precompiled without a GPU", pc, tc2))
+            rows.append(run_case("the same caches, next process", pc, tc2))
     warm = sorted(r["wall_s"] for r in rows if r["case"].startswith("warm"))
     summary = {"cold_wall_s": rows[0]["wall_s"], "warm_median_wall_s": warm[len(warm) // 2] if warm else None}
     if args.precompiled:
@@ -89,7 +109,8 @@ def main(argv=None) -> int:
                "command": " ".join(["python", *COMMAND[1:]]),
                "conditions": f"torch {torch.__version__}, transformers {transformers.__version__}, "
                              f"nvidia-cutlass-dsl {_version('nvidia-cutlass-dsl')}, {os.cpu_count()} CPU cores; "
-                             "Python bytecode compiled beforehand (as pip install does); wall = the whole command in a fresh "
+                             f"{_extras()}Python bytecode compiled beforehand (as pip install does); libraries in the OS file cache "
+                             "(one untimed import of torch and transformers first); wall = the whole command in a fresh "
                              "process; phases as the command prints them",
                "rows": rows, "summary": summary}
     from cute_kernels.runtime import env

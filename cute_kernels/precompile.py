@@ -68,17 +68,15 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
     the others still build (the autotuner times candidates that way).
 
     `triton`: recorded Triton specializations (runtime.triton_warm) to compile into Triton's
-    own cache, on a machine with a GPU only (Triton compiles for the GPU it finds). They go
-    to the pool first: a cold start needs them at its first step."""
+    own cache (TRITON_CACHE_DIR, else ~/.triton/cache), for the GPU present or, on a machine
+    without one, for the recorded target. They go to the pool first: a cold start needs them
+    at its first step."""
     entries = list(entries)
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"jobs must be an int >= 1 or None, got {jobs!r}")
     todo = missing(entries)
     tri_todo = [t for t in triton if not triton_warm.is_cached(t)]
     stats = {"kernels": len(entries), "cached": len(entries) - len(todo), "compiled": 0, "failed": 0, "wall_s": 0.0}
-    if tri_todo and not _has_gpu():
-        stats["triton_left"] = len(tri_todo)  # compiled by the GPU machine's first run
-        tri_todo = []
     if on_ready is not None:
         pending = {k for k, _ in todo}
         for key, _ in entries:
@@ -118,15 +116,6 @@ def precompile(entries: Iterable[tuple[CompileKey, object]], jobs: int | None = 
                 log(f"  {name} (Triton): {status} in {secs:.1f} s")
     stats["wall_s"] = time.perf_counter() - t0
     return stats
-
-
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 class JsonRecipe(dict):
@@ -179,9 +168,12 @@ def main(argv=None) -> int:
     stats = precompile(entries, args.jobs, log=print, triton=load_triton(path))
     print(f"precompile: {stats['compiled']} compiled, {stats['cached']} already cached, {stats['failed']} failed "
           f"({stats['wall_s']:.1f} s)")
-    if stats.get("triton_left"):
-        print(f"precompile: {stats['triton_left']} Triton kernels compile on the GPU machine (Triton builds for the "
-              f"GPU it finds): its first run, or this command run there")
+    if stats.get("triton_compiled") or stats.get("triton_failed"):
+        from .runtime.triton_warm import cache_root
+
+        print(f"precompile: {stats.get('triton_compiled', 0)} Triton kernels compiled into {cache_root()} (ship it "
+              f"with the kernel cache, or set TRITON_CACHE_DIR on both machines), {stats.get('triton_cached', 0)} "
+              f"already there, {stats.get('triton_failed', 0)} left to the first run")
     return 1 if stats["failed"] else 0
 
 

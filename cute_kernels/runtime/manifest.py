@@ -26,8 +26,9 @@ def load_manifest(path: str | Path, *, resolve: bool = True) -> list[tuple[Compi
     out = []
     for entry in data.get("kernels", []):
         try:
-            key = CompileKey.of(entry["kernel"], entry["recipe"])
-            out.append((key, _recipe.from_json(entry["recipe"]) if resolve else entry["recipe"]))
+            rec = _recipe.normalize(entry["recipe"])
+            key = CompileKey.of(entry["kernel"], rec)
+            out.append((key, _recipe.from_json(rec) if resolve else rec))
         except (AttributeError, ImportError, KeyError, TypeError, ValueError) as e:
             print(f"precompile: skipping a stale manifest entry ({entry.get('kernel')}): {e}", file=sys.stderr)
     return out
@@ -46,7 +47,13 @@ def save_manifest(path: str | Path, entries: Iterable[tuple[CompileKey, object]]
     data = json.loads(path.read_text()) if path.exists() else {}
     old = data.get("kernels", [])
     tri = {(t["fn"], t["spec"]): t for t in [*data.get("triton", []), *triton]}
-    merged = {CompileKey.of(e["kernel"], e["recipe"]): e for e in old if "kernel" in e}
+    merged = {}
+    for e in old:
+        try:
+            e = {"kernel": e["kernel"], "recipe": _recipe.normalize(e["recipe"])}
+        except (AttributeError, ImportError, KeyError, TypeError, ValueError):
+            continue  # an entry that no longer resolves: the next recording drops it
+        merged[CompileKey.of(e["kernel"], e["recipe"])] = e
     for key, rec in entries:
         try:
             entry = {"kernel": key.kernel, "recipe": rec if isinstance(rec, dict) else _recipe.to_json(rec)}

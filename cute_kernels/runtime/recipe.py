@@ -70,3 +70,11 @@ def to_json(recipe: functools.partial) -> dict:
 def from_json(d: dict) -> functools.partial:
     return functools.partial(_resolve(d["fn"]), *[_decode(a) for a in d["args"]],
                              **{k: _decode(a) for k, a in d["kwargs"].items()})
+
+
+def normalize(d: dict) -> dict:
+    """A recipe's JSON as `to_json` writes it today, without importing its compile function:
+    config dataclasses are rebuilt, so a manifest recorded before a field was added names the
+    field's default (and so the key a process computes for the same kernel now)."""
+    return {"fn": d["fn"], "args": [_encode(_decode(a)) for a in d["args"]],
+            "kwargs": {k: _encode(_decode(a)) for k, a in d.get("kwargs", {}).items()}}

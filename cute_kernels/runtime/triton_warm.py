@@ -10,10 +10,14 @@ into cache loads.
 Recording: with CUTE_KERNELS_RECORD set, a `jit_post_compile_hook` notes each compiled
 specialization (Triton's own `specialization_data`, what `JITFunction.preload` takes), the
 kernel's module-level name and its cache directory. Replaying (`preload`, in a worker)
-imports the kernel and calls `preload`, which compiles through the same path as a launch
-and so fills the same cache entry, then builds the kernel's C launcher (also cached).
-Triton needs the GPU's target for that, so replays run on the GPU machine only; a CPU
-machine's `precompile` builds the DSL kernels and leaves these to the first run.
+imports the kernel and compiles the specialization into Triton's disk cache:
+- with a GPU, through `JITFunction.preload`, the same path as a launch, then builds the
+  kernel's C launcher (also cached);
+- without one (a CPU machine, a container build), through `triton.compile` for the recorded
+  target (sm_90 if the record names none). The cache key is Triton's own (sources,
+  specialization, options, ptxas version, target), so the GPU machine's first launch finds
+  the entry when it runs the same Triton. The recorded options name the recording machine's
+  libdevice path, which is dropped for this machine's: the key hashes the file, not the path.
 
 A record from another Triton version or GPU names a cache directory that does not exist
 here: it is replayed (and fails harmlessly if that Triton cannot read it; the kernel then
@@ -88,15 +92,20 @@ def preload(entry: dict) -> tuple[str, str, float]:
     t0 = time.perf_counter()
     if is_cached(entry):
         return entry["fn"], "cached", 0.0
+    gpu = _has_gpu()
     try:
         module, name = entry["fn"].split(":")
         jit = getattr(importlib.import_module(module), name)
-        kernel = jit.preload(entry["spec"])
+        if gpu:
+            _build_launcher(jit.preload(entry["spec"]))
+        else:
+            cross_compile(jit, entry["spec"])
         status = "compiled"
-        _build_launcher(kernel)
-    except Exception as e:  # noqa: BLE001 - another Triton version or no GPU: compiled on first use instead
+    except Exception as e:  # noqa: BLE001 - another Triton version: compiled on first use instead
         status = f"failed: {type(e).__name__}: {e}"
-    if not is_cached(entry):
+    # The marker stops a GPU machine from retrying a record its Triton cannot hit; a CPU
+    # machine's cache is copied to the GPU machine, where the record may well hit.
+    if gpu and not is_cached(entry):
         try:
             (cache_root() / f"{entry['cache_dir']}.preloaded").write_text(status)
         except OSError:
@@ -114,3 +123,44 @@ def _build_launcher(kernel) -> None:
         driver.active.launcher_cls(kernel.src, kernel.metadata)
     except Exception:  # noqa: BLE001 - a Triton without this interface builds it at the first launch
         pass
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def cross_compile(jit, spec: str):
+    """Compile a recorded specialization with no GPU present (`JITFunction.preload` without
+    its device lookup): the recorded target, else sm_90; this machine's libdevice."""
+    import json
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    def tup(v):  # JSON turned the specialization's tuples into lists
+        return tuple(tup(x) for x in v) if isinstance(v, list) else v
+
+    def constant(v):
+        if isinstance(v, str) and tl.dtype.is_dtype(v):
+            return tl.dtype(v)
+        if isinstance(v, dict) and "constexpr" in v:
+            return tl.constexpr(tup(v["constexpr"]))
+        if isinstance(v, dict):
+            raise ValueError(f"a constant Triton cannot rebuild without a GPU: {v}")
+        return tup(v)
+
+    d = json.loads(spec)
+    target = GPUTarget(**d["target"]) if d.get("target") else GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({k: tup(v) for k, v in d["options"].items() if k != "extern_libs"})
+    src = ASTSource(jit, {k: tup(v) for k, v in d["signature"].items()},
+                    {tuple(k): constant(v) for k, v in zip(d["constant_keys"], d["constant_vals"])},
+                    {tuple(k): v for k, v in zip(d["attrs_keys"], d["attrs_vals"])})
+    return triton.compile(src, target=target, options=options.__dict__)
