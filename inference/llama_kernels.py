@@ -149,8 +149,9 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_o, eps, BLOCK: t
         tl.store(out_ptr + row * stride_o + k0 + k, y.to(dt), mask=m)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """ops.rms_norm on the GPU: x [M, K] (unit stride on K), weight [K] of x's dtype, one launch."""
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """ops.rms_norm on the GPU: x [M, K] (unit stride on K), weight [K] of x's dtype, one launch;
+    into `out` ([M, K] of x's dtype, unit stride on K) when given."""
     from cute_kernels.matmul.gemv import pdl_enabled, prefer_max_shared
 
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],) or weight.dtype != x.dtype \
@@ -158,7 +159,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         raise ValueError(f"rms_norm: x [M, K] with unit stride and weight [K] of its dtype, got {tuple(x.shape)} "
                          f"{x.dtype} and {tuple(weight.shape)} {weight.dtype}")
     M, K = x.shape
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.stride(1) != 1 or out.device != x.device:
+        raise ValueError(f"rms_norm: out must be {tuple(x.shape)} {x.dtype} with unit stride on {x.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()} on {out.device}")
     if M == 0:
         return out
     pdl = x.is_cuda and pdl_enabled()
@@ -288,4 +293,31 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[(M, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), out.stride(0),
                                                 BLOCK=block, LIBDEVICE=gate.is_cuda, num_warps=4, enable_fp_fusion=False,
                                                 enable_reflect_ftz=False)
+    return out
+
+
+@triton.jit
+def _sum_pair_add_kernel(a_ptr, b_ptr, r_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    dt = out_ptr.dtype.element_ty
+    s = (tl.load(a_ptr + offs, mask=m).to(tl.float32) + tl.load(b_ptr + offs, mask=m).to(tl.float32)).to(dt)
+    tl.store(out_ptr + offs, (s.to(tl.float32) + tl.load(r_ptr + offs, mask=m).to(tl.float32)).to(dt), mask=m)
+
+
+def sum_pair_add(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """(a + b) + residual with each sum rounded to the dtype: torch.add(a, b).add_(residual) in
+    one pass instead of two (sm_90 adds bf16 natively, rounding the exact sum once where torch
+    rounds it through fp32 first; the two differ only at rare double-rounding ties). All three
+    contiguous, of one shape and 16-bit dtype."""
+    if not (a.shape == b.shape == residual.shape and a.dtype == b.dtype == residual.dtype
+            and a.dtype in (torch.bfloat16, torch.float16)
+            and a.is_contiguous() and b.is_contiguous() and residual.is_contiguous()):
+        raise ValueError(f"sum_pair_add: three contiguous 16-bit tensors of one shape and dtype, got "
+                         f"{[(tuple(t.shape), t.dtype, t.is_contiguous()) for t in (a, b, residual)]}")
+    out = torch.empty_like(a)
+    n = a.numel()
+    if n:
+        block = 4096
+        _sum_pair_add_kernel[(triton.cdiv(n, block),)](a, b, residual, out, n, BLOCK=block, num_warps=8)
     return out

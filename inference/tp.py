@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import zlib
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +53,13 @@ from torch import nn
 
 from .modules import CuteLMHead
 
+if TYPE_CHECKING:
+    from .sp_collectives import P2PSeqCollectives
+
 ALLREDUCE_ENV = "CUTE_KERNELS_TP_ALLREDUCE"
 SP_NORM_ENV = "CUTE_KERNELS_TP_SP_NORM"
 SEQ_PARALLEL_ENV = "CUTE_KERNELS_TP_SEQ_PARALLEL"
+SP_P2P_ENV = "CUTE_KERNELS_TP_SP_P2P"
 # Sequence-parallel norms from this many rows on: below it (decode, short prompts) the
 # all-gather's latency costs more than the rows it saves.
 SP_MIN_ROWS = 1024
@@ -103,6 +108,10 @@ class TPGroup:
         # of the forward in flight, which the layers and the final norm gather back to.
         self.seq_parallel = env.enabled(SEQ_PARALLEL_ENV)
         self.sp_shape: torch.Size | None = None
+        # The sequence-parallel layers' all-gathers and reduce-scatters as copy-engine pulls
+        # from symmetric memory (sp_collectives.py) where setup() could build them; NCCL otherwise.
+        self.sp_p2p = env.enabled(SP_P2P_ENV)
+        self._p2p = None
         # True while the Llama family's model body runs its forward (its embedding output then
         # goes to the first decoder layer, which may keep only local rows); false for the decode
         # loops, which call the embedding themselves.
@@ -124,6 +133,10 @@ class TPGroup:
 
         x = torch.ones(8, device=device, dtype=dtype)
         dist.all_reduce(x, group=self.group)  # creates the communicator outside any capture
+        if self._p2p is None and device.type == "cuda" and self.size > 1 and symm_mem_problem("push") is None:
+            from .sp_collectives import P2PSeqCollectives
+
+            self._p2p = P2PSeqCollectives((self.group or dist.group.WORLD).group_name, self.rank, self.size, device)
         want = self.requested
         if want == "nccl" or device.type != "cuda" or self.size == 1:
             self.allreduce = "nccl"
@@ -221,6 +234,30 @@ class TPGroup:
         else:  # gloo has no all_gather_into_tensor
             dist.all_gather(list(out.unbind(0)), x, group=self.group)
         return out
+
+    def sp_all_gather(self, norm, x: torch.Tensor, shape) -> torch.Tensor:
+        """The sequence-parallel layers' normalized all-gather: norm (a SeqParallelNorm) of this
+        rank's rows x [n, hidden], every rank's in rank order, viewed as `shape`. With the
+        copy-engine collectives our RMSNorm writes straight into the gather buffer, and the result
+        lives in that buffer until the second-next sp_all_gather: consume it before then."""
+        if not (self.sp_p2p and self._p2p is not None and x.is_cuda):
+            return self.all_gather(norm.local(x)).view(shape)
+        n, hidden = x.shape
+        from .patch_llama import _CuteRMSNorm
+
+        if isinstance(norm, _CuteRMSNorm) and norm.fused and not norm.training and norm.backend == "cute" \
+                and x.dtype in (torch.bfloat16, torch.float16) and norm.weight.dtype == x.dtype and x.stride(1) == 1:
+            from .llama_kernels import rms_norm_triton
+
+            slot = self._p2p.gather_slot(n, hidden, x.dtype)
+            mine = slot[self.rank * n:(self.rank + 1) * n]
+            rms_norm_triton(x, norm.weight.contiguous(), norm.variance_epsilon, out=mine)
+            return self._p2p.all_gather(mine, slot).view(shape)
+        return self._p2p.all_gather(norm.local(x).contiguous()).view(shape)
+
+    def p2p_reduce_scatter(self) -> P2PSeqCollectives | None:
+        """The copy-engine collectives for a sequence-parallel reduce-scatter, or None (NCCL)."""
+        return self._p2p if self.sp_p2p else None
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's 1/size of the rows (dim 0, in rank order) of the sum of x over the group.
@@ -477,9 +514,9 @@ class SeqParallelDecoderLayer:
                              "sequence-parallel forward")
         shape = tp.sp_shape
         a = _stock_arguments(self._stock.forward, args, kwargs)
-        full = tp.all_gather(self.input_layernorm.local(x)).view(shape)
+        full = tp.sp_all_gather(self.input_layernorm, x, shape)
         h, _ = self.self_attn(full, residual=x, **a)  # o_proj: SeqParallelRowLinear, local rows out
-        full = tp.all_gather(self.post_attention_layernorm.local(h)).view(*shape[:-1], h.shape[-1])
+        full = tp.sp_all_gather(self.post_attention_layernorm, h, (*shape[:-1], h.shape[-1]))
         return self.mlp_residual(full, h)  # the prefill's SwiGLU fusion as without SP; down_proj: local rows
 
 
@@ -501,8 +538,15 @@ class SeqParallelRowLinear:
             raise ValueError(f"sequence-parallel {type(self).__name__}: {x2.shape[0]} input rows over {tp.size} "
                              f"ranks, but {residual.shape[0]} local residual rows")
         bias = self.bias if tp.rank == 0 else None
-        y = ops.linear(x2, w, bias, None, self.activation or "", 1.0, 1.0, self.backend)
         N = w.shape[0]
+        p2p = tp.p2p_reduce_scatter()
+        if p2p is not None and self.bias is None and not self.activation and self.backend == "cute" and x2.is_cuda:
+            from cute_kernels.matmul.api import gemm
+
+            slot = p2p.scatter_slot(x2.shape[0], N, x2.dtype)
+            gemm(x2, w.t(), out=slot)  # the partial product straight into the symmetric buffer
+            return p2p.reduce_scatter(slot, residual)
+        y = ops.linear(x2, w, bias, None, self.activation or "", 1.0, 1.0, self.backend)
         if y.shape[1] != N:  # the op pads rows to 16 bytes
             y = y[:, :N]
         return tp.reduce_scatter(y) + residual

@@ -203,6 +203,18 @@ def run_tp_bench(args) -> int:
         group.sp_norms = True
         result["prefill_replicated_norms"] = {"ms": ms_rep, "tok_s": args.batch * args.prompt_len / ms_rep * 1e3}
         print(f"prefill with replicated RMSNorms: {ms_rep:.2f} ms (sequence-parallel: {ms:.2f} ms)")
+    if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None:
+        # A/B: the sequence-parallel collectives on the copy engines vs NCCL
+        on = group.sp_p2p
+        group.sp_p2p = not on
+        with torch.no_grad():
+            ms_other = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
+        group.sp_p2p = on
+        ab = {on: ms, not on: ms_other}
+        result["prefill_sp_collectives"] = {k: {"ms": ab[v], "tok_s": args.batch * args.prompt_len / ab[v] * 1e3}
+                                            for k, v in (("p2p", True), ("nccl", False))}
+        print(f"prefill with the sequence-parallel collectives on the copy engines: {ab[True]:.2f} ms, "
+              f"on NCCL: {ab[False]:.2f} ms")
     if group is not None and ad.model.config.model_type != "gpt2":  # A/B: the sequence-parallel residual stream
         on = group.seq_parallel
         group.seq_parallel = not on

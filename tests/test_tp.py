@@ -348,6 +348,7 @@ def _sp_worker(rank: int, world: int, port: int, out: str, device: str, kinds) -
             plain_odd = sharded(odd).logits.float()
         tokens = _greedy(whole, ids, 6).cpu()
         group.seq_parallel = True
+        p2p, group.sp_p2p = group.sp_p2p, False  # NCCL's reduce-scatter here; the copy-engine one below
         calls = []
         group.reduce_scatter = lambda x, _rs=group.reduce_scatter: calls.append(x.shape) or _rs(x)
         with torch.no_grad():
@@ -357,6 +358,12 @@ def _sp_worker(rank: int, world: int, port: int, out: str, device: str, kinds) -
             got_odd = sharded(odd).logits.float()
             assert len(calls) == 2 * sharded.config.num_hidden_layers + 1, "9 rows over 2 ranks: no reduce-scatter"
         del group.reduce_scatter
+        group.sp_p2p = p2p
+        if cuda:
+            assert group._p2p is not None, "setup() builds the copy-engine collectives on GPUs"
+            with torch.no_grad():
+                results[(kind, "sp", "p2p logits")] = (ref.cpu(), sharded(ids).logits.float().cpu())
+                results[(kind, "sp", "p2p second call logits")] = (ref.cpu(), sharded(ids).logits.float().cpu())
         results[(kind, "sp", "logits")] = (ref.cpu(), got.cpu())
         results[(kind, "sp", "vs tp logits")] = (plain.cpu(), got.cpu())
         results[(kind, "sp", "fallback identical")] = (plain_odd.cpu(), got_odd.cpu())
@@ -396,3 +403,31 @@ def test_seq_parallel_equals_whole_gpu(tmp_path):
     # bf16: the reduce-scatter sums the partials in another order than the all-reduce; judged by
     # the 2x-error rule against the fp32 model, as test_sharded_equals_whole_gpu.
     _check({k: v for k, v in results.items() if k[-1] != "fallback identical"}, 2e-2, 2e-2)
+
+
+@pytest.mark.compile
+def test_sum_pair_add_compiles_for_sm90():
+    """The copy-engine reduce-scatter's add: (a + b) rounded to bf16, then + residual rounded;
+    no FMA folds the two sums into one rounding."""
+    import re
+
+    from inference.llama_kernels import _sum_pair_add_kernel
+    from tests.test_gemm_host import _triton_ptx_sm90
+
+    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "r_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}
+    ptx = _triton_ptx_sm90(_sum_pair_add_kernel, sig, {"BLOCK": 4096})
+    assert len(re.findall(r"\badd(?:\.rn)?\.bf16", ptx)) >= 2 and "fma" not in ptx
+
+
+@pytest.mark.gpu
+def test_sum_pair_add_matches_torch_gpu():
+    """Within one rounding of torch.add(a, b).add_(r) (which rounds each sum through fp32 first)."""
+    from inference.llama_kernels import sum_pair_add
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a, b, r = (torch.randn(1000, 4096, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    got, ref = sum_pair_add(a, b, r), torch.add(a, b).add_(r)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=0)
+    assert (got != ref).float().mean() < 1e-4
+    with pytest.raises(ValueError, match="contiguous 16-bit"):
+        sum_pair_add(a, b.t(), r)

@@ -84,6 +84,9 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: with tensor parallelism, the Llama family's prefill all-reduces a replicated residual stream "
              "(default: over >= 1024 rows the stream stays split by rows between decoder layers, a reduce-scatter "
              "and an all-gather per half-layer instead of an all-reduce)."),
+    "CUTE_KERNELS_TP_SP_P2P": Switch(
+        "1", "0: the sequence-parallel prefill's all-gathers and reduce-scatters run on NCCL (default: copy-engine "
+             "pulls from symmetric memory where PyTorch provides it, inference/sp_collectives.py)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 

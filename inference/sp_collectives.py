@@ -1,0 +1,120 @@
+"""The sequence-parallel prefill's all-gathers and reduce-scatters, pulled over NVLink by the
+copy engines from symmetric memory.
+
+A Llama-3-8B prefill of 4 x 2048 at TP=2 runs 64 all-gathers and 64 reduce-scatters of
+[8192, 4096] bf16 (32 MB per rank each way). NCCL's ring kernels move them at about 220 GB/s and
+occupy SMs; the copy engines pull them at about 345 GB/s on 2x H200 (93 us per 32 MB in the
+prefill's profile): 110.2 vs 113.3 ms per prefill (`benchmarks/results/tp_h200x2.md`). Here each rank's rows sit in a symmetric buffer (torch.distributed's
+`_symmetric_memory`: every rank maps every peer's allocation), and a rank copies what it needs
+from its peers with `copy_` on the peer's mapped rows, which the driver runs as a peer-to-peer
+memcpy on a copy engine:
+
+- all-gather: the rank's rows go into its slot, one barrier, then each peer's rows are copied
+  from the peer's slot into the same rows of this rank's slot. The slot, now holding every row,
+  is the result: the column-parallel GEMMs read it where it lies.
+- reduce-scatter: the row-parallel GEMM writes its partial product straight into the slot
+  (`matmul.gemm(out=)`), one barrier, then each peer's partial of this rank's rows is copied
+  over and the partials are added in rank order, then the local residual (at two ranks one
+  launch, `llama_kernels.sum_pair_add`). The sum of a row does not depend on which rank
+  computes it.
+
+Reuse without a second barrier: each kind has two slots used in turn. A rank writes a slot
+again two calls later, behind the barrier of the call in between on its stream; every peer
+reached that barrier only after finishing its copies of the call before (work on a stream runs
+in order). The returned all-gather slot is read by the GEMMs issued before the next call's
+writes on the same stream, for the same reason.
+
+Every rank must make the same sequence of calls (as with NCCL). Buffers are allocated on
+first use and grown collectively when a longer prompt comes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_KINDS = {"gather": 0, "scatter": 2}  # slot pairs in the buffer
+
+
+class P2PSeqCollectives:
+    def __init__(self, group_name: str, rank: int, size: int, device: torch.device):
+        self.group_name, self.rank, self.size, self.device = group_name, rank, size, device
+        self._buf: torch.Tensor | None = None
+        self._handle = None
+        self._slot_elems = 0
+        self._turn = {k: 0 for k in _KINDS}
+
+    def _ensure(self, elems: int, dtype: torch.dtype) -> None:
+        if self._buf is not None and elems <= self._slot_elems and dtype == self._buf.dtype:
+            return
+        import torch.distributed._symmetric_memory as symm_mem
+
+        # Collective: every rank reaches the same call with the same shape.
+        if self._handle is not None:
+            # Peers may still be copying from the old buffer on their streams: wait for every
+            # rank to get here on the device, and for this device, before it is freed.
+            self._handle.barrier(channel=0)
+            torch.cuda.current_stream(self.device).synchronize()
+        self._buf = self._handle = None
+        self._buf = symm_mem.empty(4 * elems, dtype=dtype, device=self.device)
+        self._handle = symm_mem.rendezvous(self._buf, self.group_name)
+        self._slot_elems = elems
+
+    def _slot(self, kind: str, rows: int, hidden: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+        if rows % self.size:
+            raise ValueError(f"{rows} rows do not split over {self.size} ranks")
+        self._ensure(rows * hidden, dtype)
+        index = _KINDS[kind] + self._turn[kind]
+        self._turn[kind] ^= 1
+        offset = index * self._slot_elems
+        return self._buf[offset:offset + rows * hidden].view(rows, hidden), offset
+
+    def _peer_rows(self, peer: int, offset: int, first_row: int, n: int, hidden: int) -> torch.Tensor:
+        return self._handle.get_buffer(peer, (n, hidden), self._buf.dtype, offset + first_row * hidden)
+
+    def gather_slot(self, n: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        """The [size * n, hidden] buffer of the next all-gather; a producer may write this rank's
+        rows (rank * n onwards) into it and hand it to `all_gather` instead of a copy."""
+        slot, offset = self._slot("gather", n * self.size, hidden, dtype)
+        self._gather_offset = offset
+        return slot
+
+    def all_gather(self, local: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
+        """[size * n, hidden]: every rank's local rows [n, hidden], in rank order. `slot`: the
+        buffer from `gather_slot` with this rank's rows already written (then `local` is them)."""
+        n, hidden = local.shape
+        if slot is None:
+            slot = self.gather_slot(n, hidden, local.dtype)
+            slot[self.rank * n:(self.rank + 1) * n].copy_(local)
+        offset = self._gather_offset
+        self._handle.barrier(channel=0)
+        for step in range(1, self.size):
+            peer = (self.rank + step) % self.size
+            slot[peer * n:(peer + 1) * n].copy_(self._peer_rows(peer, offset, peer * n, n, hidden))
+        return slot
+
+    def scatter_slot(self, rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        """The [rows, hidden] buffer the row-parallel GEMM writes its partial product into;
+        hand it to `reduce_scatter` next."""
+        slot, offset = self._slot("scatter", rows, hidden, dtype)
+        self._scatter_offset = offset
+        return slot
+
+    def reduce_scatter(self, slot: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the sum of every rank's `slot` (from `scatter_slot`), plus residual."""
+        rows, hidden = slot.shape
+        n = rows // self.size
+        offset = self._scatter_offset
+        self._handle.barrier(channel=0)
+        by_rank = {self.rank: slot[self.rank * n:(self.rank + 1) * n]}
+        for step in range(1, self.size):
+            peer = (self.rank + step) % self.size
+            by_rank[peer] = self._peer_rows(peer, offset, self.rank * n, n, hidden).clone()
+        # Rank order, so that the sum does not depend on which rank computes it.
+        if self.size == 2 and residual.is_contiguous() and residual.dtype in (torch.bfloat16, torch.float16):
+            from .llama_kernels import sum_pair_add
+
+            return sum_pair_add(by_rank[0], by_rank[1], residual)
+        acc = torch.add(by_rank[0], by_rank[1])
+        for r in range(2, self.size):
+            acc.add_(by_rank[r])
+        return acc.add_(residual)
