@@ -25,7 +25,8 @@ in order). The returned all-gather slot is read by the GEMMs issued before the n
 writes on the same stream, for the same reason.
 
 Every rank must make the same sequence of calls (as with NCCL). Buffers are allocated on
-first use and grown collectively when a longer prompt comes.
+first use and grown collectively when a longer prompt comes, up to MAX_SLOT_BYTES a slot;
+longer collectives (and rows that do not split evenly) run on NCCL.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from __future__ import annotations
 import torch
 
 _KINDS = {"gather": 0, "scatter": 2}  # slot pairs in the buffer
+# The buffer holds four slots; past this many bytes a slot (a 64k-token prompt of an 8B model
+# would need 512 MB each) the collectives go to NCCL instead of growing it.
+MAX_SLOT_BYTES = 256 << 20
 
 
 class P2PSeqCollectives:
@@ -42,6 +46,11 @@ class P2PSeqCollectives:
         self._handle = None
         self._slot_elems = 0
         self._turn = {k: 0 for k in _KINDS}
+
+    def fits(self, rows: int, hidden: int, dtype: torch.dtype) -> bool:
+        """Whether a [rows, hidden] collective runs here (else NCCL): rows split evenly and a
+        slot within MAX_SLOT_BYTES."""
+        return rows % self.size == 0 and rows * hidden * torch.finfo(dtype).bits // 8 <= MAX_SLOT_BYTES
 
     def _ensure(self, elems: int, dtype: torch.dtype) -> None:
         if self._buf is not None and elems <= self._slot_elems and dtype == self._buf.dtype:

@@ -152,7 +152,11 @@ class TPGroup:
         group = self.group or dist.group.WORLD
         self._group_name = group.group_name
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # required by older releases, a no-op later
-            symm_mem.enable_symm_mem_for_group(self._group_name)
+            import warnings
+
+            with warnings.catch_warnings():  # later releases deprecate it with a FutureWarning per rank
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(self._group_name)
         # auto builds every backend's buffers, so bench --allreduce can compare them in one process.
         if self._push is None and want in ("auto", "push"):
             from .allreduce import PushAllReduce
@@ -240,9 +244,9 @@ class TPGroup:
         rank's rows x [n, hidden], every rank's in rank order, viewed as `shape`. With the
         copy-engine collectives our RMSNorm writes straight into the gather buffer, and the result
         lives in that buffer until the second-next sp_all_gather: consume it before then."""
-        if not (self.sp_p2p and self._p2p is not None and x.is_cuda):
-            return self.all_gather(norm.local(x)).view(shape)
         n, hidden = x.shape
+        if not (self.sp_p2p and self._p2p is not None and x.is_cuda and self._p2p.fits(n * self.size, hidden, x.dtype)):
+            return self.all_gather(norm.local(x)).view(shape)
         from .patch_llama import _CuteRMSNorm
 
         if isinstance(norm, _CuteRMSNorm) and norm.fused and not norm.training and norm.backend == "cute" \
@@ -255,9 +259,10 @@ class TPGroup:
             return self._p2p.all_gather(mine, slot).view(shape)
         return self._p2p.all_gather(norm.local(x).contiguous()).view(shape)
 
-    def p2p_reduce_scatter(self) -> P2PSeqCollectives | None:
-        """The copy-engine collectives for a sequence-parallel reduce-scatter, or None (NCCL)."""
-        return self._p2p if self.sp_p2p else None
+    def p2p_reduce_scatter(self, rows: int, hidden: int, dtype: torch.dtype) -> P2PSeqCollectives | None:
+        """The copy-engine collectives for a sequence-parallel reduce-scatter of [rows, hidden],
+        or None (NCCL)."""
+        return self._p2p if self.sp_p2p and self._p2p is not None and self._p2p.fits(rows, hidden, dtype) else None
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's 1/size of the rows (dim 0, in rank order) of the sum of x over the group.
@@ -539,7 +544,7 @@ class SeqParallelRowLinear:
                              f"ranks, but {residual.shape[0]} local residual rows")
         bias = self.bias if tp.rank == 0 else None
         N = w.shape[0]
-        p2p = tp.p2p_reduce_scatter()
+        p2p = tp.p2p_reduce_scatter(x2.shape[0], N, x2.dtype)
         if p2p is not None and self.bias is None and not self.activation and self.backend == "cute" and x2.is_cuda:
             from cute_kernels.matmul.api import gemm
 

@@ -431,3 +431,16 @@ def test_sum_pair_add_matches_torch_gpu():
     assert (got != ref).float().mean() < 1e-4
     with pytest.raises(ValueError, match="contiguous 16-bit"):
         sum_pair_add(a, b.t(), r)
+
+
+def test_p2p_collectives_take_only_what_their_slots_hold():
+    """Rows that split evenly and slots within MAX_SLOT_BYTES; anything else goes to NCCL
+    (no buffer is allocated to decide)."""
+    from inference.sp_collectives import MAX_SLOT_BYTES, P2PSeqCollectives
+
+    c = P2PSeqCollectives("g", 0, 2, torch.device("cpu"))
+    assert c.fits(8192, 4096, torch.bfloat16) and c.fits(2048, 8192, torch.bfloat16)
+    assert not c.fits(8191, 4096, torch.bfloat16)
+    rows = MAX_SLOT_BYTES // (4096 * 2)
+    assert c.fits(rows, 4096, torch.bfloat16) and not c.fits(rows + 2, 4096, torch.bfloat16)
+    assert c._buf is None
