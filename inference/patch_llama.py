@@ -147,11 +147,24 @@ class _CuteRMSNorm:
     backend = "cute"
     fused = False
 
+    def _runs_op(self, x) -> bool:
+        return self.fused and not self.training and _fusable(x, self.backend) and self.weight.dtype == x.dtype
+
     def forward(self, hidden_states):
         x = hidden_states
-        if not self.fused or self.training or not _fusable(x, self.backend) or self.weight.dtype != x.dtype:
+        if not self._runs_op(x):
             return super().forward(x)
         return ops.rms_norm(x, self.weight, self.variance_epsilon, self.backend)
+
+    def forward_into(self, x, out) -> bool:
+        """forward(x) of rows x [n, hidden] written into `out` by the one-launch kernel, where
+        forward would run it (backend cute on the GPU); False, with out untouched, otherwise."""
+        if not (self._runs_op(x) and self.backend == "cute" and x.is_cuda and x.dim() == 2 and x.stride(1) == 1):
+            return False
+        from .llama_kernels import rms_norm_triton
+
+        rms_norm_triton(x, self.weight.contiguous(), self.variance_epsilon, out=out)
+        return True
 
 
 class CuteLlamaModel(OwnPositionsMixin, _LLAMA.LlamaModel):

@@ -4,12 +4,15 @@ copy engines from symmetric memory.
 A Llama-3-8B prefill of 4 x 2048 at TP=2 runs 64 all-gathers and 64 reduce-scatters of
 [8192, 4096] bf16 (32 MB per rank each way). NCCL's ring kernels move them at about 220 GB/s and
 occupy SMs; the copy engines pull them at about 345 GB/s on 2x H200 (93 us per 32 MB in the
-prefill's profile): 110.2 vs 113.3 ms per prefill (`benchmarks/results/tp_h200x2.md`). Here each rank's rows sit in a symmetric buffer (torch.distributed's
+prefill's profile): 110.2 vs 113.3 ms per prefill (`benchmarks/results/tp_h200x2.md`).
+
+Here each rank's rows sit in a symmetric buffer (torch.distributed's
 `_symmetric_memory`: every rank maps every peer's allocation), and a rank copies what it needs
 from its peers with `copy_` on the peer's mapped rows, which the driver runs as a peer-to-peer
 memcpy on a copy engine:
 
-- all-gather: the rank's rows go into its slot, one barrier, then each peer's rows are copied
+- all-gather: the rank's rows go into its slot (the RMSNorm writes them there), one barrier,
+  then each peer's rows are copied
   from the peer's slot into the same rows of this rank's slot. The slot, now holding every row,
   is the result: the column-parallel GEMMs read it where it lies.
 - reduce-scatter: the row-parallel GEMM writes its partial product straight into the slot
@@ -81,19 +84,16 @@ class P2PSeqCollectives:
         return self._handle.get_buffer(peer, (n, hidden), self._buf.dtype, offset + first_row * hidden)
 
     def gather_slot(self, n: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
-        """The [size * n, hidden] buffer of the next all-gather; a producer may write this rank's
-        rows (rank * n onwards) into it and hand it to `all_gather` instead of a copy."""
+        """The [size * n, hidden] buffer of the next all-gather: the producer writes this rank's
+        n rows (rank * n onwards) into it, then hands it to `all_gather`."""
         slot, offset = self._slot("gather", n * self.size, hidden, dtype)
         self._gather_offset = offset
         return slot
 
-    def all_gather(self, local: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
-        """[size * n, hidden]: every rank's local rows [n, hidden], in rank order. `slot`: the
-        buffer from `gather_slot` with this rank's rows already written (then `local` is them)."""
-        n, hidden = local.shape
-        if slot is None:
-            slot = self.gather_slot(n, hidden, local.dtype)
-            slot[self.rank * n:(self.rank + 1) * n].copy_(local)
+    def all_gather(self, slot: torch.Tensor) -> torch.Tensor:
+        """`slot` (from `gather_slot`, this rank's rows written) with every rank's rows, in rank order."""
+        rows, hidden = slot.shape
+        n = rows // self.size
         offset = self._gather_offset
         self._handle.barrier(channel=0)
         for step in range(1, self.size):

@@ -249,15 +249,11 @@ class TPGroup:
             return self.all_gather(norm.local(x)).view(shape)
         from .patch_llama import _CuteRMSNorm
 
-        if isinstance(norm, _CuteRMSNorm) and norm.fused and not norm.training and norm.backend == "cute" \
-                and x.dtype in (torch.bfloat16, torch.float16) and norm.weight.dtype == x.dtype and x.stride(1) == 1:
-            from .llama_kernels import rms_norm_triton
-
-            slot = self._p2p.gather_slot(n, hidden, x.dtype)
-            mine = slot[self.rank * n:(self.rank + 1) * n]
-            rms_norm_triton(x, norm.weight.contiguous(), norm.variance_epsilon, out=mine)
-            return self._p2p.all_gather(mine, slot).view(shape)
-        return self._p2p.all_gather(norm.local(x).contiguous()).view(shape)
+        slot = self._p2p.gather_slot(n, hidden, x.dtype)
+        mine = slot[self.rank * n:(self.rank + 1) * n]
+        if not (isinstance(norm, _CuteRMSNorm) and norm.forward_into(x, mine)):
+            mine.copy_(norm.local(x))
+        return self._p2p.all_gather(slot).view(shape)
 
     def p2p_reduce_scatter(self, rows: int, hidden: int, dtype: torch.dtype) -> P2PSeqCollectives | None:
         """The copy-engine collectives for a sequence-parallel reduce-scatter of [rows, hidden],

@@ -53,7 +53,6 @@ class ModelShape:
                 Linear("o", h, self.heads * self.head_dim, "residual"), Linear("gate_up", 2 * inter, h, "swiglu"),
                 Linear("down", h, inter, "residual"), Linear("lm_head", self.vocab, h))
 
-
     def tuned_linears(self) -> tuple[Linear, ...]:
         """`linears()` plus the GEMMs the Llama family's prefill runs separately: its
         attention projects q, k and v one linear at a time (k and v share a shape)."""
