@@ -6,15 +6,15 @@ A Llama-3-8B prefill of 4 x 2048 at TP=2 runs 64 all-gathers and 64 reduce-scatt
 occupy SMs; the copy engines pull them at about 345 GB/s on 2x H200 (93 us per 32 MB in the
 prefill's profile): 110.2 vs 113.3 ms per prefill (`benchmarks/results/tp_h200x2.md`).
 
-Here each rank's rows sit in a symmetric buffer (torch.distributed's
-`_symmetric_memory`: every rank maps every peer's allocation), and a rank copies what it needs
-from its peers with `copy_` on the peer's mapped rows, which the driver runs as a peer-to-peer
-memcpy on a copy engine:
+Here each rank's rows sit in a symmetric buffer (torch.distributed's `_symmetric_memory`:
+every rank maps every peer's allocation), and a rank copies what it needs from its peers with
+`copy_` on the peer's mapped rows, which the driver runs as a peer-to-peer memcpy on a copy
+engine:
 
 - all-gather: the rank's rows go into its slot (the RMSNorm writes them there), one barrier,
-  then each peer's rows are copied
-  from the peer's slot into the same rows of this rank's slot. The slot, now holding every row,
-  is the result: the column-parallel GEMMs read it where it lies.
+  then each peer's rows are copied from the peer's slot into the same rows of this rank's
+  slot. The slot, now holding every row, is the result: the column-parallel GEMMs read it
+  where it lies.
 - reduce-scatter: the row-parallel GEMM writes its partial product straight into the slot
   (`matmul.gemm(out=)`), one barrier, then each peer's partial of this rank's rows is copied
   over and the partials are added in rank order, then the local residual (at two ranks one
