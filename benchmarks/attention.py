@@ -15,6 +15,13 @@ causal / not x GQA ratio {1, 4, 8} (32 query heads on 32 / 8 / 4 KV heads), batc
 about 16k tokens. Each shape's `speedup_vs_best_peer` is ours against the faster of cuDNN and
 FA4 (whichever ran), the figure a user choosing between them would see
 (attention_wide_<gpu>.*).
+
+--fp8: `flash_attn_fp8` (`cute_fp8`: e4m3 Q, K, V with per-(batch, KV head) descales, bf16 O)
+against our bf16 kernel and cuDNN's bf16 SDPA on the same shapes (head dim {64, 128} x S {4096,
+8192, 16384} x causal / not, 32 query heads on 32 or 8 KV heads, ~16k tokens). Each fp8 row
+records its max error against the fp64 reference of the dequantized inputs and that of an fp32
+emulation of the same quantization (`flash_attn_fp8_emulated`), on the first batch / query head
+(attention_fp8_<gpu>.*).
 """
 
 from __future__ import annotations
@@ -147,6 +154,71 @@ def run_prefill(shapes=PREFILL):
     return rows
 
 
+FP8_SEQLENS = (4096, 8192, 16384)
+
+
+def run_fp8(head_dims=WIDE_HEAD_DIMS, seqlens=FP8_SEQLENS, gqa=(1, 8)):
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_fp8_emulated, flash_attn_fp8_ref
+
+    peers = {k: v for k, v in providers().items() if k in ("cute", "cudnn")}
+    rows = []
+    for B, H, Hkv, S, D in wide_shapes(head_dims, seqlens, gqa):
+        for causal in (False, True):
+            case = f"prefill-{B}x{H}/{Hkv}x{S}x{D}{'-causal' if causal else ''}"
+            f8 = torch.float8_e4m3fn
+            q8 = torch.randn(B, S, H, D, device="cuda").to(f8)
+            k8, v8 = (torch.randn(B, S, Hkv, D, device="cuda").to(f8) for _ in range(2))
+            qd, kd, vd = (torch.rand(B, Hkv, device="cuda") * 0.5 + 0.5 for _ in range(3))
+            kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
+            # bf16 inputs that hold the same (dequantized) values, for the 16-bit providers
+            rep = H // Hkv
+            q, k, v = ((t.float() * d.repeat_interleave(r, 1)[:, None, :, None]).to(torch.bfloat16)
+                       for t, d, r in ((q8, qd, rep), (k8, kd, 1), (v8, vd, 1)))
+            first = dict(q_descale=qd[:1, :1], k_descale=kd[:1, :1], v_descale=vd[:1, :1], causal=causal)
+            ref64 = flash_attn_fp8_ref(q8[:1, :, :1], k8[:1, :, :1], v8[:1, :, :1], **first)
+            ref = ref64.float()
+            flops = 4 * B * H * S * S * D / (2 if causal else 1)
+            for name, fn in peers.items():
+                check = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, c_)[:1, :, :1]  # noqa: E731
+                ms, _ = _run_one(name, check, q, k, v, causal, ref)
+                if ms is not None:
+                    tf = flops / ms / 1e9
+                    rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["bf16"]))
+            try:
+                out = ck.flash_attn_fp8(q8, k8, v8, **kw)
+                emu = flash_attn_fp8_emulated(q8[:1, :, :1], k8[:1, :, :1], v8[:1, :, :1], **first)
+                err = (out[:1, :, :1].double() - ref64).abs().max().item()
+                err_emu = (emu.double() - ref64).abs().max().item()
+                ms = time_ms(lambda i: ck.flash_attn_fp8(q8, k8, v8, **kw))
+                tf = flops / ms / 1e9
+                rows.append(Row(case, "cute_fp8", ms, tf, 100 * tf / PEAK_TFLOPS["fp8"],
+                                extra={"max_err": err, "max_err_fp32_emulation": err_emu}))
+            except Exception as e:  # noqa: BLE001 - one failing shape must not stop the suite
+                print(f"[attn] cute_fp8 failed on {case}: {type(e).__name__}: {str(e)[:200]}")
+            del q8, k8, v8, q, k, v
+            torch.cuda.empty_cache()
+    return rows
+
+
+def summarize_fp8(rows):
+    s = {}
+    sp = speedups(rows, "cute_fp8", "cute")
+    if sp:
+        s["geomean_speedup_fp8_vs_bf16"] = geomean(list(sp.values()))
+        long128 = [v for c, v in sp.items() if "x128" in c and int(c.split("x")[-2]) >= 4096]
+        if long128:
+            s["geomean_speedup_fp8_vs_bf16[d128,S>=4096]"] = geomean(long128)
+            s["min_speedup_fp8_vs_bf16[d128,S>=4096]"] = min(long128)
+    sc = speedups(rows, "cute_fp8", "cudnn")
+    if sc:
+        s["geomean_speedup_fp8_vs_cudnn_bf16"] = geomean(list(sc.values()))
+    ratios = [r.extra["max_err"] / max(r.extra["max_err_fp32_emulation"], 1e-30) for r in rows if r.provider == "cute_fp8"]
+    if ratios:
+        s["max_err_ratio_vs_fp32_emulation"] = max(ratios)
+    return s
+
+
 def run_decode(shapes=DECODE):
     from cute_kernels.attention.reference import flash_attn_ref
 
@@ -221,13 +293,16 @@ def main(argv=None):
     p.add_argument("--wide", action="store_true", help="the widened GQA prefill suite (attention_wide_<gpu>.*)")
     p.add_argument("--head-dims", type=int_list, default=None, help="with --wide: comma-separated subset of 64,128")
     p.add_argument("--seqlens", type=int_list, default=None, help="with --wide: comma-separated sequence lengths")
+    p.add_argument("--fp8", action="store_true", help="flash_attn_fp8 against our bf16 and cuDNN (attention_fp8_<gpu>.*)")
     p.add_argument("--gqa", type=int_list, default=None,
                    help="with --wide: comma-separated query heads per KV head, from 1,4,8")
     args = p.parse_args(argv)
+    if args.fp8 and (args.decode or args.quick or args.wide):
+        raise SystemExit("error: --fp8 is a suite of its own: not with --decode, --quick or --wide")
     if args.wide and (args.decode or args.quick):
         raise SystemExit("error: --wide is a prefill suite of its own: not with --decode or --quick")
-    if not args.wide and (args.head_dims or args.seqlens or args.gqa):
-        raise SystemExit("error: --head-dims, --seqlens and --gqa select shapes of --wide")
+    if not (args.wide or args.fp8) and (args.head_dims or args.seqlens or args.gqa):
+        raise SystemExit("error: --head-dims, --seqlens and --gqa select shapes of --wide or --fp8")
     try:
         shapes = wide_shapes(args.head_dims or WIDE_HEAD_DIMS, args.seqlens or WIDE_SEQLENS,
                              args.gqa or WIDE_GQA) if args.wide else None
@@ -235,18 +310,21 @@ def main(argv=None):
         raise SystemExit(f"error: {e}") from None
     require_hopper("python -m benchmarks.attention")
     decode = DECODE[:4] if args.quick else DECODE
-    if args.wide:
+    if args.fp8:
+        rows = run_fp8(args.head_dims or WIDE_HEAD_DIMS, args.seqlens or FP8_SEQLENS, args.gqa or (1, 8))
+    elif args.wide:
         rows = run_prefill(shapes)
     elif args.decode:
         rows = run_decode(decode)
     else:
         rows = run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
-    summary = summarize(rows)
+    summary = summarize_fp8(rows) if args.fp8 else summarize(rows)
     print(format_table(rows, baseline="cudnn"))
     for k, v in summary.items():
         print(f"{k}: {v:.3f}")
     if not args.no_write:
-        suite = "attention_wide" if args.wide else "attention_decode" if args.decode else "attention"
+        suite = ("attention_fp8" if args.fp8 else "attention_wide" if args.wide else "attention_decode" if args.decode
+                 else "attention")
         print("wrote", write_results(suite, rows, summary, baseline="cudnn"))
     return rows, summary
 

@@ -8,3 +8,11 @@ def test_bench_attention():
     rows, _ = main([])
     assert rows
 
+
+
+@pytest.mark.bench
+def test_bench_attention_fp8():
+    from benchmarks.attention import main
+
+    rows, summary = main(["--fp8", "--no-write", "--seqlens", "4096", "--gqa", "8"])
+    assert any(r.provider == "cute_fp8" for r in rows) and "geomean_speedup_fp8_vs_bf16" in summary

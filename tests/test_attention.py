@@ -834,3 +834,128 @@ def test_wide_suite_shapes_and_best_peer():
     assert best_peer_speedups(rows) == pytest.approx({"prefill-a": 0.9, "prefill-b": 1.1})
     s = summarize(rows)
     assert s["min_speedup_vs_best_peer[prefill]"] == pytest.approx(0.9)
+
+
+# ----------------------------------------------------------------------------- FP8 forward
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q", [1024, 4096])
+def test_fp8_attention_compiles_for_sm90a(tmp_path, head_dim, causal, seqlen_q):
+    """e4m3 x e4m3 wgmmas for both products, P rounded to e4m3 in pairs and fed to P V from
+    registers (no shared-memory round trip); both configs of prefill_config_fp8 (224-key
+    blocks at D = 128 from 4096 rows); no spills."""
+    from cute_kernels.attention.api import _compile_fp8
+    from cute_kernels.attention.config import prefill_config_fp8
+    from tests.test_gemm import _ptxas_report
+
+    cfg = prefill_config_fp8(head_dim, seqlen_q)
+    _compile_fp8(cfg, causal, keep_dir=str(tmp_path))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    wgmma = set(re.findall(r"wgmma\.mma_async[.a-z0-9]*", ptx))
+    assert all(w.endswith(".e4m3.e4m3") for w in wgmma) and len(wgmma) >= 1, wgmma
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.n_block}k32.f32.e4m3.e4m3" in wgmma, wgmma
+    assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3" in wgmma, wgmma
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "fence.proxy.async" not in ptx
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
+    assert not re.search(r"\(C751\d\)", report or ""), report
+
+
+def test_fp8_prefill_config():
+    from cute_kernels.attention.config import PrefillConfig, prefill_config, prefill_config_fp8
+
+    assert prefill_config_fp8(128, 4096).n_block == 224 and prefill_config_fp8(128, 1024).n_block == 128
+    assert prefill_config_fp8(64, 4096) == prefill_config(64, 4096)
+    PrefillConfig(128, n_block=224).validate(in_bytes=1)
+    with pytest.raises(ValueError, match="n_block must be one of"):
+        PrefillConfig(128, n_block=224).validate()
+    with pytest.raises(ValueError, match="accumulators"):
+        PrefillConfig(64, 3, n_block=160).validate(in_bytes=1)
+    with pytest.raises(ValueError, match="accumulators"):
+        PrefillConfig(256, n_block=128).validate()
+
+
+def test_fp8_attention_validates_inputs():
+    import cute_kernels as ck
+
+    f8 = torch.float8_e4m3fn
+    q = torch.randn(1, 16, 4, 64).to(f8)
+    k = torch.randn(1, 16, 2, 64).to(f8)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        ck.flash_attn_fp8(q.float(), k, k)
+    with pytest.raises(ValueError, match="head dims 64 and 128"):
+        ck.flash_attn_fp8(torch.randn(1, 16, 4, 96).to(f8), torch.randn(1, 16, 2, 96).to(f8),
+                          torch.randn(1, 16, 2, 96).to(f8))
+    with pytest.raises(ValueError, match=r"q_descale must be float32 of shape \(1, 2\)"):
+        ck.flash_attn_fp8(q, k, k, q_descale=torch.ones(1, 4))
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        ck.flash_attn_fp8(torch.randn(1, 16, 3, 64).to(f8), k, k)
+
+
+def test_fp8_references_agree_on_the_cpu():
+    """The fp64 reference on the dequantized inputs and the fp32 emulation of the kernel's P
+    rounding: close (the emulation's only extra error is P's e4m3 rounding)."""
+    from cute_kernels.attention.reference import flash_attn_fp8_emulated, flash_attn_fp8_ref
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 40, h, 64, generator=g).to(torch.float8_e4m3fn) for h in (4, 2, 2))
+    qd, kd, vd = (torch.rand(2, 2, generator=g) + 0.5 for _ in range(3))
+    for causal in (False, True):
+        ref = flash_attn_fp8_ref(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
+        emu = flash_attn_fp8_emulated(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
+        err = (emu.double() - ref).abs().max().item()
+        assert 0 < err < 0.05 * ref.abs().max().item(), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,seqlens", [((8, 8), (1000, 1000)), ((32, 8), (4096, 4096)), ((12, 4), (77, 300)),
+                                           ((4, 4), (300, 77))])
+def test_fp8_attention_matches_reference(head_dim, causal, heads, seqlens):
+    """Error against the fp64 reference on the dequantized inputs within 2x the fp32 emulation
+    of the same quantization (P to e4m3 relative to the row max), plus one bf16 ulp of O."""
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import _dequant, flash_attn_fp8_emulated, flash_attn_fp8_ref
+
+    (hq, hkv), (sq, sk) = heads, seqlens
+    f8 = torch.float8_e4m3fn
+    q = torch.randn(2, sq, hq, head_dim, device="cuda").to(f8)
+    k = torch.randn(2, sk, hkv, head_dim, device="cuda").to(f8)
+    v = torch.randn(2, sk, hkv, head_dim, device="cuda").to(f8)
+    qd, kd, vd = (torch.rand(2, hkv, device="cuda") * 0.5 + 0.5 for _ in range(3))
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
+    out, lse = ck.flash_attn_fp8(q, k, v, return_lse=True, **kw)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    ref = flash_attn_fp8_ref(q, k, v, **kw)
+    emu = flash_attn_fp8_emulated(q, k, v, **kw)
+    e_ours = (out.double() - ref).abs().max().item()
+    e_emu = (emu.double() - ref).abs().max().item()
+    assert e_ours <= 2 * e_emu + 2 ** -7 * ref.abs().max().item(), (e_ours, e_emu)
+    _, ref_lse = flash_attn_ref(_dequant(q, qd, hq // hkv), _dequant(k, kd, 1), _dequant(v, vd, 1), causal=causal,
+                                return_lse=True)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("permute", [True, False])
+def test_fp8_vt_matches_reference_interpreted(monkeypatch, permute):
+    """The FP8 kernel's V^T (Triton, interpreted on the CPU): keys permuted per 32-block, zero
+    padding, any input strides (a K/V-interleaved buffer)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from cute_kernels.attention.fp8_vt import vt_fp8
+    from cute_kernels.attention.reference import FP8_KEY_PERM, vt_fp8_ref
+
+    assert sorted(FP8_KEY_PERM) == list(range(32))
+    kv = torch.randn(2, 77, 2, 3, 64).to(torch.float8_e4m3fn)
+    v = kv[:, :, 1]
+    out = vt_fp8(v, permute_keys=permute)
+    ref = vt_fp8_ref(v, permute_keys=permute)
+    assert out.shape == ref.shape == (2, 3, 64, 96)
+    assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    assert (out.view(torch.uint8)[..., 77 if not permute else 96:] == 0).all()

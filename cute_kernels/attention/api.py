@@ -23,9 +23,10 @@ from .config import (  # noqa: F401  (HEAD_DIMS: public here)
     decode_config,
     decode_mma_config,
     prefill_config,
+    prefill_config_fp8,
     softmax_scale_log2,
 )
-from .reference import append_kv, flash_attn_ref  # noqa: F401  (public here)
+from .reference import append_kv, flash_attn_fp8_emulated, flash_attn_fp8_ref, flash_attn_ref  # noqa: F401
 
 MAX_SPLITS = 16
 
@@ -88,7 +89,7 @@ def _compile(dtype, cfg: PrefillConfig, causal: bool, seqlens_k: bool, seqlens_q
     fseq = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_k else None
     fseq_q = make_fake_tensor(cutlass.Int32, (b,), (1,), assumed_align=4) if seqlens_q else None
     kernel = FlashAttnFwdSm90(cfg, causal, split_kv=split_kv)
-    return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, cutlass.Float32(1.0), cutlass.Int32(1),
+    return cute.compile(kernel, fq, fk, fv, fo, flse, fseq, fseq_q, None, cutlass.Float32(1.0), cutlass.Int32(1),
                         cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
                         + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
 
@@ -384,11 +385,104 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
         if split_kv:
             o_parts = torch.empty((splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
             lse_parts = torch.empty((splits, B, Hq, Sq), dtype=torch.float32, device=q.device)
-            fn(q, k, v, o_parts, lse_parts, seqlens_k, seqlens_q, scale, ratio, sms, group)
+            fn(q, k, v, o_parts, lse_parts, seqlens_k, seqlens_q, None, scale, ratio, sms, group)
             out, lse = combine_splits(o_parts, lse_parts, q.dtype)
         else:
-            fn(q, k, v, out, lse, seqlens_k, seqlens_q, scale, ratio, sms, group)
+            fn(q, k, v, out, lse, seqlens_k, seqlens_q, None, scale, ratio, sms, group)
     return out, lse
+
+
+def _compile_fp8(cfg: PrefillConfig, causal: bool, keep_dir: str | None = None):
+    """The prefill kernel on e4m3 Q, K and V^T (keys permuted per 32, fp8_vt.py) with
+    per-(batch, KV head) descales, bf16 O."""
+    cfg.validate(in_bytes=1)
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .kernel import FlashAttnFwdSm90
+
+    f8, head_dim = cutlass.Float8E4M3FN, cfg.head_dim
+    b, sq, sk, sk_pad, hq, hkv = (cute.sym_int32() for _ in range(6))
+
+    def bshd(dt, s, h):
+        return make_fake_tensor(dt, (b, s, h, head_dim), (cute.sym_int64(divisibility=16),
+                                cute.sym_int64(divisibility=16), cute.sym_int64(divisibility=16), 1), assumed_align=16)
+
+    fq, fk, fo = bshd(f8, sq, hq), bshd(f8, sk, hkv), bshd(cutlass.BFloat16, sq, hq)
+    # V^T: (b, h_kv, d, s_k padded to 32), keys contiguous (fp8_vt.vt_fp8).
+    fvt = make_fake_tensor(f8, (b, hkv, head_dim, sk_pad), (cute.sym_int64(divisibility=16),
+                           cute.sym_int64(divisibility=16), cute.sym_int64(divisibility=16), 1), assumed_align=16)
+    flse = make_fake_tensor(cutlass.Float32, (b, hq, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    fscales = make_fake_tensor(cutlass.Float32, (b, hkv, 2), (cute.sym_int64(), 2, 1), assumed_align=4)
+    kernel = FlashAttnFwdSm90(cfg, causal)
+    return cute.compile(kernel, fq, fk, fvt, fo, flse, None, None, fscales, cutlass.Float32(1.0), cutlass.Int32(1),
+                        cutlass.Int32(H100_SMS), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {TARGET_ARCH}"
+                        + (f" --keep-ptx --keep-cubin --dump-dir {keep_dir}" if keep_dir else ""))
+
+
+def _descale(t, name: str, B: int, Hkv: int, device) -> torch.Tensor:
+    if t is None:
+        return torch.ones((B, Hkv), dtype=torch.float32, device=device)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (batch, kv_heads) or None")
+    if t.shape != (B, Hkv) or t.dtype != torch.float32:
+        raise ValueError(f"{name} must be float32 of shape ({B}, {Hkv}) (batch, kv_heads), got {t.dtype} "
+                         f"{tuple(t.shape)}")
+    return t
+
+
+def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, causal: bool = False,
+                   softmax_scale: float | None = None, return_lse: bool = False):
+    """Attention forward on FP8 (e4m3) inputs, FlashAttention-3's arguments: q [B, Sq, Hq, D],
+    k/v [B, Sk, Hkv, D] in torch.float8_e4m3fn, each dequantized by its descale, a float32
+    [B, Hkv] tensor (None: 1), as q_descale[b, h // (Hq / Hkv)] for query head h. Returns
+    bf16 O [B, Sq, Hq, D] (and the fp32 log-sum-exp [B, Hq, Sq]).
+
+    Q K^T and P V run on the FP8 tensor cores (fp32 accumulation); P is quantized to e4m3
+    as exp2(s - max + 8), in [0, 256], and stays in registers. V is transposed for the P V
+    product (wgmma reads 8-bit operands K-major only) by one pass per call (fp8_vt.vt_fp8,
+    its keys permuted per 32 to match P's register order).
+    """
+    e4m3 = torch.float8_e4m3fn
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor")
+        if t.dtype != e4m3:
+            raise TypeError(f"{n} must be torch.float8_e4m3fn, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{n} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+    B, Sq, Hq, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k and v must be [B={B}, Sk, Hkv, D={D}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    Hkv = k.shape[2]
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    if D not in (64, 128):
+        raise ValueError(f"FP8 attention supports head dims 64 and 128, got {D}")
+    qd, kd, vd = (_descale(t, n, B, Hkv, q.device) for t, n in
+                  ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale")))
+    for t, n in ((q, "q"), (k, "k"), (v, "v"), (qd, "q_descale"), (kd, "k_descale"), (vd, "v_descale")):
+        check_device(t, n)
+    for t, n in ((q, "q"), (k, "k")):
+        if not _tma_aligned(t):
+            raise ValueError(f"{n} needs unit stride on D and a 16-byte aligned base and strides (TMA)")
+    Sk = k.shape[1]
+    out = torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    if out.numel():
+        from .fp8_vt import vt_fp8
+
+        vt = vt_fp8(v)
+        scales = torch.stack([qd * kd, vd], dim=-1).contiguous()
+        cfg = prefill_config_fp8(D, Sq)
+        fn = KERNELS.compiled("flash_fwd_fp8_sm90", _compile_fp8, cfg, bool(causal))
+        ratio = Hq // Hkv
+        sms = num_sms(q.device.index or 0) if (not causal or Sk <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30
+        fn(q, k, vt, out, lse, None, None, scales, softmax_scale_log2(D, softmax_scale), ratio, sms,
+           heads_per_group(Sk, D, ratio, itemsize=1))
+    return (out, lse) if return_lse else out
 
 
 def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,

@@ -75,29 +75,33 @@ class PrefillConfig:
         kv = self.stages * self.n_block * self.head_dim * in_bytes
         return 1024 + self.m_block * self.head_dim * in_bytes + 2 * kv
 
-    def validate(self) -> None:
-        """The one validity check for a config; raises ValueError with the reason."""
+    def validate(self, in_bytes: int = _IN_BYTES) -> None:
+        """The one validity check for a config on inputs of `in_bytes` (2: bf16 / fp16, 1:
+        e4m3); raises ValueError with the reason."""
         check_head_dim(self.head_dim)
         if self.num_mma_wg not in (2, 3):
             raise ValueError(f"num_mma_wg must be 2 or 3 (128- or 192-row tiles), got {self.num_mma_wg}")
-        if self.n_block not in (64, 128):
-            raise ValueError(f"n_block must be 64 or 128, got {self.n_block}")
+        blocks = (64, 128) if in_bytes == 2 else (64, 128, 160, 192, 224)
+        if self.n_block not in blocks:
+            raise ValueError(f"n_block must be one of {blocks} for {in_bytes}-byte inputs, got {self.n_block}")
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(f"stages must be an int >= 1, got {self.stages!r}")
         # ptxas compiles the whole kernel under the launch's register cap, before setmaxnreg:
         # 168 a thread at 384 threads, 128 at 512. A consumer's fp32 O (D / 2 registers a
         # thread) and S (n_block / 2) must leave room under it: D = 256 with 128-key blocks
-        # (192) spilled, with 64-key blocks (160) it compiles clean.
-        acc = (self.head_dim + self.n_block) // 2
-        limit = 160 if self.num_mma_wg == 2 else 120
+        # (192) spilled, with 64-key blocks (160) it compiles clean. FP8 counts P's e4m3
+        # fragment too (n_block / 8): D = 128 with 224-key blocks (204) compiles clean, with
+        # 256 (224) it spilled; at 3 warpgroups D = 64 with 160-key blocks (132) spilled.
+        acc = (self.head_dim + self.n_block) // 2 + (self.n_block // 8 if in_bytes == 1 else 0)
+        limit = (160 if in_bytes == 2 else 208) if self.num_mma_wg == 2 else 120
         if acc > limit:
             raise ValueError(f"{self}: the O and S accumulators take {acc} registers a thread, over the {limit} "
                              f"that {self.num_mma_wg} consumer warpgroups leave (D = 256 needs n_block = 64 and 2 of them)")
         if self.exps_before_pv_wait is not None and not 0 <= self.exps_before_pv_wait <= self.n_block // 2:
             raise ValueError(f"exps_before_pv_wait must be None or 0..{self.n_block // 2} (a thread's scores per "
                              f"block), got {self.exps_before_pv_wait}")
-        if self.smem_bytes() > SM90_SMEM_BYTES:
-            raise ValueError(f"{self} needs {self.smem_bytes()} bytes of shared memory, over the "
+        if self.smem_bytes(in_bytes) > SM90_SMEM_BYTES:
+            raise ValueError(f"{self} needs {self.smem_bytes(in_bytes)} bytes of shared memory, over the "
                              f"{SM90_SMEM_BYTES} of an sm_90 CTA (fewer stages or a smaller n_block)")
 
 
@@ -139,6 +143,21 @@ def _prefill_config(head_dim: int, long_q: bool) -> PrefillConfig:
     )
     cfg.validate()
     return cfg
+
+
+def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
+    """The FP8 prefill kernel's config (flash_attn_fp8): the 16-bit pick, except 224-key
+    blocks at D = 128 from FP8_WIDE_BLOCK_MIN_SQ query rows on. Same-run A/B on the H100
+    (against 128-key blocks): 4x32x4096 +5-7%, 2x32/4x8192 +6-10%, causal +1-3%; causal
+    16x32/8x1024 -9%, whose tiles see too few blocks to amortize the wider ones."""
+    cfg = prefill_config(head_dim, seqlen_q)
+    if head_dim == 128 and seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ:
+        cfg = replace(cfg, n_block=224)
+    cfg.validate(in_bytes=1)
+    return cfg
+
+
+FP8_WIDE_BLOCK_MIN_SQ = 4096
 
 
 # ----------------------------------------------------------------------------- decode (S_q = 1)

@@ -23,6 +23,10 @@ _LOG2_E = 1.4426950408889634
 # Named barriers _TURN_BARRIER + w (w < num_mma_wg): warpgroup w's turn to issue wgmma.
 _TURN_BARRIER = 2
 _LN_2 = 0.6931471805599453
+# FP8: P = exp2(s - max + _P_SHIFT) in [0, 2^_P_SHIFT], so that e4m3 keeps 2^-14 and up in its
+# normal range; the row sums carry the same factor, so O / sum is unchanged, and the LSE
+# takes it back out.
+_P_SHIFT = 8.0
 
 
 class FlashAttnFwdSm90:
@@ -97,6 +101,7 @@ class FlashAttnFwdSm90:
         mLSE: cute.Tensor,  # (b, h_q, s_q), fp32; split_kv: (splits, b, h_q, s_q)
         mSeqlensK: cute.Tensor | None,  # (b,) int32: keys in use per sequence (KV cache); None = all
         mSeqlensQ: cute.Tensor | None,  # (b,) int32: query rows per sequence (varlen); None = all
+        mScales: cute.Tensor | None,  # FP8: (b, h_kv, 2) fp32, q_descale * k_descale and v_descale
         scale_log2: cutlass.Float32,
         qheads_per_kvhead: cutlass.Int32,
         max_ctas: cutlass.Int32,  # persistent grid: at most one CTA per SM
@@ -105,22 +110,28 @@ class FlashAttnFwdSm90:
     ):
         dtype = mQ.element_type
         self.dtype = dtype
+        self.o_dtype = mO.element_type
+        # FP8 (e4m3) inputs: wgmma takes 8-bit operands K-major only, so V comes transposed
+        # ((b, h_kv, d, s_k), keys contiguous). P stays in registers: see _p_fragment_view.
+        self.fp8 = dtype.width == 8
         # Views the TMA helpers want: (rows, d, head, batch); V transposed to (d, s_k, ...).
         q = self._permute(mQ, (1, 3, 2, 0))
         k = self._permute(mK, (1, 3, 2, 0))
-        vt = self._permute(mV, (3, 1, 2, 0))
+        vt = self._permute(mV, (2, 3, 1, 0) if self.fp8 else (3, 1, 2, 0))
         D, mb, nb = self.head_dim, self.m_block, self.n_block
         self.qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
             cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, nb),
         )
+        v_major = LayoutEnum.ROW_MAJOR if self.fp8 else LayoutEnum.COL_MAJOR
         self.pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), LayoutEnum.COL_MAJOR.sm90_mma_major_mode(),
-            cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
+            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), v_major.sm90_mma_major_mode(),
+            cutlass.Float32, (self.num_mma_wg, 1, 1), tiler_mn=(64, D),
+            a_source=warpgroup.OperandSource.RMEM,
         )
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, self.stages)
-        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (mb, D, nb), dtype, self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(v_major, (mb, D, nb), dtype, self.stages)
         tma_q, tQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), q, cute.slice_(sQ_layout, (None, None, 0)), (mb, D))
         tma_k, tK = cpasync.make_tiled_tma_atom(
@@ -144,7 +155,7 @@ class FlashAttnFwdSm90:
         num_tiles = cute.ceil_div(mQ.shape[1], mb) * mQ.shape[2] * bz
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2, qheads_per_kvhead,
+            tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, mScales, scale_log2, qheads_per_kvhead,
             heads_per_group, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
@@ -152,7 +163,7 @@ class FlashAttnFwdSm90:
     @cute.kernel
     def kernel(
         self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None,
-        scale_log2, qheads_per_kvhead, heads_per_group,
+        mScales: cute.Tensor | None, scale_log2, qheads_per_kvhead, heads_per_group,
         qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
     ):
@@ -191,7 +202,7 @@ class FlashAttnFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ,
-                     scale_log2, tiles, tK.shape[0])
+                     mScales, scale_log2, qheads_per_kvhead, tiles, tK.shape[0])
 
     # ------------------------------------------------------------------ tile schedule
     @cute.jit
@@ -314,8 +325,8 @@ class FlashAttnFwdSm90:
         v_pipe.producer_tail(v_state)
 
     @cute.jit
-    def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ, scale_log2,
-            tiles, s_k_max):
+    def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ, mScales,
+            scale_log2, qheads_per_kvhead, tiles, s_k_max):
         """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store.
 
         Software-pipelined within the warpgroup (as FlashAttention-3 does): S_j = Q K_j^T
@@ -341,6 +352,11 @@ class FlashAttnFwdSm90:
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
         rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
         tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
+        if cutlass.const_expr(self.fp8):
+            # The e4m3 A fragment of P V, filled from the fp32 scores through a permuted view
+            # (see _p_fragment_view), so no byte moves between threads.
+            rP = cute.make_rmem_tensor(pv_wg.partition_shape_A((self.m_block, self.n_block)), self.dtype)
+            tOrP = rP
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -356,6 +372,12 @@ class FlashAttnFwdSm90:
             if t >= tiles[2]:  # no tile this round: nothing computed, nothing stored
                 n_blocks = 0
                 s_q = 0
+            sl2 = scale_log2
+            v_scale = cutlass.Float32(1.0)
+            if cutlass.const_expr(self.fp8):
+                h_kv = h // qheads_per_kvhead
+                sl2 = scale_log2 * mScales[b, h_kv, 0]
+                v_scale = mScales[b, h_kv, 1]
             # A 64xN wgmma accumulator holds, per thread, rows r and r+8 of its quad:
             # flat index v = col_pair + 2 * row_half + 4 * col_group. The running max and sum
             # of those two rows are loop-carried scalars (m0, m1, l0, l1).
@@ -395,8 +417,8 @@ class FlashAttnFwdSm90:
                 k_pipe.consumer_release(k_state)
                 k_state.advance()
                 self._mask(acc_s, tScS, j_begin * self.n_block, row0, wrow0, s_k, causal_shift)
-                m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, scale_log2)
-                rP.store(acc_s.load().to(self.dtype))
+                m0, m1, l0, l1, corr0, corr1 = self._online_softmax(acc_s, m0, m1, l0, l1, sl2)
+                self._store_p(acc_s, rP)
                 for j in range(1, n_mine):
                     # ---- issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}
                     k_pipe.consumer_wait(k_state)
@@ -410,16 +432,16 @@ class FlashAttnFwdSm90:
                     k_pipe.consumer_release(k_state)
                     k_state.advance()
                     self._mask(acc_s, tScS, (j_begin + j) * self.n_block, row0, wrow0, s_k, causal_shift)
-                    m0, m1, ref0, ref1, corr0, corr1 = self._row_max(acc_s, m0, m1, scale_log2)
+                    m0, m1, ref0, ref1, corr0, corr1 = self._row_max(acc_s, m0, m1, sl2)
                     n_early = cute.size(acc_s) if self.exps_before_pv_wait is None else self.exps_before_pv_wait
-                    l0, l1 = self._exps(acc_s, 0, n_early, ref0, ref1, l0 * corr0, l1 * corr1, scale_log2)
+                    l0, l1 = self._exps(acc_s, 0, n_early, ref0, ref1, l0 * corr0, l1 * corr1, sl2)
                     # ---- P_{j-1} V_{j-1} landed: rescale O to the new max, P_j replaces P_{j-1}
                     if s_k > 0:  # always true: a basic-block boundary that keeps ptxas from hoisting the wait
                         warpgroup.wait_group(0)
-                        l0, l1 = self._exps(acc_s, n_early, cute.size(acc_s), ref0, ref1, l0, l1, scale_log2)
+                        l0, l1 = self._exps(acc_s, n_early, cute.size(acc_s), ref0, ref1, l0, l1, sl2)
                         for v in cutlass.range_constexpr(cute.size(acc_o)):
                             acc_o[v] = acc_o[v] * (corr0 if (v // 2) % 2 == 0 else corr1)
-                        rP.store(acc_s.load().to(self.dtype))
+                        self._store_p(acc_s, rP)
                     v_pipe.consumer_release(v_state)
                     v_state.advance()
                 # Every Q K^T of this tile has completed: the producer may load the next Q.
@@ -459,16 +481,17 @@ class FlashAttnFwdSm90:
                 tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=2)
                 sums[half] = tot
                 # Rows with nothing to attend to (sum 0) produce zeros, not NaN.
-                inv[half] = cutlass.select_(tot > 0.0, 1.0 / cutlass.max(tot, cutlass.Float32(1e-30)), cutlass.Float32(0.0))
+                inv[half] = cutlass.select_(tot > 0.0, v_scale / cutlass.max(tot, cutlass.Float32(1e-30)),
+                                            cutlass.Float32(0.0))
             if cutlass.const_expr(self.split_kv):
                 for v in cutlass.range_constexpr(cute.size(acc_o)):
                     r_o, c_o = tOcO[v]
                     if row0 + r_o < s_q:
                         mO[split, b, row0 + r_o, h, c_o] = acc_o[v] * inv[(v // 2) % 2]
             else:
-                rO = cute.make_rmem_tensor(acc_o.shape, self.dtype)
+                rO = cute.make_rmem_tensor(acc_o.shape, self.o_dtype)
                 for v in cutlass.range_constexpr(cute.size(acc_o)):
-                    rO[v] = self.dtype(acc_o[v] * inv[(v // 2) % 2])
+                    rO[v] = self.o_dtype(acc_o[v] * inv[(v // 2) % 2])
                 if row0 + self.m_block <= s_q:
                     # A full tile: each thread's column pairs go out as 4-byte stores.
                     gO = cute.local_tile(mO[b, None, h, None], (self.m_block, self.head_dim), (m_idx, 0))
@@ -483,7 +506,10 @@ class FlashAttnFwdSm90:
                 for half in cutlass.range_constexpr(2):
                     lrow = row0 + r0 + 8 * half
                     if lrow < s_q:
-                        lse = (maxes[half] * scale_log2 + cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)) * _LN_2
+                        log2_sum = cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)
+                        if cutlass.const_expr(self.fp8):
+                            log2_sum = log2_sum - _P_SHIFT
+                        lse = (maxes[half] * sl2 + log2_sum) * _LN_2
                         lse = cutlass.select_(sums[half] > 0.0, lse, -cutlass.Float32.inf)
                         if cutlass.const_expr(self.split_kv):
                             mLSE[split, b, h, lrow] = lse
@@ -514,9 +540,10 @@ class FlashAttnFwdSm90:
     @cute.jit
     def _issue_pv(self, pv_mma, acc_o, tOrP, tOrV, stage):
         """O += P V with P from registers: the S accumulator of a 64xN wgmma, split into
-        16-column k-blocks, is exactly the A fragment layout."""
+        16-column k-blocks, is exactly the A fragment layout (FP8: 32-key blocks, keys
+        permuted, see _p_fragment_view)."""
         warpgroup.fence()
-        for kb in cutlass.range_constexpr(self.n_block // 16):
+        for kb in cutlass.range_constexpr(cute.size(tOrV, mode=[2])):
             cute.gemm(pv_mma, acc_o, tOrP[(None, None, kb)], tOrV[(None, None, kb, stage)], acc_o)
         warpgroup.commit_group()
 
@@ -569,6 +596,8 @@ class FlashAttnFwdSm90:
         ref1 = cutlass.select_(mx1 == neg_inf, cutlass.Float32(0.0), mx1 * scale_log2)
         c0 = cutlass.select_(m0 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m0 * scale_log2 - ref0, fastmath=True))
         c1 = cutlass.select_(m1 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m1 * scale_log2 - ref1, fastmath=True))
+        if cutlass.const_expr(self.fp8):
+            ref0, ref1 = ref0 - _P_SHIFT, ref1 - _P_SHIFT
         return mx0, mx1, ref0, ref1, c0, c1
 
     @cute.jit
@@ -582,6 +611,29 @@ class FlashAttnFwdSm90:
                 s1 = s1 + p
             acc_s[v] = p
         return s0, s1
+
+    @cute.jit
+    def _store_p(self, acc_s, rP):
+        """P (the probabilities in acc_s) into the register A operand of the next P V: for
+        FP8, rounded to e4m3 in the permuted order of _p_fragment_view."""
+        if cutlass.const_expr(self.fp8):
+            view = cute.make_tensor(acc_s.iterator, self._p_fragment_view(acc_s.layout))
+            rP.store(view.load().to(self.dtype))
+        else:
+            rP.store(acc_s.load().to(self.dtype))
+
+    @staticmethod
+    def _p_fragment_view(layout):
+        """((2, 2, N/8), M, 1) fp32 accumulator -> ((4, 2, 2), M, N/32), the e4m3 A fragment
+        of a k32 wgmma. A thread's A values are keys 4t..4t+3 and 16+4t..16+4t+3 of each
+        32-key block, its accumulator columns 2t, 2t+1 of each 8-column group. Reading the
+        accumulator as columns (2t, 2t+1, 8+2t, 9+2t | 16+2t, .., 25+2t) makes A's key k
+        the score column pi(k) = 16 (k // 16) + 8 ((k % 4) // 2) + 2 ((k % 16) // 4) + k % 2,
+        with no byte crossing threads; V^T's keys come permuted by the same pi (api.py's
+        _vt_fp8), so the product is unchanged."""
+        m_mode = layout.shape[1]
+        n8 = layout.shape[0][2]
+        return cute.make_layout((((2, 2), 2, 2), m_mode, n8 // 4), stride=(((1, 4), 2, 8), 4 * n8, 16))
 
     @staticmethod
     def _acc_to_a_layout(layout):

@@ -31,6 +31,47 @@ def flash_attn_ref(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fals
     return (o, lse) if return_lse else o
 
 
+def _dequant(t, descale, rep):
+    """e4m3 [B, S, H, D] times its per-(batch, KV head) descale, in float64."""
+    d = descale.double() if descale is not None else torch.ones(t.shape[0], t.shape[2] // rep, dtype=torch.float64,
+                                                                 device=t.device)
+    return t.double() * d.repeat_interleave(rep, dim=1)[:, None, :, None]
+
+
+def flash_attn_fp8_ref(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, causal=False, softmax_scale=None):
+    """flash_attn_fp8's exact math on the dequantized inputs, in float64: O [B, Sq, Hq, D]."""
+    rep = q.shape[2] // k.shape[2]
+    return flash_attn_ref(_dequant(q, q_descale, rep), _dequant(k, k_descale, 1), _dequant(v, v_descale, 1),
+                          causal=causal, softmax_scale=softmax_scale)
+
+
+def flash_attn_fp8_emulated(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, causal=False,
+                            softmax_scale=None):
+    """The same quantization as flash_attn_fp8, emulated in fp32: scores in fp32, P = exp(s - max)
+    x 256 rounded to e4m3 for P V, the row sum of the unrounded P. (The kernel's max is the
+    running one of its key blocks, so its P roundings differ slightly; this is the error
+    budget the kernel is judged against.)"""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    rep = Hq // Hkv
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    qf, kf = _dequant(q, q_descale, rep).float(), _dequant(k, k_descale, 1).float()
+    qf = qf.transpose(1, 2)
+    kf = kf.transpose(1, 2).repeat_interleave(rep, dim=1)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + Sk - Sq, float("-inf"))
+    m = s.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    p = torch.exp(s - m) * 256.0
+    pq = p.to(torch.float8_e4m3fn).float()
+    vf = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    vd = (v_descale if v_descale is not None else torch.ones(B, Hkv, device=q.device)).float()
+    o = (pq @ vf) * vd.repeat_interleave(rep, dim=1)[:, :, None, None] / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    return o.transpose(1, 2)
+
+
 def flash_attn_with_kvcache_ref(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, causal=True,
                                 softmax_scale=None):
     """Reference: per sequence, attend to the filled cache (plus k_new/v_new, appended in place)."""
@@ -68,3 +109,20 @@ def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
     bidx = torch.arange(B, device=k_new.device)[:, None].expand(B, S_new)
     k_cache[bidx, rows] = k_new
     v_cache[bidx, rows] = v_new
+
+
+# pi(k) within each 32-key block: the score column that the FP8 kernel's e4m3 P fragment
+# holds as key k (FlashAttnFwdSm90._p_fragment_view); its V^T holds key pi(k) there.
+FP8_KEY_PERM = tuple(16 * (k // 16) + 8 * ((k % 4) // 2) + 2 * ((k % 16) // 4) + k % 2 for k in range(32))
+
+
+def vt_fp8_ref(v: torch.Tensor, permute_keys: bool = True) -> torch.Tensor:
+    """What fp8_vt.vt_fp8 computes: V [B, Sk, Hkv, D] -> V^T [B, Hkv, D, 32 ceil(Sk / 32)],
+    zeros past Sk, keys permuted by FP8_KEY_PERM within each 32-block."""
+    B, Sk, Hkv, D = v.shape
+    dtype, sk_pad = v.dtype, -(-Sk // 32) * 32
+    v = torch.cat([v.view(torch.uint8), torch.zeros((B, sk_pad - Sk, Hkv, D), dtype=torch.uint8, device=v.device)], 1)
+    if permute_keys:
+        idx = torch.tensor(FP8_KEY_PERM, device=v.device)
+        v = v.view(B, sk_pad // 32, 32, Hkv, D).index_select(2, idx).reshape(B, sk_pad, Hkv, D)
+    return v.permute(0, 2, 3, 1).contiguous().view(dtype)
