@@ -36,6 +36,7 @@ def rows_of(raw: dict) -> list[dict]:
                     "prefill_mfu_pct_per_rank": p.get("mfu_pct"),
                     "prefill_ms_collectives_nccl": raw.get("prefill_sp_collectives", {}).get("nccl", {}).get("ms"),
                     "prefill_ms_seq_parallel_off": raw.get("prefill_seq_parallel", {}).get("off", {}).get("ms"),
+                    "prefill_ms_sp_overlap_off": raw.get("prefill_sp_overlap", {}).get("off", {}).get("ms"),
                     "decode_ms_per_token": dec.get("ms_per_token"), "decode_mbu_pct": dec.get("mbu_pct"),
                     "roofline_ms": dec.get("roofline_ms"), "allreduce_us": dec.get("allreduce_us"),
                     "weight_gb_per_rank": raw["weight_gb_per_rank"]})
@@ -57,6 +58,9 @@ def summarize(raws: list[dict]) -> dict:
                 s[f"{model}_max_reference_margin_at_disagreement"] = max(tf["margin_reference"], default=0.0)
         if tp > 1:
             s[f"{model}_tp{tp}_prefill_tok_s"] = r["prefill"]["tok_s"]
+            if "prefill_sp_overlap" in r:
+                o = r["prefill_sp_overlap"]
+                s[f"{model}_tp{tp}_prefill_ms[reduce-scatter overlapped|after the GEMM]"] = [o["on"]["ms"], o["off"]["ms"]]
             if "prefill_sp_collectives" in r:
                 c = r["prefill_sp_collectives"]
                 s[f"{model}_tp{tp}_prefill_ms[copy-engine collectives|nccl]"] = [c["p2p"]["ms"], c["nccl"]["ms"]]
@@ -70,14 +74,15 @@ def markdown(payload: dict, raws: list[dict]) -> str:
           f"Random weights, bf16, attention cute, torch {payload['torch']}, transformers {payload['transformers']}; "
           "every row from one machine, the runs one after another. Prefill is timed with CUDA events on eager launches; "
           "decode is one CUDA graph per token. MBU and rooflines: the rank's sharded weights plus its KV rows.", "",
-          "| model | TP | all-reduce | prefill ms | tok/s | MFU/rank | collectives on NCCL | replicated stream | "
-          "decode ms/token | MBU | all-reduce us |", "|---" * 11 + "|"]
+          "| model | TP | all-reduce | prefill ms | tok/s | MFU/rank | reduce-scatter after the GEMM | "
+          "collectives on NCCL | replicated stream | decode ms/token | MBU | all-reduce us |", "|---" * 12 + "|"]
     if payload.get("note"):
         md[4:4] = [payload["note"], ""]
     f = (lambda v, p=2: "-" if v is None else f"{v:,.{p}f}")
     for r in payload["rows"]:
         md.append(f"| {r['model']} | {r['tp']} | {r['allreduce']} | {f(r['prefill_ms'])} | {f(r['prefill_tok_s'], 0)} | "
-                  f"{f(r['prefill_mfu_pct_per_rank'], 1)}% | {f(r['prefill_ms_collectives_nccl'])} | "
+                  f"{f(r['prefill_mfu_pct_per_rank'], 1)}% | {f(r.get('prefill_ms_sp_overlap_off'))} | "
+                  f"{f(r['prefill_ms_collectives_nccl'])} | "
                   f"{f(r['prefill_ms_seq_parallel_off'])} | {f(r['decode_ms_per_token'], 3)} | "
                   f"{f(r['decode_mbu_pct'], 1)}% | {f(r['allreduce_us'], 1)} |")
     md += ["", "## Summary", ""] + [f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}"

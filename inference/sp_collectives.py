@@ -4,7 +4,7 @@ copy engines from symmetric memory.
 A Llama-3-8B prefill of 4 x 2048 at TP=2 runs 64 all-gathers and 64 reduce-scatters of
 [8192, 4096] bf16 (32 MB per rank each way). NCCL's ring kernels move them at about 220 GB/s and
 occupy SMs; the copy engines pull them at about 345 GB/s on 2x H200 (93 us per 32 MB in the
-prefill's profile): 110.2 vs 113.3 ms per prefill (`benchmarks/results/tp_h200x2.md`).
+prefill's profile): 102.4 vs 111.5 ms per prefill (`benchmarks/results/tp_h200x2.md`).
 
 Here each rank's rows sit in a symmetric buffer (torch.distributed's `_symmetric_memory`:
 every rank maps every peer's allocation), and a rank copies what it needs from its peers with
@@ -19,7 +19,9 @@ engine:
   (`matmul.gemm(out=)`), one barrier, then each peer's partial of this rank's rows is copied
   over and the partials are added in rank order, then the local residual (at two ranks one
   launch, `llama_kernels.sum_pair_add`). The sum of a row does not depend on which rank
-  computes it.
+  computes it. By default (`gemm_reduce_scatter`, CUTE_KERNELS_TP_SP_OVERLAP) the GEMM first
+  computes the rows the peers pull, then the barrier, and the copy engines pull on a side
+  stream while the SMs compute this rank's own rows: 102.4 vs 107.9 ms per prefill.
 
 Reuse without a second barrier: each kind has two slots used in turn. A rank writes a slot
 again two calls later, behind the barrier of the call in between on its stream; every peer
@@ -49,6 +51,7 @@ class P2PSeqCollectives:
         self._handle = None
         self._slot_elems = 0
         self._turn = {k: 0 for k in _KINDS}
+        self._side = None  # the stream gemm_reduce_scatter pulls on
 
     def fits(self, rows: int, hidden: int, dtype: torch.dtype) -> bool:
         """Whether a [rows, hidden] collective runs here (else NCCL): rows split evenly and a
@@ -101,6 +104,35 @@ class P2PSeqCollectives:
             slot[peer * n:(peer + 1) * n].copy_(self._peer_rows(peer, offset, peer * n, n, hidden))
         return slot
 
+    def gemm_reduce_scatter(self, produce, rows: int, hidden: int, dtype: torch.dtype,
+                            residual: torch.Tensor) -> torch.Tensor:
+        """`reduce_scatter` overlapped with the GEMM that produces the partials:
+        produce(lo, hi, out) writes rows lo..hi-1 of this rank's partial product into out.
+        The rows the peers pull come first; after the barrier the copy engines pull the peers'
+        partials of this rank's rows on a side stream while the SMs compute those rows here."""
+        slot, offset = self._slot("scatter", rows, hidden, dtype)
+        n = rows // self.size
+        main = torch.cuda.current_stream(self.device)
+        for step in range(1, self.size):
+            peer = (self.rank + step) % self.size
+            produce(peer * n, (peer + 1) * n, slot[peer * n:(peer + 1) * n])
+        self._handle.barrier(channel=0)
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        self._side.wait_stream(main)
+        by_rank = {}
+        with torch.cuda.stream(self._side):
+            for step in range(1, self.size):
+                peer = (self.rank + step) % self.size
+                by_rank[peer] = self._peer_rows(peer, offset, self.rank * n, n, hidden).clone()
+        own = slot[self.rank * n:(self.rank + 1) * n]
+        produce(self.rank * n, (self.rank + 1) * n, own)
+        main.wait_stream(self._side)
+        for t in by_rank.values():
+            t.record_stream(main)  # made on the side stream, read and freed on this one
+        by_rank[self.rank] = own
+        return self._sum(by_rank, residual)
+
     def scatter_slot(self, rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         """The [rows, hidden] buffer the row-parallel GEMM writes its partial product into;
         hand it to `reduce_scatter` next."""
@@ -118,6 +150,9 @@ class P2PSeqCollectives:
         for step in range(1, self.size):
             peer = (self.rank + step) % self.size
             by_rank[peer] = self._peer_rows(peer, offset, self.rank * n, n, hidden).clone()
+        return self._sum(by_rank, residual)
+
+    def _sum(self, by_rank: dict, residual: torch.Tensor) -> torch.Tensor:
         # Rank order, so that the sum does not depend on which rank computes it.
         if self.size == 2 and residual.is_contiguous() and residual.dtype in (torch.bfloat16, torch.float16):
             from .llama_kernels import sum_pair_add

@@ -60,6 +60,7 @@ ALLREDUCE_ENV = "CUTE_KERNELS_TP_ALLREDUCE"
 SP_NORM_ENV = "CUTE_KERNELS_TP_SP_NORM"
 SEQ_PARALLEL_ENV = "CUTE_KERNELS_TP_SEQ_PARALLEL"
 SP_P2P_ENV = "CUTE_KERNELS_TP_SP_P2P"
+SP_OVERLAP_ENV = "CUTE_KERNELS_TP_SP_OVERLAP"
 # Sequence-parallel norms from this many rows on: below it (decode, short prompts) the
 # all-gather's latency costs more than the rows it saves.
 SP_MIN_ROWS = 1024
@@ -111,6 +112,8 @@ class TPGroup:
         # The sequence-parallel layers' all-gathers and reduce-scatters as copy-engine pulls
         # from symmetric memory (sp_collectives.py) where setup() could build them; NCCL otherwise.
         self.sp_p2p = env.enabled(SP_P2P_ENV)
+        # ... and each reduce-scatter's pulls overlapped with the row-parallel GEMM's own rows.
+        self.sp_overlap = env.enabled(SP_OVERLAP_ENV)
         self._p2p = None
         # True while the Llama family's model body runs its forward (its embedding output then
         # goes to the first decoder layer, which may keep only local rows); false for the decode
@@ -544,8 +547,12 @@ class SeqParallelRowLinear:
         if p2p is not None and self.bias is None and not self.activation and self.backend == "cute" and x2.is_cuda:
             from cute_kernels.matmul.api import gemm
 
+            wt = w.t()
+            if tp.sp_overlap:
+                return p2p.gemm_reduce_scatter(lambda lo, hi, out: gemm(x2[lo:hi], wt, out=out), x2.shape[0], N,
+                                               x2.dtype, residual)
             slot = p2p.scatter_slot(x2.shape[0], N, x2.dtype)
-            gemm(x2, w.t(), out=slot)  # the partial product straight into the symmetric buffer
+            gemm(x2, wt, out=slot)  # the partial product straight into the symmetric buffer
             return p2p.reduce_scatter(slot, residual)
         y = ops.linear(x2, w, bias, None, self.activation or "", 1.0, 1.0, self.backend)
         if y.shape[1] != N:  # the op pads rows to 16 bytes

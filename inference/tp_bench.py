@@ -136,6 +136,19 @@ def allreduce_us(group, hidden: int, dtype, device, n: int = 64, reps: int = 20)
     return 1e3 * a.elapsed_time(b) / (reps * n)
 
 
+def _flipped(group, switch: str, ms: float, time_it) -> dict:
+    """{setting: prefill ms} for one boolean switch of the TP group: `ms` as set, time_it()
+    with it flipped (then restored)."""
+    on = getattr(group, switch)
+    setattr(group, switch, not on)
+    try:
+        with torch.no_grad():
+            other = time_it()
+    finally:
+        setattr(group, switch, on)
+    return {on: ms, not on: other}
+
+
 def run_tp_bench(args) -> int:
     import transformers
 
@@ -205,16 +218,19 @@ def run_tp_bench(args) -> int:
         print(f"prefill with replicated RMSNorms: {ms_rep:.2f} ms (sequence-parallel: {ms:.2f} ms)")
     if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None:
         # A/B: the sequence-parallel collectives on the copy engines vs NCCL
-        on = group.sp_p2p
-        group.sp_p2p = not on
-        with torch.no_grad():
-            ms_other = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
-        group.sp_p2p = on
-        ab = {on: ms, not on: ms_other}
+        ab = _flipped(group, "sp_p2p", ms, lambda: _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1),
+                                                               cuda))
         result["prefill_sp_collectives"] = {k: {"ms": ab[v], "tok_s": args.batch * args.prompt_len / ab[v] * 1e3}
                                             for k, v in (("p2p", True), ("nccl", False))}
         print(f"prefill with the sequence-parallel collectives on the copy engines: {ab[True]:.2f} ms, "
               f"on NCCL: {ab[False]:.2f} ms")
+    if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None \
+            and group.sp_p2p:
+        # A/B: the reduce-scatters' pulls overlapped with the row-parallel GEMMs, or after them
+        ab = _flipped(group, "sp_overlap", ms, lambda: _events_ms(
+            lambda: model(ids, use_cache=False, logits_to_keep=1), cuda))
+        result["prefill_sp_overlap"] = {k: {"ms": ab[v]} for k, v in (("on", True), ("off", False))}
+        print(f"prefill with CUTE_KERNELS_TP_SP_OVERLAP=1: {ab[True]:.2f} ms, =0: {ab[False]:.2f} ms")
     if group is not None and ad.model.config.model_type != "gpt2":  # A/B: the sequence-parallel residual stream
         on = group.seq_parallel
         group.seq_parallel = not on

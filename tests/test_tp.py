@@ -364,6 +364,9 @@ def _sp_worker(rank: int, world: int, port: int, out: str, device: str, kinds) -
             with torch.no_grad():
                 results[(kind, "sp", "p2p logits")] = (ref.cpu(), sharded(ids).logits.float().cpu())
                 results[(kind, "sp", "p2p second call logits")] = (ref.cpu(), sharded(ids).logits.float().cpu())
+                group.sp_overlap = not group.sp_overlap  # the reduce-scatter with the other schedule
+                results[(kind, "sp", "p2p other overlap logits")] = (ref.cpu(), sharded(ids).logits.float().cpu())
+                group.sp_overlap = not group.sp_overlap
         results[(kind, "sp", "logits")] = (ref.cpu(), got.cpu())
         results[(kind, "sp", "vs tp logits")] = (plain.cpu(), got.cpu())
         results[(kind, "sp", "fallback identical")] = (plain_odd.cpu(), got_odd.cpu())

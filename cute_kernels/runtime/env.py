@@ -87,6 +87,10 @@ SWITCHES: dict[str, Switch] = {
     "CUTE_KERNELS_TP_SP_P2P": Switch(
         "1", "0: the sequence-parallel prefill's all-gathers and reduce-scatters run on NCCL (default: copy-engine "
              "pulls from symmetric memory where PyTorch provides it, inference/sp_collectives.py)."),
+    "CUTE_KERNELS_TP_SP_OVERLAP": Switch(
+        "1", "0: with the copy-engine collectives, each sequence-parallel reduce-scatter starts after the whole "
+             "row-parallel GEMM (default: the rows the peers pull are computed first, then the copy engines pull "
+             "while the GEMM computes this rank's own rows)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 
