@@ -63,6 +63,11 @@ class FlashAttnFwdSm90:
     Split-KV (`split_kv`, for grids too small to fill the GPU, e.g. decode): grid z is
     batch x splits, each CTA takes a balanced range of the query block's key blocks and
     writes its own normalised fp32 O and LSE; api.combine_splits merges them.
+
+    FP8 (e4m3 Q, K and V^T, from the input dtype): both products are e4m3 wgmmas; V comes
+    transposed with its keys permuted per 32 (fp8_vt.py), P is rounded to e4m3 straight
+    into the P V operand registers in the matching order (`_p_fragment_view`), shifted by
+    2^_P_SHIFT; the descales fold into the exp2 scale and O's 1 / rowsum (`mScales`).
     """
 
     def __init__(self, cfg: PrefillConfig, causal: bool, split_kv: bool = False):
