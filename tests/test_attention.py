@@ -894,6 +894,8 @@ def test_fp8_attention_validates_inputs():
         ck.flash_attn_fp8(q, k, k, q_descale=torch.ones(1, 4))
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         ck.flash_attn_fp8(torch.randn(1, 16, 3, 64).to(f8), k, k)
+    with pytest.raises(ValueError, match="v needs unit stride on D"):
+        ck.flash_attn_fp8(q, k, torch.randn(1, 16, 64, 2).to(f8).transpose(2, 3))
 
 
 def test_fp8_references_agree_on_the_cpu():

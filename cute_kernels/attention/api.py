@@ -461,6 +461,8 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     if D not in (64, 128):
         raise ValueError(f"FP8 attention supports head dims 64 and 128, got {D}")
+    if v.stride(3) != 1:
+        raise ValueError("v needs unit stride on D")
     qd, kd, vd = (_descale(t, n, B, Hkv, q.device) for t, n in
                   ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale")))
     for t, n in ((q, "q"), (k, "k"), (v, "v"), (qd, "q_descale"), (kd, "k_descale"), (vd, "v_descale")):
