@@ -15,11 +15,11 @@ engine:
   then each peer's rows are copied from the peer's slot into the same rows of this rank's
   slot. The slot, now holding every row, is the result: the column-parallel GEMMs read it
   where it lies.
-- reduce-scatter: the row-parallel GEMM writes its partial product straight into the slot
-  (`matmul.gemm(out=)`), one barrier, then each peer's partial of this rank's rows is copied
+- reduce-scatter (`gemm_reduce_scatter`): the row-parallel GEMM writes its partial product
+  straight into the slot (`matmul.gemm(out=)`), one barrier, then each peer's partial of this rank's rows is copied
   over and the partials are added in rank order, then the local residual (at two ranks one
   launch, `llama_kernels.sum_pair_add`). The sum of a row does not depend on which rank
-  computes it. By default (`gemm_reduce_scatter`, CUTE_KERNELS_TP_SP_OVERLAP) the GEMM first
+  computes it. By default (CUTE_KERNELS_TP_SP_OVERLAP) the GEMM first
   computes the rows the peers pull, then the barrier, and the copy engines pull on a side
   stream while the SMs compute this rank's own rows: 102.4 vs 107.9 ms per prefill.
 
@@ -35,6 +35,8 @@ longer collectives (and rows that do not split evenly) run on NCCL.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -105,51 +107,36 @@ class P2PSeqCollectives:
         return slot
 
     def gemm_reduce_scatter(self, produce, rows: int, hidden: int, dtype: torch.dtype,
-                            residual: torch.Tensor) -> torch.Tensor:
-        """`reduce_scatter` overlapped with the GEMM that produces the partials:
-        produce(lo, hi, out) writes rows lo..hi-1 of this rank's partial product into out.
-        The rows the peers pull come first; after the barrier the copy engines pull the peers'
-        partials of this rank's rows on a side stream while the SMs compute those rows here."""
+                            residual: torch.Tensor, overlap: bool = True) -> torch.Tensor:
+        """This rank's rows of the sum over ranks of a [rows, hidden] partial product, plus
+        residual. produce(lo, hi, out) writes rows lo..hi-1 of this rank's partial into out
+        (the slot of the symmetric buffer). overlap: the rows the peers pull come first; after
+        the barrier the copy engines pull the peers' partials of this rank's rows on a side
+        stream while the SMs compute those rows here. Otherwise all rows, the barrier, then the
+        pulls on this stream."""
         slot, offset = self._slot("scatter", rows, hidden, dtype)
         n = rows // self.size
-        main = torch.cuda.current_stream(self.device)
-        for step in range(1, self.size):
-            peer = (self.rank + step) % self.size
-            produce(peer * n, (peer + 1) * n, slot[peer * n:(peer + 1) * n])
-        self._handle.barrier(channel=0)
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        self._side.wait_stream(main)
-        by_rank = {}
-        with torch.cuda.stream(self._side):
-            for step in range(1, self.size):
-                peer = (self.rank + step) % self.size
-                by_rank[peer] = self._peer_rows(peer, offset, self.rank * n, n, hidden).clone()
         own = slot[self.rank * n:(self.rank + 1) * n]
-        produce(self.rank * n, (self.rank + 1) * n, own)
-        main.wait_stream(self._side)
-        for t in by_rank.values():
-            t.record_stream(main)  # made on the side stream, read and freed on this one
-        by_rank[self.rank] = own
-        return self._sum(by_rank, residual)
-
-    def scatter_slot(self, rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
-        """The [rows, hidden] buffer the row-parallel GEMM writes its partial product into;
-        hand it to `reduce_scatter` next."""
-        slot, offset = self._slot("scatter", rows, hidden, dtype)
-        self._scatter_offset = offset
-        return slot
-
-    def reduce_scatter(self, slot: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of the sum of every rank's `slot` (from `scatter_slot`), plus residual."""
-        rows, hidden = slot.shape
-        n = rows // self.size
-        offset = self._scatter_offset
+        peers = [(self.rank + step) % self.size for step in range(1, self.size)]
+        if overlap:
+            for peer in peers:
+                produce(peer * n, (peer + 1) * n, slot[peer * n:(peer + 1) * n])
+        else:
+            produce(0, rows, slot)
         self._handle.barrier(channel=0)
-        by_rank = {self.rank: slot[self.rank * n:(self.rank + 1) * n]}
-        for step in range(1, self.size):
-            peer = (self.rank + step) % self.size
-            by_rank[peer] = self._peer_rows(peer, offset, self.rank * n, n, hidden).clone()
+        main = torch.cuda.current_stream(self.device)
+        if overlap:
+            if self._side is None:
+                self._side = torch.cuda.Stream(self.device)
+            self._side.wait_stream(main)
+        with torch.cuda.stream(self._side) if overlap else contextlib.nullcontext():
+            by_rank = {peer: self._peer_rows(peer, offset, self.rank * n, n, hidden).clone() for peer in peers}
+        if overlap:
+            produce(self.rank * n, (self.rank + 1) * n, own)
+            main.wait_stream(self._side)
+            for t in by_rank.values():
+                t.record_stream(main)  # made on the side stream, read and freed on this one
+        by_rank[self.rank] = own
         return self._sum(by_rank, residual)
 
     def _sum(self, by_rank: dict, residual: torch.Tensor) -> torch.Tensor:

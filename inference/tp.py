@@ -548,12 +548,9 @@ class SeqParallelRowLinear:
             from cute_kernels.matmul.api import gemm
 
             wt = w.t()
-            if tp.sp_overlap:
-                return p2p.gemm_reduce_scatter(lambda lo, hi, out: gemm(x2[lo:hi], wt, out=out), x2.shape[0], N,
-                                               x2.dtype, residual)
-            slot = p2p.scatter_slot(x2.shape[0], N, x2.dtype)
-            gemm(x2, wt, out=slot)  # the partial product straight into the symmetric buffer
-            return p2p.reduce_scatter(slot, residual)
+            # The partial product straight into the symmetric buffer, rows lo..hi-1 at a time.
+            return p2p.gemm_reduce_scatter(lambda lo, hi, out: gemm(x2[lo:hi], wt, out=out), x2.shape[0], N,
+                                           x2.dtype, residual, overlap=tp.sp_overlap)
         y = ops.linear(x2, w, bias, None, self.activation or "", 1.0, 1.0, self.backend)
         if y.shape[1] != N:  # the op pads rows to 16 bytes
             y = y[:, :N]
