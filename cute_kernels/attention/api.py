@@ -477,7 +477,7 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
         from .fp8_vt import vt_fp8
 
         vt = vt_fp8(v)
-        scales = torch.stack([qd * kd, vd], dim=-1).contiguous()
+        scales = torch.stack([qd * kd, vd], dim=-1)
         cfg = prefill_config_fp8(D, Sq)
         fn = KERNELS.compiled("flash_fwd_fp8_sm90", _compile_fp8, cfg, bool(causal))
         ratio = Hq // Hkv

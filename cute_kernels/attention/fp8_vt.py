@@ -20,24 +20,21 @@ BLOCK_S = 64  # keys per program: two 32-key permutation blocks
 
 @triton.jit
 def _vt_kernel(v_ptr, out_ptr, Sk, Hkv, stride_vb, stride_vs, stride_vh, stride_ob, stride_oh, stride_od,
-               D: tl.constexpr, BLOCK_S: tl.constexpr, PERMUTE: tl.constexpr):
+               D: tl.constexpr, BLOCK_S: tl.constexpr):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hkv
     h = bh % Hkv
     k = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # destination key slots
-    if PERMUTE:
-        r = k % 32
-        src = (k - r) + 16 * (r // 16) + 8 * ((r % 4) // 2) + 2 * ((r % 16) // 4) + r % 2
-    else:
-        src = k
+    r = k % 32
+    src = (k - r) + 16 * (r // 16) + 8 * ((r % 4) // 2) + 2 * ((r % 16) // 4) + r % 2  # reference.FP8_KEY_PERM
     d = tl.arange(0, D)
     rows = tl.load(v_ptr + b * stride_vb + h * stride_vh + src[:, None] * stride_vs + d[None, :],
                    mask=(src < Sk)[:, None], other=0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d[:, None] * stride_od + k[None, :], tl.trans(rows))
 
 
-def vt_fp8(v: torch.Tensor, permute_keys: bool = True) -> torch.Tensor:
+def vt_fp8(v: torch.Tensor) -> torch.Tensor:
     """V [B, Sk, Hkv, D] (D contiguous) -> V^T [B, Hkv, D, 32 ceil(Sk / 32)], same dtype."""
     B, Sk, Hkv, D = v.shape
     if v.stride(3) != 1:
@@ -48,5 +45,5 @@ def vt_fp8(v: torch.Tensor, permute_keys: bool = True) -> torch.Tensor:
         vb, ob = v.view(torch.uint8), out.view(torch.uint8)
         grid = (triton.cdiv(sk_pad, BLOCK_S), B * Hkv)
         _vt_kernel[grid](vb, ob, Sk, Hkv, v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1),
-                         out.stride(2), D=D, BLOCK_S=BLOCK_S, PERMUTE=permute_keys)
+                         out.stride(2), D=D, BLOCK_S=BLOCK_S)
     return out

@@ -355,13 +355,14 @@ class FlashAttnFwdSm90:
         # acc_o is zero-filled and rescaled in registers, so every P V wgmma accumulates
         # (the field defaults to overwrite, which would keep only the last 16 keys).
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
-        tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
         if cutlass.const_expr(self.fp8):
             # The e4m3 A fragment of P V, filled from the fp32 scores through a permuted view
             # (see _p_fragment_view), so no byte moves between threads.
             rP = cute.make_rmem_tensor(pv_wg.partition_shape_A((self.m_block, self.n_block)), self.dtype)
             tOrP = rP
+        else:
+            rP = cute.make_rmem_tensor(acc_s.shape, self.dtype)
+            tOrP = cute.make_tensor(rP.iterator, self._acc_to_a_layout(rP.layout))
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -634,8 +635,8 @@ class FlashAttnFwdSm90:
         32-key block, its accumulator columns 2t, 2t+1 of each 8-column group. Reading the
         accumulator as columns (2t, 2t+1, 8+2t, 9+2t | 16+2t, .., 25+2t) makes A's key k
         the score column pi(k) = 16 (k // 16) + 8 ((k % 4) // 2) + 2 ((k % 16) // 4) + k % 2,
-        with no byte crossing threads; V^T's keys come permuted by the same pi (api.py's
-        _vt_fp8), so the product is unchanged."""
+        with no byte crossing threads; V^T's keys come permuted by the same pi
+        (fp8_vt.vt_fp8), so the product is unchanged."""
         m_mode = layout.shape[1]
         n8 = layout.shape[0][2]
         return cute.make_layout((((2, 2), 2, 2), m_mode, n8 // 4), stride=(((1, 4), 2, 8), 4 * n8, 16))

@@ -116,13 +116,12 @@ def append_kv(k_cache, v_cache, cache_seqlens, k_new, v_new) -> None:
 FP8_KEY_PERM = tuple(16 * (k // 16) + 8 * ((k % 4) // 2) + 2 * ((k % 16) // 4) + k % 2 for k in range(32))
 
 
-def vt_fp8_ref(v: torch.Tensor, permute_keys: bool = True) -> torch.Tensor:
+def vt_fp8_ref(v: torch.Tensor) -> torch.Tensor:
     """What fp8_vt.vt_fp8 computes: V [B, Sk, Hkv, D] -> V^T [B, Hkv, D, 32 ceil(Sk / 32)],
     zeros past Sk, keys permuted by FP8_KEY_PERM within each 32-block."""
     B, Sk, Hkv, D = v.shape
     dtype, sk_pad = v.dtype, -(-Sk // 32) * 32
     v = torch.cat([v.view(torch.uint8), torch.zeros((B, sk_pad - Sk, Hkv, D), dtype=torch.uint8, device=v.device)], 1)
-    if permute_keys:
-        idx = torch.tensor(FP8_KEY_PERM, device=v.device)
-        v = v.view(B, sk_pad // 32, 32, Hkv, D).index_select(2, idx).reshape(B, sk_pad, Hkv, D)
+    idx = torch.tensor(FP8_KEY_PERM, device=v.device)
+    v = v.view(B, sk_pad // 32, 32, Hkv, D).index_select(2, idx).reshape(B, sk_pad, Hkv, D)
     return v.permute(0, 2, 3, 1).contiguous().view(dtype)
