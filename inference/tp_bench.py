@@ -216,10 +216,12 @@ def run_tp_bench(args) -> int:
         group.sp_norms = True
         result["prefill_replicated_norms"] = {"ms": ms_rep, "tok_s": args.batch * args.prompt_len / ms_rep * 1e3}
         print(f"prefill with replicated RMSNorms: {ms_rep:.2f} ms (sequence-parallel: {ms:.2f} ms)")
+    def prefill_ms():
+        return _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
+
     if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None:
         # A/B: the sequence-parallel collectives on the copy engines vs NCCL
-        ab = _flipped(group, "sp_p2p", ms, lambda: _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1),
-                                                               cuda))
+        ab = _flipped(group, "sp_p2p", ms, prefill_ms)
         result["prefill_sp_collectives"] = {k: {"ms": ab[v], "tok_s": args.batch * args.prompt_len / ab[v] * 1e3}
                                             for k, v in (("p2p", True), ("nccl", False))}
         print(f"prefill with the sequence-parallel collectives on the copy engines: {ab[True]:.2f} ms, "
@@ -227,8 +229,7 @@ def run_tp_bench(args) -> int:
     if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None \
             and group.sp_p2p:
         # A/B: the reduce-scatters' pulls overlapped with the row-parallel GEMMs, or after them
-        ab = _flipped(group, "sp_overlap", ms, lambda: _events_ms(
-            lambda: model(ids, use_cache=False, logits_to_keep=1), cuda))
+        ab = _flipped(group, "sp_overlap", ms, prefill_ms)
         result["prefill_sp_overlap"] = {k: {"ms": ab[v]} for k, v in (("on", True), ("off", False))}
         print(f"prefill with CUTE_KERNELS_TP_SP_OVERLAP=1: {ab[True]:.2f} ms, =0: {ab[False]:.2f} ms")
     if group is not None and ad.model.config.model_type != "gpt2":  # A/B: the sequence-parallel residual stream
