@@ -847,3 +847,67 @@ def test_gemv_sm90_8bit(monkeypatch, wdt, N, K, opts):
     e_triton = (outs[0] - ref).abs().max().item()
     assert torch.isfinite(outs[1]).all()
     assert (outs[1] - ref).abs().max().item() <= 2 * e_triton + 1e-6
+
+
+SWAP_CFGS = {
+    "128x96c21": GemmConfig(128, 96, 2, 1, swap_ab=True),
+    "128x160c12pp": GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True),
+    "128x64c11": GemmConfig(128, 64, 1, 1, swap_ab=True),
+    "128x256c21": GemmConfig(128, 256, 2, 1, swap_ab=True),
+    "128x96c21s3": GemmConfig(128, 96, 2, 1, split_k=3, swap_ab=True),
+}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3"])
+def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
+    """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
+    from cute_kernels.matmul.api import _compile, _kernel_view
+    from cute_kernels.matmul.config import Epilogue
+
+    cfg = SWAP_CFGS[cfg_name]
+    a_dt, b_dt, am, bm, epi = _kernel_view(torch.bfloat16, torch.bfloat16, "k", "k", cfg,
+                                           Epilogue(activation="gelu_tanh", alpha=True))
+    _compile(a_dt, b_dt, torch.bfloat16, am, bm, cfg, epi, "Float32", keep_dir=str(tmp_path))
+    ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+    assert "stmatrix.sync.aligned.m8n8.x4.trans" in ptx
+    report = _ptxas_report(glob.glob(str(tmp_path / "*.ptx"))[0])
+    if report:
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills and all(s == ("0", "0") for s in spills), report
+
+
+def test_swap_ab_refuses_epilogues_it_cannot_transpose():
+    from cute_kernels.matmul.config import Epilogue, swap_supported
+
+    assert swap_supported(Epilogue(activation="gelu", alpha=True, row_scale="vector", col_scale="scalar"), 2) is None
+    for epi in (Epilogue(bias=True), Epilogue(residual=True), Epilogue(activation="swiglu")):
+        assert "swap_ab takes epilogues without" in swap_supported(epi, 2)
+    assert "16-bit outputs" in swap_supported(Epilogue(), 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg_name", list(SWAP_CFGS))
+@pytest.mark.parametrize("shape", [(273, 5120, 5120), (1186, 2048, 2048), (77, 1600, 1000), (3, 1598, 999),
+                                   (4100, 2000, 700), (260, 4608, 3584)])
+def test_swap_ab(cfg_name, shape):
+    """swap_ab through run_gemm and a plan of linear(): D^T = W X^T written into D's
+    transposed view; ragged M and N, a partial last k-tile, padded output rows, several
+    tiles per CTA, split-K; a bias is refused with a ValueError, not computed wrong."""
+    import cute_kernels as ck
+    from cute_kernels.matmul.api import SwapLaunch, _alloc_out, _prepare_operand, kernel_for, run_gemm
+    from cute_kernels.matmul.config import Epilogue
+
+    M, N, K = shape
+    cfg = SWAP_CFGS[cfg_name]
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    xp, wp = _prepare_operand(x, "m"), _prepare_operand(w, "n")
+    epi = Epilogue(activation="gelu_tanh", alpha=True)
+    assert isinstance(kernel_for(xp, wp, torch.bfloat16, epi, config=cfg), SwapLaunch)
+    out = _alloc_out(M, N, torch.bfloat16, "cuda").fill_(float("nan"))
+    run_gemm(xp, wp, out, epi=epi, alpha=0.5, config=cfg)
+    ref = ck.linear_ref(x.float(), w.float(), None, activation="gelu_tanh", alpha=0.5)
+    _err_rule(out, _torch_linear(x, w, None, "gelu_tanh", None, 0.5, 1.0), ref)
+    with pytest.raises(ValueError, match="swap_ab takes epilogues without"):
+        kernel_for(xp, wp, torch.bfloat16, Epilogue(bias=True), config=cfg)

@@ -294,6 +294,9 @@ def test_first_round_is_the_cheapest_by_the_cost_model():
     for m, n, k in ((627, 4096, 14336), (138, 28672, 4096), (8192, 1600, 6400), (1, 4800, 1600)):
         p = Problem("bf16", "bf16", "kk", "plain", m, n, k)
         every, first = candidates(p, None), candidates(p)
+        # swap_ab configs come last, unranked (test_swap_candidates)
+        every = every[:1] + [c for c in every[1:] if not c.swap_ab]
+        first = first[:1] + [c for c in first[1:] if not c.swap_ab]
         assert first[0] == every[0] == heuristic(p)
         assert set(first) <= set(every) and len(first) == min(len(every), FIRST_ROUND + 1)
         costs = [model_cost(m, n, k, c) for c in first[1:]]
@@ -302,6 +305,23 @@ def test_first_round_is_the_cheapest_by_the_cost_model():
         assert not left or min(left) >= costs[-1]
     with pytest.raises(ValueError, match="limit"):
         candidates(p, -1)
+
+
+def test_swap_candidates():
+    """swap_ab is tried where the token count pads less along wgmma's N than in 128-row
+    tiles, in the plain 16-bit epilogue class only."""
+    from cute_kernels.tuning.tune import candidates, swap_candidates
+
+    at = lambda m, epi="plain", op="bf16", out="bf16": swap_candidates(Problem(op, out, "kk", epi, m, 5120, 5120))  # noqa: E731
+    assert {c.tile_n for c in at(273)} == {96, 160, 64} and all(c.swap_ab and c.tile_m == 128 for c in at(273))
+    assert at(102) == at(512) == at(40) == at(4253) == []  # no less padding, or outside 64..SWAP_MAX_M
+    assert at(273, "vector") == at(273, "residual") == [] and at(273, op="int8", out="int32") == []
+    p = Problem("bf16", "bf16", "kk", "plain", 273, 5120, 5120)
+    assert set(at(273)) <= set(candidates(p))
+    for c in at(273):
+        p.check(c)
+    with pytest.raises(ValueError, match="swap_ab runs the plain epilogue class"):
+        Problem("bf16", "bf16", "kk", "residual", 273, 5120, 5120).check(GemmConfig(128, 96, 2, 1, swap_ab=True))
 
 
 def test_compile_entries_are_the_keys_dispatch_builds(gemm_keys, recorded_builds):
@@ -313,6 +333,9 @@ def test_compile_entries_are_the_keys_dispatch_builds(gemm_keys, recorded_builds
     for cfg in (GemmConfig(128, 160, 2, 1, pingpong=True), GemmConfig(128, 128, 2, 1, split_k=5)):
         (key, _), = compile_entries(p, [cfg])
         assert gemm_keys(cfg, Epilogue(), torch.float32) == key
+    swap = GemmConfig(128, 96, 2, 1, swap_ab=True)  # the kernel's view (operands swapped) in both
+    (key, _), = compile_entries(Problem("bf16", "bf16", "kk", "plain", 273, 5120, 5120), [swap])
+    assert gemm_keys(swap, Epilogue(), torch.bfloat16) == key
     p8 = Problem("int8", "int32", "kk", "plain", 512, 4096, 4096)
     cfg = GemmConfig(128, 160, 2, 1, pingpong=True)
     get_kernel("int8_mm_sm90", torch.int8, torch.int8, torch.int32, "k", "k", cfg, Epilogue(), "Int32")

@@ -15,8 +15,8 @@ import torch
 from ..runtime import KERNELS, TARGET_ARCH, check_device, env
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
-from .config import MAX_ACTIVE_CLUSTERS, GemmConfig
-from .heuristics import default_config, split_config
+from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, swap_supported, swapped_epilogue
+from .heuristics import default_config, split_config, swap_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
@@ -65,7 +65,9 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     fb = mat(b_dt, n, b_major == "k", 16 // es(b_dt), kn=b_kn)
     # SwiGLU writes silu(gate) * up: D has half as many columns as B has rows.
     n_d = cute.sym_int32() if epi.activation == "swiglu" else n
-    fd = make_fake_tensor(to_cutlass(c_dt), (m, n_d), (cute.sym_int64(divisibility=16 // es(c_dt)), 1), assumed_align=16)
+    ld_d = cute.sym_int64(divisibility=16 // es(c_dt))
+    # swap_ab: the kernel writes D^T, the caller's row-major D seen M-major (SwapLaunch).
+    fd = make_fake_tensor(to_cutlass(c_dt), (m, n_d), (1, ld_d) if cfg.swap_ab else (ld_d, 1), assumed_align=16)
     f32 = cutlass.Float32
     vec = lambda length: make_fake_tensor(f32, (length,), (1,), assumed_align=4)  # noqa: E731
     bias_dt = to_cutlass(epi_bias_dtype(c_dt))
@@ -104,9 +106,19 @@ def epi_bias_dtype(c_dt: torch.dtype) -> torch.dtype:
     return torch.float32 if c_dt in (torch.float32, torch.int32) else c_dt
 
 
+def _kernel_view(a_dt, b_dt, a_major, b_major, cfg, epi):
+    """The operands as the kernel sees them: under swap_ab, B's rows are its M (A and B,
+    their majors and the row / column scale kinds trade places)."""
+    if not cfg.swap_ab:
+        return a_dt, b_dt, a_major, b_major, epi
+    swap_major = {"k": "k", "m": "n", "n": "m"}
+    return b_dt, a_dt, swap_major.get(b_major, b_major), swap_major.get(a_major, a_major), swapped_epilogue(epi)
+
+
 def get_kernel(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name="Float32", b_kn=False):
     if cfg.split_k > 2:
         cfg = _compiled_split(cfg)
+    a_dt, b_dt, a_major, b_major, epi = _kernel_view(a_dt, b_dt, a_major, b_major, cfg, epi)
     return KERNELS.compiled(kernel_name, _compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn=b_kn)
 
 
@@ -119,6 +131,7 @@ def compile_entry(kernel_name, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc
         raise TypeError(f"cfg must be a GemmConfig, got {type(cfg).__name__}")
     if cfg.split_k > 2:
         cfg = _compiled_split(cfg)
+    a_dt, b_dt, a_major, b_major, epi = _kernel_view(a_dt, b_dt, a_major, b_major, cfg, epi)
     rec = functools.partial(_compile, a_dt, b_dt, c_dt, a_major, b_major, cfg, epi, acc_name, b_kn=b_kn)
     return CompileKey.of(kernel_name, rec), rec
 
@@ -130,16 +143,21 @@ def _compiled_split(cfg: GemmConfig) -> GemmConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None
-                 ) -> GemmConfig:
+def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None,
+                 swappable: bool = False) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
     has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache), else the
-    heuristic's, which with split=True may be a split-K one (heuristics.split_config). Memoised:
-    a dispatch pays the lookup once per shape."""
+    heuristic's: with swappable=True (a 16-bit GEMM whose epilogue swap_ab can run) a swap_ab
+    one where heuristics.swap_config takes it, then with split=True maybe a split-K one
+    (heuristics.split_config). Memoised: a dispatch pays the lookup once per shape."""
     if tuning_class is not None:
         hit = _tuned(tuning_class, M, N, K)
         if hit is not None:
             return hit
+    if swappable:
+        swapped = swap_config(M, N, K)
+        if swapped is not None:
+            return swapped
     if split:
         return split_config(M, N, K, in_bytes=in_bytes)
     return default_config(M, N, K, in_bytes=in_bytes)
@@ -225,8 +243,8 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
 
     Returns a callable fn(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta)
     (with b_kn=True it takes b_nk.t(), torch.mm's [K, N] b, in b_nk's place):
-    the compiled kernel itself, or a `SplitKLaunch` (the split-K kernel with its
-    workspace) when the config splits K. The heuristic only
+    the compiled kernel itself, a `SplitKLaunch` (the split-K kernel with its
+    workspace) when the config splits K, wrapped in a `SwapLaunch` under swap_ab. The heuristic only
     splits 16-bit GEMMs; 8-bit ones split when a config asks for it. 16-bit products of
     at most 8 rows take gemv.GemvLaunch (decode), unless CUTE_KERNELS_GEMV=0.
     """
@@ -238,15 +256,41 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
         if gemv_applies(a, b_nk, out_dtype, epi):
             return GemvLaunch(epi, b_kn)
     majors = (_major(a, "m"), _major(b_nk, "n"))
+    swappable = in_bytes == 2 and not b_kn and swap_supported(epi, torch.empty((), dtype=out_dtype).element_size()) is None
     cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2,
-                                 tuning_class(a.dtype, out_dtype, majors, epi))
+                                 tuning_class(a.dtype, out_dtype, majors, epi), swappable)
+    if cfg.swap_ab:
+        why = swap_supported(epi, torch.empty((), dtype=out_dtype).element_size())
+        if why or b_kn:
+            raise ValueError(f"{cfg}: {why or 'swap_ab takes B as [N, K] (no b_kn)'}")
+        return SwapLaunch(_launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn))
+    return _launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn)
+
+
+def _launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn):
+    K = a.shape[1]
     if cfg.split_k > 1:
         # Every split needs >= 1 k-tile (an empty one would never be fed by the producer).
-        split = min(cfg.split_k, -(-K // cfg.tile_k(in_bytes)))
+        split = min(cfg.split_k, -(-K // cfg.tile_k(a.element_size())))
         if split > 1:
             return _split_launch(kernel_name, a.dtype, b_nk.dtype, out_dtype, majors, cfg, epi, acc_name, split, b_kn)
         cfg = dataclasses.replace(cfg, split_k=1)
     return get_kernel(kernel_name, a.dtype, b_nk.dtype, out_dtype, *majors, cfg, epi, acc_name, b_kn)
+
+
+class SwapLaunch:
+    """A swap_ab launch with the compiled kernel's call signature: the kernel computes
+    D^T = B A^T into D's transposed view (no copy), with A's row scales as its column
+    scales and B's column scales as its row scales."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
+        self.inner(b_nk, a, out.t(), bias, residual, col_scale, row_scale, alpha, beta)
+        return out
 
 
 class SplitKLaunch:
@@ -506,8 +550,10 @@ def swiglu_fallback(M: int, N: int, K: int) -> GemmConfig | None:
 
     if N % 32:
         return None
-    cfg = dataclasses.replace(_pick_config(M, 2 * N, K, 2, False, tuning_class(
-        torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue())), split_k=1)
+    cfg = _pick_config(M, 2 * N, K, 2, False, tuning_class(torch.bfloat16, torch.bfloat16, ("k", "k"), Epilogue()))
+    if cfg.swap_ab:  # the plain class's tuned winner may be swapped; SwiGLU pairs D's columns
+        cfg = default_config(M, 2 * N, K)
+    cfg = dataclasses.replace(cfg, split_k=1)
     if tuning.swiglu_fits(cfg, N):
         return cfg
     for tn in SWIGLU_TILE_N:

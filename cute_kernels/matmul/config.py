@@ -5,6 +5,7 @@ a config compiles, so it is outside the tuning cache's source hash."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..runtime import hardware
@@ -39,6 +40,11 @@ class GemmConfig:
     the last of a tile's splits to finish adds the others' fp32 (int32 for int8)
     partial sums from a workspace and runs the fused epilogue, in the same launch.
     The kernel is compiled once for "split or not"; the split count is a runtime value.
+    swap_ab: the launch computes D^T = B A^T. The kernel's M runs along N (the weight's
+    rows) and its N along the tokens, so a token count M is padded to a multiple of
+    tile_n (steps of 32) instead of 64 / 128 rows: M = 273 runs as 3 x 96 = 288 rather than
+    3 x 128 = 384. D is stored M-major (transposed stmatrix, TMA). Epilogues without bias,
+    residual or SwiGLU, 16-bit outputs (`swap_supported`).
     """
 
     tile_m: int = 128
@@ -50,6 +56,7 @@ class GemmConfig:
     pingpong: bool = False
     promote: bool = False
     split_k: int = 1
+    swap_ab: bool = False
 
     @property
     def tile_mn(self) -> tuple[int, int]:
@@ -203,6 +210,22 @@ class Epilogue:
         groups), col_scale "block" is B's [N/128, K/128] (128 x 128 blocks). They apply
         per k-tile inside the promoted main loop, not in the epilogue."""
         return self.row_scale == "block"
+
+
+def swap_supported(epi: Epilogue, out_bytes: int) -> str | None:
+    """None if a swap_ab config can run `epi` with `out_bytes`-byte outputs, else why not.
+    The swapped kernel sees D^T: row and column scale vectors trade places, but a bias
+    (per column of D) and a residual (loaded as column pairs) have no transposed path."""
+    if out_bytes != 2:
+        return "swap_ab writes 16-bit outputs only (the 32-bit epilogue stages N-major boxes)"
+    if epi.bias or epi.residual or epi.activation == "swiglu" or epi.block_scaled:
+        return "swap_ab takes epilogues without bias, residual, SwiGLU or block scales"
+    return None
+
+
+def swapped_epilogue(epi: Epilogue) -> Epilogue:
+    """The epilogue as the swapped kernel (D^T = B A^T) sees it: A's row scales are its column scales."""
+    return dataclasses.replace(epi, row_scale=epi.col_scale, col_scale=epi.row_scale)
 
 
 @dataclass(frozen=True)

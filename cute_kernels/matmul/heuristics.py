@@ -294,3 +294,38 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
             if us < best_us - 1e-9:
                 best, best_us = GemmConfig(tm, tn, cm, cn, pingpong=pp, split_k=s), us
     return best
+
+
+# swap_ab (D^T = B A^T, the token count along wgmma's N): taken for plain 16-bit epilogues when
+# a width pads M at least 10% less than 128-row tiles. H100, 2026-11-26, same run, vs the
+# heuristic's unswapped pick / the tuner's best unswapped config / cuBLAS (ms): 273x5120x5120
+# 128 x 96 in 2 x 1: 0.0349 / 0.0414 / 0.0292; 260x4608x3584 0.0229 / 0.0292 / 0.0202;
+# 320x16384x2048 128 x 160 in 1 x 2: 0.0379 / 0.0494 / 0.0374; 800x6400x1600 128 x 160 in 2 x 1:
+# 0.0274 / 0.0308 / 0.0264 (docs/gemm.md). At 1048 and 1186 rows (padding 3-8% less) it lost.
+SWAP_M = (129, 1024)
+_SWAP_WIDTHS = (96, 128, 160, 192, 256)
+_SWAP_MAX_PAD = 0.9
+
+
+def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
+
+    Of the widths that pad M to at most 0.9x what 128-row tiles do, the one with the fewest
+    waves x width (the wider on a tie); the cluster pairs two token tiles (1 x 2, sharing the
+    weight tile) when their count is even, else two weight tiles (2 x 1): with an odd count
+    1 x 2 pads a whole column of tiles (273 rows in three 96-wide tiles: 0.0523 ms in 1 x 2,
+    0.0349 in 2 x 1)."""
+    if not SWAP_M[0] <= m <= SWAP_M[1]:
+        return None
+    limit = _SWAP_MAX_PAD * math.ceil(m / 128) * 128
+    tiles_m = math.ceil(n / 128)  # the swapped kernel's rows are the weight's
+    best = None
+    for w in _SWAP_WIDTHS:
+        tiles_n = math.ceil(m / w)
+        if tiles_n * w > limit:
+            continue
+        cm, cn = (1, 2) if tiles_n % 2 == 0 else (2, 1)
+        cost = _waves(tiles_m, tiles_n, cm, cn, num_sms) * w
+        if best is None or cost <= best[0]:
+            best = (cost, w, cm, cn)
+    return None if best is None else GemmConfig(128, best[1], best[2], best[3], swap_ab=True)

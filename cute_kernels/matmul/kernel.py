@@ -33,6 +33,7 @@ from .config import (
     epi_tile,
     epi_vector_slots,
     residual_smem_bytes,
+    swap_supported,
 )
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -130,6 +131,10 @@ class GemmSm90:
                             or epilogue != Epilogue(activation="swiglu")):
             raise ValueError("the swiglu epilogue takes no other epilogue operand, no split-K, a [2N, K] B "
                              f"and tile_n in (64, 128, 192, 256), got {cfg} {epilogue}")
+        if cfg.swap_ab:
+            why = swap_supported(epilogue, 2)
+            if why or b_kn:
+                raise ValueError(why or "swap_ab takes B as [N, K] (no b_kn)")
         self.cfg = cfg
         # b_kn: B arrives as torch.mm's b [K, N] rather than as its [N, K] transpose. The
         # transpose is then a layout permutation at trace time instead of a torch view
@@ -170,6 +175,10 @@ class GemmSm90:
             tiler_mn=(64, self.tile_mn[1]),
         )
         out_bytes = c_dtype.width // 8
+        # swap_ab's D^T is M-major (the launch passes D transposed); nothing else is.
+        if c_layout.is_m_major_c() != self.cfg.swap_ab or (self.cfg.swap_ab and out_bytes != 2):
+            raise ValueError(f"D must be {'M' if self.cfg.swap_ab else 'N'}-major"
+                             f"{' and 16-bit' if self.cfg.swap_ab else ''} for {self.cfg}")
         if self.swiglu and out_bytes != 2:
             raise ValueError("the swiglu epilogue writes a 16-bit output")
         # Columns of D one tile writes: half the B rows it multiplies under SwiGLU.

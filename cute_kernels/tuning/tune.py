@@ -49,11 +49,12 @@ DTYPES = {
 
 def label(cfg: GemmConfig) -> str:
     """{tile_m}x{tile_n}c{cluster_m}{cluster_n}, then n for raster along N, g<group>, P for
-    ping-pong, s<split> for split-K, +2x for promoted accumulation."""
+    ping-pong, s<split> for split-K, +2x for promoted accumulation, T for swap_ab (the
+    tile and cluster then in the swapped kernel's terms: tile_m along N)."""
     group = "" if cfg.group == GemmConfig.group else f"g{cfg.group}"
     split = f"s{cfg.split_k}" if cfg.split_k > 1 else ""
     return (f"{cfg.tile_m}x{cfg.tile_n}c{cfg.cluster_m}{cfg.cluster_n}{'' if cfg.raster_m else 'n'}{group}"
-            f"{'P' if cfg.pingpong else ''}{split}{'+2x' if cfg.promote else ''}")
+            f"{'P' if cfg.pingpong else ''}{split}{'+2x' if cfg.promote else ''}{'T' if cfg.swap_ab else ''}")
 
 
 def heuristic(problem: Problem) -> GemmConfig:
@@ -70,7 +71,8 @@ def heuristic(problem: Problem) -> GemmConfig:
         from ..matmul.api import swiglu_fallback
 
         return swiglu_fallback(problem.m, problem.n // 2, problem.k)
-    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit)
+    swappable = not problem.eight_bit and problem.epilogue == "plain" and problem.out_bytes == 2
+    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None, swappable)
 
 
 def dispatch_config(problem: Problem) -> GemmConfig:
@@ -91,10 +93,11 @@ def _fits(problem: Problem, cfg: GemmConfig) -> bool:
         problem.check(cfg)
     except ValueError:
         return False
-    tiles_m, tiles_n = math.ceil(problem.m / cfg.tile_m), math.ceil(problem.n / cfg.tile_n)
+    m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)  # the kernel's view
+    tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
     # A tile at least twice the problem along a dimension only computes padding where a
     # smaller tile exists; a cluster wider than the tile grid only pads it.
-    if (cfg.tile_m > 64 and cfg.tile_m >= 2 * problem.m) or (cfg.tile_n > 64 and cfg.tile_n >= 2 * problem.n):
+    if (cfg.tile_m > 64 and cfg.tile_m >= 2 * m) or (cfg.tile_n > 64 and cfg.tile_n >= 2 * n):
         return False
     if cfg.cluster_m > tiles_m or cfg.cluster_n > tiles_n:
         return cfg.cluster_mn == (1, 1)
@@ -111,7 +114,8 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
     """The first round: the heuristic's pick first, then of every tile x consumer mode x
     cluster shape that validates for `problem` and fits it (no tile twice the problem, no
     cluster wider than the tile grid; 4 x 2 clusters only for 64-row tiles, as cuBLAS runs
-    them) the `limit` cheapest by the cost model (None: all of them)."""
+    them) the `limit` cheapest by the cost model (None: all of them); then the swap_ab
+    configs of `swap_candidates`, which the cost model does not rank."""
     from ..matmul.heuristics import model_cost
 
     if limit is not None and (not isinstance(limit, int) or limit < 0):
@@ -128,7 +132,36 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
     if limit is not None:
         cost = {c: model_cost(problem.m, problem.n, problem.k, c, in_bytes=problem.in_bytes) for c in rest}
         rest = sorted(rest, key=cost.get)[:limit]  # stable: ties keep the table's order
-    return [first] + rest
+    return [first] + rest + [c for c in swap_candidates(problem) if c != first and c not in rest]
+
+
+# swap_ab: the token count M runs along the kernel's N, padded to a multiple of these.
+SWAP_WIDTHS = (64, 96, 128, 160, 192, 256)
+SWAP_CLUSTERS = ((2, 1, False), (1, 2, False), (1, 2, True))
+SWAP_MAX_M = 2048  # above, 128-row tiles pad M by at most 6%
+
+
+def swap_candidates(problem: Problem) -> list[GemmConfig]:
+    """swap_ab configs (D^T = B A^T) where they pad M less than 128-row tiles do: the three
+    widths that pad M least (the wider on a tie), each cooperative in 2 x 1 and 1 x 2
+    clusters and ping-pong in 1 x 2 where the tile allows it (what cuBLAS runs at such M,
+    its kernel names say: 128 x 96 at M = 273, 128 x 88 at 260, 128 x 152 at 1186)."""
+    from ..matmul.config import swap_supported
+
+    if (problem.promoted or not 64 <= problem.m <= SWAP_MAX_M
+            or swap_supported(_kernel_args(problem)["epi"], problem.out_bytes)):
+        return []
+    padded = lambda w: math.ceil(problem.m / w) * w  # noqa: E731
+    widths = sorted(SWAP_WIDTHS, key=lambda w: (padded(w), -w))[:3]
+    out = []
+    for w in widths:
+        if padded(w) >= math.ceil(problem.m / 128) * 128:
+            continue
+        for cm, cn, pp in SWAP_CLUSTERS:
+            cfg = GemmConfig(128, w, cm, cn, pingpong=pp, swap_ab=True)
+            if cfg not in out and _fits(problem, cfg):
+                out.append(cfg)
+    return out
 
 
 def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = H100_SMS) -> list[GemmConfig]:
@@ -139,7 +172,8 @@ def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = 
     k_tiles = math.ceil(problem.k / (128 // problem.in_bytes))
     for cfg in configs:
         base = dataclasses.replace(cfg, split_k=1)
-        tiles_m, tiles_n = math.ceil(problem.m / cfg.tile_m), math.ceil(problem.n / cfg.tile_n)
+        m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)  # the kernel's view
+        tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
         variants = []
         if tiles_m > 1 and tiles_n > 1:
             variants.append(dataclasses.replace(base, raster_m=not base.raster_m))
