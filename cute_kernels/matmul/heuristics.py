@@ -328,4 +328,14 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfi
         cost = _waves(tiles_m, tiles_n, cm, cn, num_sms) * w
         if best is None or cost <= best[0]:
             best = (cost, w, cm, cn)
-    return None if best is None else GemmConfig(128, best[1], best[2], best[3], swap_ab=True)
+    if best is None:
+        return None
+    _, w, cm, cn = best
+    # A grid that fills at most half a wave splits K as well, as many ways as one wave holds,
+    # each split at least _SWAP_SPLIT_MIN_K_TILES long (its fixup reads whole fp32 tiles back).
+    clusters = math.ceil(tiles_m / cm) * math.ceil(math.ceil(m / w) / cn)
+    split = min(_per_wave(cm * cn, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
+    return GemmConfig(128, w, cm, cn, split_k=split if split >= 2 else 1, swap_ab=True)
+
+
+_SWAP_SPLIT_MIN_K_TILES = 16
