@@ -377,11 +377,27 @@ def _launch_blocks(M: int, N: int, K: int, wbytes: int = 2, swiglu: bool = False
     without the RMSNorm prologue."""
     if M == 1 and K >= 2048:
         return _long_row_blocks(N, K, wbytes, swiglu, rms)
+    if M > 1 and wbytes == 2:
+        return _batch_blocks(N, K)
     return _short_row_blocks(M, N, K)
 
 
+def _batch_blocks(N: int, K: int) -> tuple[int, int, int, int, int]:
+    """_launch_blocks for 2-8 rows of 16-bit weights (the tl.dot form, rows padded to 16): 32
+    weight rows a program, 1024-element K steps while N and K are at most 5120 / 4096 wide,
+    512 past that K, 256 from N = 5120 on (many programs, each with a short row). From a
+    14-shape sweep on the H100 against cuBLAS (`F.linear`, 2026-11-26, same run), the GPT-2-fitted
+    picks (16 rows up to N = 2048, then 64) -> these: 8x1600x1600 0.69x -> 1.23x, 4x2048x2048
+    0.72x -> 1.19x, 3x4096x4096 0.91x -> 1.18x, 3x4096x14336 0.78x -> 1.07x, 3x3584x18944
+    0.75x -> 1.09x, 6x5120x27648 0.91x -> 0.99x, 8x28672x4096 0.94x -> 0.99x, 2x128256x4096
+    1.03x -> 1.08x; 8x6144x4096 1.00x -> 0.97x (docs/quant-and-decode.md)."""
+    if N >= 5120:
+        return 16, 32, 256, 4, 4
+    return (16, 32, 1024, 4, 3) if K <= 4096 else (16, 32, 512, 4, 4)
+
+
 def _short_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
-    """_launch_blocks for M > 1 or K < 2048.
+    """_launch_blocks for M = 1 with K < 2048, and for 8-bit weights at M > 1.
 
     M = 1 always takes the one-row form. From an in-chain sweep on the H100 (48 launches of
     one GPT-2 XL shape on distinct weights in one CUDA graph, PDL on, 2026-11-22): narrow

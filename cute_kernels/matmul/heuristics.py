@@ -331,11 +331,20 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfi
     if best is None:
         return None
     _, w, cm, cn = best
-    # A grid that fills at most half a wave splits K as well, as many ways as one wave holds,
-    # each split at least _SWAP_SPLIT_MIN_K_TILES long (its fixup reads whole fp32 tiles back).
+    # A grid that fills at most a quarter of a wave, or half of one with long K, splits K as
+    # many ways as one wave holds, each split at least _SWAP_SPLIT_MIN_K_TILES long (its fixup
+    # reads whole fp32 tiles back). H100, 2026-11-26, ms unsplit -> split: 129x1024x4096
+    # (16 CTAs) 0.0181 -> 0.0148 (4 ways), 150x768x3072 (12) 0.0139 -> 0.0124 (3),
+    # 309x4096x14336 (64, 224 k-tiles) 0.0947 -> 0.0664 (2); lost at 137x4096x4096 (64 CTAs,
+    # 64 k-tiles) 0.0215 -> 0.0234 and 180x4096x4096 0.0201 -> 0.0225.
     clusters = math.ceil(tiles_m / cm) * math.ceil(math.ceil(m / w) / cn)
-    split = min(_per_wave(cm * cn, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
+    k_tiles = math.ceil(k / 64)
+    fill = clusters * cm * cn / num_sms
+    split = 1
+    if fill <= 0.25 or (fill <= 0.5 and k_tiles >= _SWAP_SPLIT_LONG_K_TILES):
+        split = min(_per_wave(cm * cn, num_sms) // clusters, k_tiles // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
     return GemmConfig(128, w, cm, cn, split_k=split if split >= 2 else 1, swap_ab=True)
 
 
 _SWAP_SPLIT_MIN_K_TILES = 16
+_SWAP_SPLIT_LONG_K_TILES = 128
