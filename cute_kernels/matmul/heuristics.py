@@ -303,19 +303,25 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
 # 320x16384x2048 128 x 160 in 1 x 2: 0.0379 / 0.0494 / 0.0374; 800x6400x1600 128 x 160 in 2 x 1:
 # 0.0274 / 0.0308 / 0.0264 (docs/gemm.md). At 1048 and 1186 rows (padding 3-8% less) it lost.
 SWAP_M = (129, 1024)
+# Narrow weights (N = 768 / 1280: 6-10 tiles along the swapped kernel's M) and short K lost:
+# 145x768x768 0.64x cuBLAS, 186x768x3072 0.62x, 177x1280x1280 0.69x, 304x3072x768 0.79x,
+# 284x5120x1280 0.81x (H100 grid, 2026-11-26).
+SWAP_MIN_N = 2048
+SWAP_MIN_K = 1536
 _SWAP_WIDTHS = (96, 128, 160, 192, 256)
 _SWAP_MAX_PAD = 0.9
 
 
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
+    """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay
+    (M outside SWAP_M, N below SWAP_MIN_N, K below SWAP_MIN_K).
 
     Of the widths that pad M to at most 0.9x what 128-row tiles do, the one with the fewest
     waves x width (the wider on a tie); the cluster pairs two token tiles (1 x 2, sharing the
     weight tile) when their count is even, else two weight tiles (2 x 1): with an odd count
     1 x 2 pads a whole column of tiles (273 rows in three 96-wide tiles: 0.0523 ms in 1 x 2,
     0.0349 in 2 x 1)."""
-    if not SWAP_M[0] <= m <= SWAP_M[1]:
+    if not SWAP_M[0] <= m <= SWAP_M[1] or n < SWAP_MIN_N or k < SWAP_MIN_K:
         return None
     limit = _SWAP_MAX_PAD * math.ceil(m / 128) * 128
     tiles_m = math.ceil(n / 128)  # the swapped kernel's rows are the weight's
