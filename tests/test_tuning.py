@@ -125,6 +125,20 @@ def test_a_corrupt_or_foreign_cache_is_ignored_with_one_warning_and_rebuilt(tuni
     assert [e["m"] for e in data["entries"]] == [8192]  # the foreign entry is gone
 
 
+def test_an_entry_past_a_wave_boundary_of_its_bucket_is_not_used(tuning_env):
+    """128 x 160 in 1 x 2 clusters at N = 4096: 5 row tiles x 13 clusters fill one wave at
+    M = 633; at M = 695 (same bucket) 6 x 13 clusters need two, so the heuristic decides."""
+    from cute_kernels.matmul.heuristics import config_waves
+
+    cfg = GemmConfig(128, 160, 1, 2)
+    cache.store([_entry(633, cfg=cfg)], H100)
+    cache.forget()
+    assert (config_waves(cfg, 633, 4096), config_waves(cfg, 695, 4096)) == (1, 2)
+    assert cache.lookup(Problem(*PLAIN, 600, 4096, 4096)).config == cfg
+    assert cache.lookup(Problem(*PLAIN, 695, 4096, 4096)) is None
+    assert config_waves(GemmConfig(128, 96, 2, 1, swap_ab=True), 273, 5120) == 1  # 40 x 3 tiles, swapped
+
+
 def test_shipped_table_answers_what_the_user_cache_lacks(tuning_env):
     table_cfg, user_cfg = GemmConfig(128, 96, 2, 1), GemmConfig(128, 128, 1, 1, pingpong=True)
     cache.store([_entry(512, cfg=table_cfg), _entry(8192, cfg=table_cfg)], H100, path=cache.table_path(H100))
@@ -161,19 +175,20 @@ def test_a_lookup_hit_changes_the_dispatch_pick_and_a_miss_keeps_the_heuristic(t
     tuned = GemmConfig(64, 128, 4, 2, pingpong=True)
     assert tuned != heur
     assert _pick_config(512, 4096, 4096, 2, True, cls) == heur  # miss
-    cache.store([_entry(512, cfg=tuned)], H100)
+    cache.store([_entry(650, cfg=tuned)], H100)
     clear_dispatch_caches()
-    assert _pick_config(512, 4096, 4096, 2, True, cls) == tuned
-    assert _pick_config(700, 4096, 4096, 2, True, cls) == tuned  # same M bucket
+    assert _pick_config(650, 4096, 4096, 2, True, cls) == tuned
+    assert _pick_config(700, 4096, 4096, 2, True, cls) == tuned  # same M bucket, same waves
+    assert _pick_config(512, 4096, 4096, 2, True, cls) == heur  # same bucket, one wave fewer
     assert _pick_config(2048, 4096, 4096, 2, True, cls) == split_config(2048, 4096, 4096)
-    assert _pick_config(512, 4096, 4096, 2, True, ("bf16", "bf16", "kk", "vector")) == heur  # other class
+    assert _pick_config(650, 4096, 4096, 2, True, ("bf16", "bf16", "kk", "vector")) == split_config(650, 4096, 4096)
     monkeypatch.setenv("CUTE_KERNELS_TUNING", "0")
     clear_dispatch_caches()
-    assert _pick_config(512, 4096, 4096, 2, True, cls) == heur
+    assert _pick_config(650, 4096, 4096, 2, True, cls) == split_config(650, 4096, 4096)
     monkeypatch.setattr(cache, "gpu_name", lambda: None)  # no GPU: no lookup at all
     monkeypatch.delenv("CUTE_KERNELS_TUNING")
     clear_dispatch_caches()
-    assert _pick_config(512, 4096, 4096, 2, True, cls) == heur
+    assert _pick_config(650, 4096, 4096, 2, True, cls) == split_config(650, 4096, 4096)
 
 
 def test_the_promoted_path_looks_up_its_own_class(tuning_env):

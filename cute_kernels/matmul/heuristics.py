@@ -97,6 +97,16 @@ def _waves(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS
     return math.ceil(math.ceil(tiles_m / cm) * math.ceil(tiles_n / cn) / _per_wave(cm * cn, num_sms))
 
 
+def config_waves(cfg: GemmConfig, m: int, n: int, num_sms: int = H100_SMS) -> int:
+    """Waves of `cfg`'s persistent grid for an M x N output (the swapped kernel's view under
+    swap_ab; split-K counted, its splits being extra work items)."""
+    if cfg.swap_ab:
+        m, n = n, m
+    tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
+    clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n) * cfg.split_k
+    return math.ceil(clusters / _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms))
+
+
 def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS) -> bool:
     """The tile grid in cm x cn clusters, at least 2 along each multicast dimension used, fits
     in one wave of resident clusters."""
@@ -303,11 +313,12 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
 # 320x16384x2048 128 x 160 in 1 x 2: 0.0379 / 0.0494 / 0.0374; 800x6400x1600 128 x 160 in 2 x 1:
 # 0.0274 / 0.0308 / 0.0264 (docs/gemm.md). At 1048 and 1186 rows (padding 3-8% less) it lost.
 SWAP_M = (129, 1024)
-# Narrow weights (N = 768 / 1280: 6-10 tiles along the swapped kernel's M) and short K lost:
-# 145x768x768 0.64x cuBLAS, 186x768x3072 0.62x, 177x1280x1280 0.69x, 304x3072x768 0.79x,
-# 284x5120x1280 0.81x (H100 grid, 2026-11-26).
+# Narrow weights (N = 768 / 1280: 6-10 tiles along the swapped kernel's M) and K = 768 ran
+# swapped at 0.62-0.79x cuBLAS in the H100 grid (145x768x768, 186x768x3072, 177x1280x1280,
+# 304x3072x768; 2026-11-26), and were not measured unswapped: left to the heuristic. At
+# K = 1280 swapping won (284x5120x1280: 0.0110 ms vs 0.0139 unswapped, cuBLAS 0.0092).
 SWAP_MIN_N = 2048
-SWAP_MIN_K = 1536
+SWAP_MIN_K = 1024
 _SWAP_WIDTHS = (96, 128, 160, 192, 256)
 _SWAP_MAX_PAD = 0.9
 

@@ -339,7 +339,14 @@ def _state(gpu: str) -> tuple[dict, dict]:
 
 def lookup(problem: Problem) -> Entry | None:
     """The tuned entry for `problem`'s class: the user's cache first, then the shipped table.
-    None without a GPU, with CUTE_KERNELS_TUNING=0, or when neither has the class."""
+    None without a GPU, with CUTE_KERNELS_TUNING=0, when neither has the class, or when the
+    entry's config runs `problem` in a different number of waves than at the M it was tuned
+    at: an M bucket spans up to sqrt(2) in M, and past a wave boundary the tuned tile is no
+    longer the measured one (H100 grid, 2026-11-26: Llama-3-8B's 4096 x 4096 tuned at M = 633,
+    128 x 160 in one wave, 0.63x cuBLAS at M = 695 in two; the heuristic's pick there is two
+    waves of wider tiles)."""
+    from ..matmul.heuristics import config_waves
+
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
     if not env.enabled("CUTE_KERNELS_TUNING"):
@@ -347,7 +354,11 @@ def lookup(problem: Problem) -> Entry | None:
     gpu = gpu_name()
     if gpu is None:
         return None
-    return find(problem, gpu)
+    entry = find(problem, gpu)
+    if entry is not None and problem.m != entry.problem.m and (
+            config_waves(entry.config, problem.m, problem.n) != config_waves(entry.config, entry.problem.m, problem.n)):
+        return None
+    return entry
 
 
 def find(problem: Problem, gpu: str) -> Entry | None:
