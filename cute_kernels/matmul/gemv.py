@@ -377,13 +377,15 @@ def _launch_blocks(M: int, N: int, K: int, wbytes: int = 2, swiglu: bool = False
     without the RMSNorm prologue."""
     if M == 1 and K >= 2048:
         return _long_row_blocks(N, K, wbytes, swiglu, rms)
-    if M > 1 and wbytes == 2:
+    if M > 1 and wbytes == 2 and (K >= 2048 or N <= 2048):
         return _batch_blocks(N, K)
     return _short_row_blocks(M, N, K)
 
 
 def _batch_blocks(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """_launch_blocks for 2-8 rows of 16-bit weights (the tl.dot form, rows padded to 16): 32
+    """_launch_blocks for 2-8 rows of 16-bit weights (the tl.dot form, rows padded to 16) with
+    K >= 2048 or N <= 2048 (GPT-2's wider short rows keep `_short_row_blocks`' 64-row tiles:
+    8x4800x1600 0.94x cuBLAS with them, 0.70x with these; 8x6400x1600 1.02x vs 0.88x): 32
     weight rows a program, 1024-element K steps while N and K are at most 5120 / 4096 wide,
     512 past that K, 256 from N = 5120 on (many programs, each with a short row). From a
     14-shape sweep on the H100 against cuBLAS (`F.linear`, 2026-11-26, same run), the GPT-2-fitted
@@ -397,7 +399,8 @@ def _batch_blocks(N: int, K: int) -> tuple[int, int, int, int, int]:
 
 
 def _short_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
-    """_launch_blocks for M = 1 with K < 2048, and for 8-bit weights at M > 1.
+    """_launch_blocks for M = 1 with K < 2048, 8-bit weights at M > 1, and 16-bit ones at M > 1
+    where `_batch_blocks` does not apply.
 
     M = 1 always takes the one-row form. From an in-chain sweep on the H100 (48 launches of
     one GPT-2 XL shape on distinct weights in one CUDA graph, PDL on, 2026-11-22): narrow
