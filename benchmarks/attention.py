@@ -16,8 +16,7 @@ about 16k tokens. Each shape's `speedup_vs_best_peer` is ours against the faster
 FA4 (whichever ran), the figure a user choosing between them would see
 (attention_wide_<gpu>.*).
 
---fp8: `flash_attn_fp8` (`cute_fp8`: e4m3 Q, K, V with per-(batch, KV head) descales, bf16 O;
-`cute_fp8_vt`: the same with V prepared once by `prepare_v_fp8`, as a shared KV cache would be)
+--fp8: `flash_attn_fp8` (`cute_fp8`: e4m3 Q, K, V with per-(batch, KV head) descales, bf16 O)
 against our bf16 kernel and cuDNN's bf16 SDPA on the same shapes (head dim {64, 128} x S {4096,
 8192, 16384} x causal / not, 32 query heads on 32 or 8 KV heads, ~16k tokens). Each fp8 row
 records its max error against the fp64 reference of the dequantized inputs and that of an fp32
@@ -195,13 +194,6 @@ def run_fp8(head_dims=WIDE_HEAD_DIMS, seqlens=FP8_SEQLENS, gqa=(1, 8)):
                 tf = flops / ms / 1e9
                 rows.append(Row(case, "cute_fp8", ms, tf, 100 * tf / PEAK_TFLOPS["fp8"],
                                 extra={"max_err": err, "max_err_fp32_emulation": err_emu}))
-                # V prepared once (a KV cache read by several calls): the call without the V^T pass
-                vt8 = ck.prepare_v_fp8(v8)
-                if not torch.equal(ck.flash_attn_fp8(q8, k8, vt=vt8, **kw), out):
-                    raise ArithmeticError("vt= disagrees with v=")
-                ms = time_ms(lambda i: ck.flash_attn_fp8(q8, k8, vt=vt8, **kw))
-                tf = flops / ms / 1e9
-                rows.append(Row(case, "cute_fp8_vt", ms, tf, 100 * tf / PEAK_TFLOPS["fp8"]))
             except Exception as e:  # noqa: BLE001 - one failing shape must not stop the suite
                 print(f"[attn] cute_fp8 failed on {case}: {type(e).__name__}: {str(e)[:200]}")
             del q8, k8, v8, q, k, v
@@ -218,13 +210,6 @@ def summarize_fp8(rows):
         if long128:
             s["geomean_speedup_fp8_vs_bf16[d128,S>=4096]"] = geomean(long128)
             s["min_speedup_fp8_vs_bf16[d128,S>=4096]"] = min(long128)
-    sv = speedups(rows, "cute_fp8_vt", "cute")
-    if sv:
-        s["geomean_speedup_fp8_vt_vs_bf16"] = geomean(list(sv.values()))
-        long128 = [v for c, v in sv.items() if "x128" in c and int(c.split("x")[-2]) >= 4096]
-        if long128:
-            s["geomean_speedup_fp8_vt_vs_bf16[d128,S>=4096]"] = geomean(long128)
-            s["min_speedup_fp8_vt_vs_bf16[d128,S>=4096]"] = min(long128)
     sc = speedups(rows, "cute_fp8", "cudnn")
     if sc:
         s["geomean_speedup_fp8_vs_cudnn_bf16"] = geomean(list(sc.values()))

@@ -433,18 +433,8 @@ def _descale(t, name: str, B: int, Hkv: int, device) -> torch.Tensor:
     return t
 
 
-def prepare_v_fp8(v):
-    """V [B, Sk, Hkv, D] e4m3 -> the V^T layout flash_attn_fp8 multiplies P by ([B, Hkv, D,
-    32 ceil(Sk / 32)], keys permuted per 32, zero padded): one Triton pass at HBM speed."""
-    if not isinstance(v, torch.Tensor) or v.dtype != torch.float8_e4m3fn or v.dim() != 4:
-        raise TypeError("v must be a 4-D torch.float8_e4m3fn tensor [B, Sk, Hkv, D]")
-    from .fp8_vt import vt_fp8
-
-    return vt_fp8(v)
-
-
-def flash_attn_fp8(q, k, v=None, *, q_descale=None, k_descale=None, v_descale=None, causal: bool = False,
-                   softmax_scale: float | None = None, return_lse: bool = False, vt=None):
+def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, causal: bool = False,
+                   softmax_scale: float | None = None, return_lse: bool = False):
     """Attention forward on FP8 (e4m3) inputs, FlashAttention-3's arguments: q [B, Sq, Hq, D],
     k/v [B, Sk, Hkv, D] in torch.float8_e4m3fn, each dequantized by its descale, a float32
     [B, Hkv] tensor (None: 1), as q_descale[b, h // (Hq / Hkv)] for query head h. Returns
@@ -452,18 +442,11 @@ def flash_attn_fp8(q, k, v=None, *, q_descale=None, k_descale=None, v_descale=No
 
     Q K^T and P V run on the FP8 tensor cores (fp32 accumulation); P is quantized to e4m3
     as exp2(s - max + 8), in [0, 256], and stays in registers. V is transposed for the P V
-    product (wgmma reads 8-bit operands K-major only) by one pass per call (`prepare_v_fp8`,
-    its keys permuted per 32 to match P's register order). A V read by several calls (a KV
-    cache that chunked prefill or several query blocks attend to) can be prepared once and
-    passed as vt= (then v=None): the pass is 3-4% of a call at 4096 keys.
+    product (wgmma reads 8-bit operands K-major only) by one pass per call (fp8_vt.vt_fp8,
+    its keys permuted per 32 to match P's register order).
     """
     e4m3 = torch.float8_e4m3fn
-    if (v is None) == (vt is None):
-        raise ValueError("pass exactly one of v ([B, Sk, Hkv, D]) and vt (prepare_v_fp8(v))")
-    if vt is not None:
-        if not isinstance(vt, torch.Tensor) or vt.dtype != e4m3 or vt.dim() != 4:
-            raise TypeError("vt must be a 4-D torch.float8_e4m3fn tensor from prepare_v_fp8(v)")
-    for t, n in ((q, "q"), (k, "k")) + (((v, "v"),) if vt is None else ()):
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{n} must be a torch.Tensor")
         if t.dtype != e4m3:
@@ -471,25 +454,18 @@ def flash_attn_fp8(q, k, v=None, *, q_descale=None, k_descale=None, v_descale=No
         if t.dim() != 4:
             raise ValueError(f"{n} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
     B, Sq, Hq, D = q.shape
-    if k.shape[0] != B or k.shape[3] != D or (v is not None and k.shape != v.shape):
-        raise ValueError(f"k and v must be [B={B}, Sk, Hkv, D={D}], got {tuple(k.shape)} and "
-                         f"{tuple(v.shape) if v is not None else None}")
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"k and v must be [B={B}, Sk, Hkv, D={D}], got {tuple(k.shape)} and {tuple(v.shape)}")
     Hkv = k.shape[2]
-    if vt is not None:
-        want = (B, Hkv, D, -(-k.shape[1] // 32) * 32)
-        if tuple(vt.shape) != want or vt.stride(3) != 1 or not _tma_aligned(vt):
-            raise ValueError(f"vt must be prepare_v_fp8(v)'s [B, Hkv, D, 32 ceil(Sk / 32)] = {want} layout "
-                             f"(unit key stride, 16-byte aligned), got {tuple(vt.shape)}")
     if Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     if D not in (64, 128):
         raise ValueError(f"FP8 attention supports head dims 64 and 128, got {D}")
-    if v is not None and v.stride(3) != 1:
+    if v.stride(3) != 1:
         raise ValueError("v needs unit stride on D")
     qd, kd, vd = (_descale(t, n, B, Hkv, q.device) for t, n in
                   ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale")))
-    for t, n in ((q, "q"), (k, "k"), (v if vt is None else vt, "v" if vt is None else "vt"), (qd, "q_descale"),
-                 (kd, "k_descale"), (vd, "v_descale")):
+    for t, n in ((q, "q"), (k, "k"), (v, "v"), (qd, "q_descale"), (kd, "k_descale"), (vd, "v_descale")):
         check_device(t, n)
     for t, n in ((q, "q"), (k, "k")):
         if not _tma_aligned(t):
@@ -498,8 +474,9 @@ def flash_attn_fp8(q, k, v=None, *, q_descale=None, k_descale=None, v_descale=No
     out = torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     if out.numel():
-        if vt is None:
-            vt = prepare_v_fp8(v)
+        from .fp8_vt import vt_fp8
+
+        vt = vt_fp8(v)
         scales = torch.stack([qd * kd, vd], dim=-1)
         cfg = prefill_config_fp8(D, Sq)
         fn = KERNELS.compiled("flash_fwd_fp8_sm90", _compile_fp8, cfg, bool(causal))
