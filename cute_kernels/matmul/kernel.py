@@ -73,7 +73,9 @@ class GemmSm90:
         `epilogue()`: accumulators -> epilogue math in fp32 (SwiGLU: silu(gate) * up from
         two accumulator slabs into one) -> output dtype -> stmatrix
         into a staged smem slab -> one warp issues the TMA store (the same store warp
-        TMA-loads the tile's residual slabs ahead, when `res_tma`). 32-bit outputs
+        TMA-loads the tile's residual slabs ahead, when `res_tma`). Under swap_ab the
+        launch hands the kernel D^T (the caller's D seen M-major): stmatrix transposes
+        into M-major slabs and the TMA store writes them, nothing else changes. 32-bit outputs
         (int32, fp32) use `epilogue_32bit()`: each warp writes its own 16 x 32 boxes
         into two private swizzled smem buffers and its lane 0 TMA-stores them, with no
         barrier between warps.
