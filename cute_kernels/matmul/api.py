@@ -256,9 +256,9 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
         if gemv_applies(a, b_nk, out_dtype, epi):
             return GemvLaunch(epi, b_kn)
     majors = (_major(a, "m"), _major(b_nk, "n"))
-    swappable = in_bytes == 2 and not b_kn and swap_supported(epi, out_dtype.itemsize) is None
     cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2,
-                                 tuning_class(a.dtype, out_dtype, majors, epi), swappable)
+                                 tuning_class(a.dtype, out_dtype, majors, epi),
+                                 in_bytes == 2 and not b_kn and swap_supported(epi, out_dtype.itemsize) is None)
     if cfg.swap_ab:
         why = swap_supported(epi, out_dtype.itemsize)
         if why or b_kn:

@@ -66,6 +66,10 @@ class GemmConfig:
     def cluster_mn(self) -> tuple[int, int]:
         return (self.cluster_m, self.cluster_n)
 
+    def kernel_mn(self, m: int, n: int) -> tuple[int, int]:
+        """An M x N output as the kernel tiles it: N x M under swap_ab."""
+        return (n, m) if self.swap_ab else (m, n)
+
     @property
     def num_mma_warpgroups(self) -> int:
         # Cooperative: two warpgroups split the M of a 128+ tile (64 or 128 rows each),

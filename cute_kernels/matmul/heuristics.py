@@ -100,8 +100,7 @@ def _waves(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS
 def config_waves(cfg: GemmConfig, m: int, n: int, num_sms: int = H100_SMS) -> int:
     """Waves of `cfg`'s persistent grid for an M x N output (the swapped kernel's view under
     swap_ab; split-K counted, its splits being extra work items)."""
-    if cfg.swap_ab:
-        m, n = n, m
+    m, n = cfg.kernel_mn(m, n)
     tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
     clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n) * cfg.split_k
     return math.ceil(clusters / _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms))

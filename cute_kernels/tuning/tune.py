@@ -93,7 +93,7 @@ def _fits(problem: Problem, cfg: GemmConfig) -> bool:
         problem.check(cfg)
     except ValueError:
         return False
-    m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)  # the kernel's view
+    m, n = cfg.kernel_mn(problem.m, problem.n)
     tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
     # A tile at least twice the problem along a dimension only computes padding where a
     # smaller tile exists; a cluster wider than the tile grid only pads it.
@@ -172,7 +172,7 @@ def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = 
     k_tiles = math.ceil(problem.k / (128 // problem.in_bytes))
     for cfg in configs:
         base = dataclasses.replace(cfg, split_k=1)
-        m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)  # the kernel's view
+        m, n = cfg.kernel_mn(problem.m, problem.n)
         tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
         variants = []
         if tiles_m > 1 and tiles_n > 1:
