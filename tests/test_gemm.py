@@ -855,11 +855,14 @@ SWAP_CFGS = {
     "128x64c11": GemmConfig(128, 64, 1, 1, swap_ab=True),
     "128x256c21": GemmConfig(128, 256, 2, 1, swap_ab=True),
     "128x96c21s3": GemmConfig(128, 96, 2, 1, split_k=3, swap_ab=True),
+    "128x144c21": GemmConfig(128, 144, 2, 1, swap_ab=True),  # 16-column slabs
+    "128x176c12": GemmConfig(128, 176, 1, 2, swap_ab=True),
+    "128x112c12pp": GemmConfig(128, 112, 1, 2, pingpong=True, swap_ab=True),
 }
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3"])
+@pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view

@@ -136,7 +136,7 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
 
 
 # swap_ab: the token count M runs along the kernel's N, padded to a multiple of these.
-SWAP_WIDTHS = (64, 96, 128, 160, 192, 256)
+SWAP_WIDTHS = tuple(range(64, 257, 16))
 SWAP_CLUSTERS = ((2, 1, False), (1, 2, False), (1, 2, True))
 SWAP_MAX_M = 2048  # above, 128-row tiles pad M by at most 6%
 
