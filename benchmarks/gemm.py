@@ -275,10 +275,11 @@ def grid_problem(dtype: str, M: int, N: int, K: int):
 
 def _grid_label(dtype: str, M: int, N: int, K: int) -> str:
     """The kernel config dispatch runs for this grid case ('gemv' for the skinny path)."""
+    from cute_kernels.matmul.heuristics import skinny_gemv
     from cute_kernels.runtime import env
     from cute_kernels.tuning import tune
 
-    if dtype == "bf16" and M <= 8 and env.enabled("CUTE_KERNELS_GEMV"):
+    if dtype == "bf16" and env.enabled("CUTE_KERNELS_GEMV") and skinny_gemv(M, N, K, swappable=True):
         return "gemv"
     return tune.label(tune.dispatch_config(grid_problem(dtype, M, N, K)))
 

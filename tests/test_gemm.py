@@ -855,11 +855,21 @@ SWAP_CFGS = {
     "128x64c11": GemmConfig(128, 64, 1, 1, swap_ab=True),
     "128x256c21": GemmConfig(128, 256, 2, 1, swap_ab=True),
     "128x96c21s3": GemmConfig(128, 96, 2, 1, split_k=3, swap_ab=True),
+    "128x144c21": GemmConfig(128, 144, 2, 1, swap_ab=True),  # 16-column slabs
+    "128x176c12": GemmConfig(128, 176, 1, 2, swap_ab=True),
+    "128x112c12pp": GemmConfig(128, 112, 1, 2, pingpong=True, swap_ab=True),
+    # 64-row tiles, few tokens (heuristics.narrow_swap_config)
+    "64x16c11": GemmConfig(64, 16, 1, 1, swap_ab=True),
+    "64x16c11s4": GemmConfig(64, 16, 1, 1, split_k=4, swap_ab=True),
+    "64x48c12": GemmConfig(64, 48, 1, 2, swap_ab=True),
+    "64x112c41": GemmConfig(64, 112, 4, 1, swap_ab=True),
+    "64x208c12": GemmConfig(64, 208, 1, 2, swap_ab=True),
 }
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3"])
+@pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
+                                      "64x16c11", "64x48c12", "64x208c12"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -875,6 +885,49 @@ def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     if report:
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report
+
+
+def test_narrow_swap_picks():
+    """The 64-row swap_ab heuristic: one token tile at M <= 128 (split-K where the grid is tiny),
+    above that the most token tiles one wave holds, the weight multicast to an even count."""
+    from cute_kernels.matmul.heuristics import swap_config
+
+    def pick(m, n, k):
+        c = swap_config(m, n, k)
+        return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.split_k)
+
+    assert pick(15, 57344, 8192) == (64, 16, 1, 1, 1)
+    assert pick(9, 1024, 4096) == (64, 16, 1, 1, 4)  # 16 tiles: 4 splits fill the wave
+    assert pick(26, 1600, 1600) == (64, 32, 1, 1, 1)  # 25 k-tiles: no split
+    assert pick(137, 4096, 4096) == (64, 80, 1, 2, 1)
+    assert pick(257, 2048, 2048) == (64, 96, 4, 1, 1)  # not four tiles of 80 re-reading the weight
+    assert pick(400, 3072, 3072) == (64, 208, 1, 2, 1)
+    assert pick(664, 1024, 1024) == (64, 96, 1, 1, 1)
+    assert pick(273, 5120, 5120) == (128, 96, 2, 1, 1)  # two waves of 64-row tiles: 128-row ones
+    assert pick(500, 4096, 4096) is None  # 2 x 256 pads no less than 128-row tiles
+    assert pick(20, 768, 768) is None
+    assert pick(203, 55296, 5120) is None  # 864 weight tiles: no one-wave token tiling
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,swapped", [((4, 8192, 2048), True), ((7, 4800, 1600), True), ((2, 6144, 4096), True),
+                                           ((3, 1024, 4096), True), ((4, 4096, 4096), False), ((8, 1600, 1600), False)])
+def test_linear_few_rows_wide_weight(shape, swapped):
+    """2-8 rows against a weight of more than SKINNY_MAX_N rows, or a narrow one with long K, run
+    64 x 16 swap_ab tiles, not the skinny GEMV; otherwise, and with a bias, the GEMV."""
+    import cute_kernels as ck
+    from cute_kernels.matmul.api import SwapLaunch, kernel_for
+    from cute_kernels.matmul.config import Epilogue
+    from cute_kernels.matmul.gemv import GemvLaunch
+
+    M, N, K = shape
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    plan = kernel_for(x, w, torch.bfloat16, Epilogue())
+    assert isinstance(plan, SwapLaunch if swapped else GemvLaunch)
+    assert isinstance(kernel_for(x, w, torch.bfloat16, Epilogue(bias=True)), GemvLaunch)
+    ref = ck.linear_ref(x.float(), w.float(), None)
+    _err_rule(ck.linear(x, w), _torch_linear(x, w, None, None, None, 1.0, 1.0), ref)
 
 
 def test_swap_ab_refuses_epilogues_it_cannot_transpose():

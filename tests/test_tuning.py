@@ -268,7 +268,7 @@ def test_candidates_all_validate_and_fit():
             assert cfg.tile_m <= 64 or cfg.tile_m < 2 * p.m
         assert len(compile_entries(p, first + more)) <= len(first + more)
         if p.m == 1:
-            assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in more)
+            assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in refinements(p, first))
 
 
 def test_the_swiglu_class_tunes_only_configs_its_epilogue_runs(tuning_env):
@@ -328,8 +328,9 @@ def test_swap_candidates():
     from cute_kernels.tuning.tune import candidates, swap_candidates
 
     at = lambda m, epi="plain", op="bf16", out="bf16": swap_candidates(Problem(op, out, "kk", epi, m, 5120, 5120))  # noqa: E731
-    assert {c.tile_n for c in at(273)} == {96, 160, 64} and all(c.swap_ab and c.tile_m == 128 for c in at(273))
-    assert at(102) == at(512) == at(40) == at(4253) == []  # no less padding, or outside 64..SWAP_MAX_M
+    assert {c.tile_n for c in at(273)} == {144, 96, 160} and all(c.swap_ab and c.tile_m == 128 for c in at(273))
+    assert at(512) == at(40) == at(4253) == []  # no less padding, or outside 64..SWAP_MAX_M
+    assert {c.tile_n for c in at(102)} == {112}  # 102 rows: 112 where 128-row tiles compute 128
     assert at(273, "vector") == at(273, "residual") == [] and at(273, op="int8", out="int32") == []
     p = Problem("bf16", "bf16", "kk", "plain", 273, 5120, 5120)
     assert set(at(273)) <= set(candidates(p))

@@ -16,7 +16,7 @@ from ..runtime import KERNELS, TARGET_ARCH, check_device, env
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, swap_supported, swapped_epilogue
-from .heuristics import default_config, split_config, swap_config
+from .heuristics import default_config, skinny_gemv, split_config, swap_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
@@ -246,19 +246,21 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     the compiled kernel itself, a `SplitKLaunch` (the split-K kernel with its
     workspace) when the config splits K, wrapped in a `SwapLaunch` under swap_ab. The heuristic only
     splits 16-bit GEMMs; 8-bit ones split when a config asks for it. 16-bit products of
-    at most 8 rows take gemv.GemvLaunch (decode), unless CUTE_KERNELS_GEMV=0.
+    at most 8 rows take gemv.GemvLaunch (decode) where heuristics.skinny_gemv says so (not
+    where 64 x 16 swap_ab tiles stream the weight faster), unless CUTE_KERNELS_GEMV=0.
     """
     M, K = a.shape
     in_bytes = a.element_size()
-    if config is None and M <= 8 and in_bytes == 2 and env.enabled("CUTE_KERNELS_GEMV"):
+    swappable = in_bytes == 2 and not b_kn and swap_supported(epi, out_dtype.itemsize) is None
+    if config is None and M <= 8 and in_bytes == 2 and env.enabled("CUTE_KERNELS_GEMV") and skinny_gemv(
+            M, b_nk.shape[0], K, swappable):
         from .gemv import GemvLaunch, gemv_applies  # imports triton: only for skinny products
 
         if gemv_applies(a, b_nk, out_dtype, epi):
             return GemvLaunch(epi, b_kn)
     majors = (_major(a, "m"), _major(b_nk, "n"))
     cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2,
-                                 tuning_class(a.dtype, out_dtype, majors, epi),
-                                 in_bytes == 2 and not b_kn and swap_supported(epi, out_dtype.itemsize) is None)
+                                 tuning_class(a.dtype, out_dtype, majors, epi), swappable)
     if cfg.swap_ab:
         why = swap_supported(epi, out_dtype.itemsize)
         if why or b_kn:

@@ -86,7 +86,13 @@ class GemmConfig:
         """The one validity check for a config; raises ValueError with the reason."""
         if self.tile_m not in (64, 128, 256):
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
-        if self.tile_n not in (64, 96, 128, 160, 192, 256):
+        if self.swap_ab:
+            # The swapped kernel's N is the token count: any multiple of 16 pads it least
+            # (16-column epilogue slabs where 32 does not divide the tile).
+            if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128)):
+                raise ValueError(f"swap_ab takes a 64- or 128-row tile and tile_n in 16..256, a multiple of 16, "
+                                 f"got {self.tile_mn}")
+        elif self.tile_n not in (64, 96, 128, 160, 192, 256):
             raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
         if self.tile_m == 256 and self.tile_n > 128:
             raise ValueError("a 256-row tile needs tile_n <= 128 (register budget)")
@@ -122,7 +128,7 @@ def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
     if out_bytes == 4:
         return (16, min(32, cfg.tile_n))
     rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 128
-    return (rows, min(32, cfg.tile_n))
+    return (rows, min(32 if cfg.tile_n % 32 == 0 else 16, cfg.tile_n))
 
 
 EPI_STAGES = 2

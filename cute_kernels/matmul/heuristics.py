@@ -321,18 +321,104 @@ SWAP_MIN_K = 1024
 _SWAP_WIDTHS = (96, 128, 160, 192, 256)
 _SWAP_MAX_PAD = 0.9
 
+# Few tokens: 64 weight rows per tile and the token width in steps of 16 (what cuBLAS runs
+# there, its kernel names say: nvjet 64x16 at M = 15, 64x40 in 1 x 2 at 77, 64x88 in 4 x 1 at
+# 257, 64x112 in 4 x 1 at 328). Same-run sweeps on the H100, 2026-11-26 (docs/gemm.md), vs
+# cuBLAS: the best token-tile count t was the most that fit one wave (137x4096x4096 t = 2:
+# 0.94x, 180x4096x1024 0.98x, 309x4096x14336 1.08x, 400x3072x3072 1.03x, 700x2048x2048 0.95x,
+# 664x1024x1024 t = 7 1.00x, 229x1280x1280 t = 5 0.92x), except where four or more tiles of
+# <= 96 tokens re-read a 2048+ row weight (257x2048x2048 t = 4 0.64x, t = 3 0.83x;
+# 328x2048x8192 0.60x / 0.94x). An even t pairs the token tiles in 1 x 2 clusters (the weight
+# tile multicast: 137x4096x4096 0.79x -> 0.94x); an odd t with K >= 2048 multicasts the tokens
+# to 4 x 1 weight tiles when that is still one wave (328x2048x8192 0.86x -> 0.94x; as two waves
+# 0.64x at 200x8192x4096).
+NARROW_MIN_N = 1024
+NARROW_MIN_K = 1024
+NARROW_MAX_W = 256  # a 64 x 256 fp32 accumulator is 128 registers a thread
+_NARROW_REREAD_W = 96
+_NARROW_REREAD_N = 2048
+_NARROW_C41_MIN_K = 2048
+# At most 128 tokens, one token tile; K splits where the grid fills under a quarter of a wave
+# with 64+ k-tiles, or under half of one with 128+, until one wave is full, each split 16+
+# k-tiles long: 9x1024x4096 (16 tiles) 0.78x -> 0.95x cuBLAS in 4 splits, 25x1280x5120 0.82x ->
+# 1.02x, 57x1280x5120 0.79x -> 0.95x, 45x4096x14336 (64 tiles) 0.98x -> 1.01x in 2; with 25
+# k-tiles (26x1600x1600) a split lost 25%.
+_NARROW_SPLIT_MIN_K_TILES = 64
+_NARROW_SPLIT_LONG_K_TILES = 128
+_NARROW_MAX_SPLIT = 8
+# M <= 8 runs the skinny GEMV (matmul/gemv.py) unless the weight has more than SKINNY_MAX_N
+# rows: 64 x 16 swapped tiles won every such shape swept (6x14336x4096 0.83x -> 0.99x cuBLAS,
+# 4x16384x2048 0.92x -> 1.02x, 3x7168x5120 0.97x -> 1.09x) and lost most narrower ones
+# (8x2048x2048 1.18x -> 0.90x, 2x4096x4096 1.13x -> 1.02x, 2x2048x8192 1.04x -> 0.98x), except
+# at most SKINNY_SPLIT_MAX_N rows with long K, where the swapped tiles split K
+# (2x1600x6400 0.99x -> 1.07x, 4x1024x4096 0.92x -> 1.01x).
+SKINNY_MAX_N = 4096
+SKINNY_SPLIT_MAX_N = 1600
+SKINNY_SPLIT_MIN_K = 4096
+
+
+def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
+    """Whether an M x N x K product of at most 8 rows takes the skinny GEMV rather than 64 x 16
+    swap_ab tiles (`swappable`: a 16-bit product whose epilogue swap_ab can run)."""
+    if m > 8:
+        return False
+    wide = n > SKINNY_MAX_N or (n <= SKINNY_SPLIT_MAX_N and k >= SKINNY_SPLIT_MIN_K)
+    return not (swappable and m >= 2 and k >= NARROW_MIN_K and wide)
+
+
+def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The 64-row swap_ab config for an M x N x K problem (module notes above), or None where
+    M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave."""
+    wt = math.ceil(n / 64)  # weight tiles: the swapped kernel's M
+    k_tiles = math.ceil(k / 64)
+    if m <= 128:
+        w = math.ceil(m / 16) * 16
+        split = 1
+        if (4 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_MIN_K_TILES) or (
+                2 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_LONG_K_TILES):
+            split = min(num_sms // wt, k_tiles // 16, _NARROW_MAX_SPLIT)
+        return GemmConfig(64, w, 1, 1, split_k=max(split, 1), swap_ab=True)
+    t = num_sms // wt
+    if t < 1:
+        return None
+    w = math.ceil(m / t / 16) * 16
+    if w > NARROW_MAX_W:
+        return None
+    t = math.ceil(m / w)
+    if t >= 4 and w <= _NARROW_REREAD_W and n >= _NARROW_REREAD_N:
+        w = math.ceil(m / (t - 1) / 16) * 16
+        t = math.ceil(m / w)
+    if t % 2 == 0:
+        cm, cn = 1, 2
+    elif k >= _NARROW_C41_MIN_K and math.ceil(wt / 4) * t <= _per_wave(4, num_sms):
+        cm, cn = 4, 1
+    else:
+        cm, cn = 1, 1
+    return GemmConfig(64, w, cm, cn, swap_ab=True)
+
 
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay
-    (M outside SWAP_M, N below SWAP_MIN_N, K below SWAP_MIN_K).
+    """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
-    Of the widths that pad M to at most 0.9x what 128-row tiles do, the one with the fewest
-    waves x width (the wider on a tie); the cluster pairs two token tiles (1 x 2, sharing the
-    weight tile) when their count is even, else two weight tiles (2 x 1): with an odd count
-    1 x 2 pads a whole column of tiles (273 rows in three 96-wide tiles: 0.0523 ms in 1 x 2,
-    0.0349 in 2 x 1)."""
+    With N, K >= 1024: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
+    M less than 128-row tiles do. Otherwise, M in SWAP_M with N >= SWAP_MIN_N and K >=
+    SWAP_MIN_K: 128-row tiles; of the widths that pad M to at most 0.9x what 128-row unswapped
+    tiles do, the one with the fewest waves x width (the wider on a tie); the cluster pairs two
+    token tiles (1 x 2, sharing the weight tile) when their count is even, else two weight tiles
+    (2 x 1): with an odd count 1 x 2 pads a whole column of tiles (273 rows in three 96-wide
+    tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1)."""
+    if m < 1:
+        return None
+    if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
+        narrow = narrow_swap_config(m, n, k, num_sms=num_sms)
+        if narrow is not None and (m <= 128 or math.ceil(m / narrow.tile_n) * narrow.tile_n < math.ceil(m / 128) * 128):
+            return narrow
     if not SWAP_M[0] <= m <= SWAP_M[1] or n < SWAP_MIN_N or k < SWAP_MIN_K:
         return None
+    return _wide_swap_config(m, n, k, num_sms)
+
+
+def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
     limit = _SWAP_MAX_PAD * math.ceil(m / 128) * 128
     tiles_m = math.ceil(n / 128)  # the swapped kernel's rows are the weight's
     best = None

@@ -132,11 +132,12 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
     if limit is not None:
         cost = {c: model_cost(problem.m, problem.n, problem.k, c, in_bytes=problem.in_bytes) for c in rest}
         rest = sorted(rest, key=cost.get)[:limit]  # stable: ties keep the table's order
-    return [first] + rest + [c for c in swap_candidates(problem) if c != first and c not in rest]
+    swaps = list(dict.fromkeys(swap_candidates(problem) + narrow_candidates(problem)))
+    return [first] + rest + [c for c in swaps if c != first and c not in rest]
 
 
 # swap_ab: the token count M runs along the kernel's N, padded to a multiple of these.
-SWAP_WIDTHS = (64, 96, 128, 160, 192, 256)
+SWAP_WIDTHS = tuple(range(64, 257, 16))
 SWAP_CLUSTERS = ((2, 1, False), (1, 2, False), (1, 2, True))
 SWAP_MAX_M = 2048  # above, 128-row tiles pad M by at most 6%
 
@@ -159,6 +160,35 @@ def swap_candidates(problem: Problem) -> list[GemmConfig]:
             continue
         for cm, cn, pp in SWAP_CLUSTERS:
             cfg = GemmConfig(128, w, cm, cn, pingpong=pp, swap_ab=True)
+            if cfg not in out and _fits(problem, cfg):
+                out.append(cfg)
+    return out
+
+
+def narrow_candidates(problem: Problem) -> list[GemmConfig]:
+    """64-row swap_ab configs (matmul.heuristics.narrow_swap_config) around the heuristic's
+    token-tile count t: t - 1, t and t + 1 tiles of the narrowest width that covers M, each
+    unclustered and with the multicast the heuristic gives that count (1 x 2 for an even t,
+    4 x 1 for an odd one). Split-K variants come in the second round (`refinements`)."""
+    from ..matmul.config import swap_supported
+    from ..matmul.heuristics import NARROW_MAX_W, NARROW_MIN_K, NARROW_MIN_N, narrow_swap_config
+
+    if (problem.promoted or problem.m > SWAP_MAX_M or problem.n < NARROW_MIN_N or problem.k < NARROW_MIN_K
+            or swap_supported(_kernel_args(problem)["epi"], problem.out_bytes)):
+        return []
+    m = problem.m
+    pick = narrow_swap_config(m, problem.n, problem.k)
+    t0 = math.ceil(m / pick.tile_n) if pick is not None else math.ceil(m / NARROW_MAX_W)
+    out = [dataclasses.replace(pick, split_k=1)] if pick is not None else []
+    for t in (t0 - 1, t0, t0 + 1):
+        if t < 1:
+            continue
+        w = math.ceil(m / t / 16) * 16
+        if w > NARROW_MAX_W:
+            continue
+        multicast = (1, 2) if math.ceil(m / w) % 2 == 0 else (4, 1)
+        for cm, cn in ((1, 1), multicast):
+            cfg = GemmConfig(64, w, cm, cn, swap_ab=True)
             if cfg not in out and _fits(problem, cfg):
                 out.append(cfg)
     return out
