@@ -318,7 +318,11 @@ SWAP_M = (129, 1024)
 # K = 1280 swapping won (284x5120x1280: 0.0110 ms vs 0.0139 unswapped, cuBLAS 0.0092).
 SWAP_MIN_N = 2048
 SWAP_MIN_K = 1024
-_SWAP_WIDTHS = (96, 128, 160, 192, 256)
+# Widths in steps of 16 (128 x 144 in 1 x 2 at 277x28672x4096: 0.88x cuBLAS, 128 x 96 0.74x;
+# 260x6144x4096 1.00x vs 128 x 160 0.88x); at K < 2048 only multiples of 32, whose epilogue
+# moves 32-column slabs (845x4096x1024: 128 x 224 0.92x, 128 x 208 0.53x; H100, 2026-11-26).
+_SWAP_WIDTHS = tuple(range(96, 257, 16))
+_SWAP_SLAB16_MIN_K = 2048
 _SWAP_MAX_PAD = 0.9
 
 # Few tokens: 64 weight rows per tile and the token width in steps of 16 (what cuBLAS runs
@@ -326,9 +330,9 @@ _SWAP_MAX_PAD = 0.9
 # 257, 64x112 in 4 x 1 at 328). Same-run sweeps on the H100, 2026-11-26 (docs/gemm.md), vs
 # cuBLAS: the best token-tile count t was the most that fit one wave (137x4096x4096 t = 2:
 # 0.94x, 180x4096x1024 0.98x, 309x4096x14336 1.08x, 400x3072x3072 1.03x, 700x2048x2048 0.95x,
-# 664x1024x1024 t = 7 1.00x, 229x1280x1280 t = 5 0.92x), except where four or more tiles of
-# <= 96 tokens re-read a 2048+ row weight (257x2048x2048 t = 4 0.64x, t = 3 0.83x;
-# 328x2048x8192 0.60x / 0.94x). An even t pairs the token tiles in 1 x 2 clusters (the weight
+# 664x1024x1024 t = 7 1.00x, 229x1280x1280 t = 5 0.92x), except where four or more tiles
+# re-read a 2048+ row weight with <= 96 tokens each or a K of 4096+ (257x2048x2048 t = 4 0.64x,
+# t = 3 0.83x; 328x2048x8192 0.60x / 0.94x; 539x2048x8192 t = 4 0.70x). An even t pairs the token tiles in 1 x 2 clusters (the weight
 # tile multicast: 137x4096x4096 0.79x -> 0.94x); an odd t with K >= 2048 multicasts the tokens
 # to 4 x 1 weight tiles when that is still one wave (328x2048x8192 0.86x -> 0.94x; as two waves
 # 0.64x at 200x8192x4096).
@@ -337,6 +341,7 @@ NARROW_MIN_K = 1024
 NARROW_MAX_W = 256  # a 64 x 256 fp32 accumulator is 128 registers a thread
 _NARROW_REREAD_W = 96
 _NARROW_REREAD_N = 2048
+_NARROW_REREAD_K = 4096
 _NARROW_C41_MIN_K = 2048
 # At most 128 tokens, one token tile; K splits where the grid fills under a quarter of a wave
 # with 64+ k-tiles, or under half of one with 128+, until one wave is full, each split 16+
@@ -385,7 +390,7 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> Ge
     if w > NARROW_MAX_W:
         return None
     t = math.ceil(m / w)
-    if t >= 4 and w <= _NARROW_REREAD_W and n >= _NARROW_REREAD_N:
+    if t >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K):
         w = math.ceil(m / (t - 1) / 16) * 16
         t = math.ceil(m / w)
     if t % 2 == 0:
@@ -419,14 +424,20 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfi
 
 
 def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
-    limit = _SWAP_MAX_PAD * math.ceil(m / 128) * 128
+    padded = math.ceil(m / 128) * 128
+    limit = _SWAP_MAX_PAD * padded
     tiles_m = math.ceil(n / 128)  # the swapped kernel's rows are the weight's
+    # Or no more padding than 128-row tiles and fewer waves than the unswapped pick:
+    # 845x4096x1024 in four 224-wide tiles, one wave, 0.92x cuBLAS; 128 x 128 in two waves 0.67x.
+    waves = config_waves(default_config(m, n, k, num_sms=num_sms), m, n, num_sms)
     best = None
     for w in _SWAP_WIDTHS:
-        tiles_n = math.ceil(m / w)
-        if tiles_n * w > limit:
+        if w % 32 and k < _SWAP_SLAB16_MIN_K:
             continue
+        tiles_n = math.ceil(m / w)
         cm, cn = (1, 2) if tiles_n % 2 == 0 else (2, 1)
+        if tiles_n * w > limit and not (tiles_n * w <= padded and _waves(tiles_m, tiles_n, cm, cn, num_sms) < waves):
+            continue
         cost = _waves(tiles_m, tiles_n, cm, cn, num_sms) * w
         if best is None or cost <= best[0]:
             best = (cost, w, cm, cn)
