@@ -897,15 +897,16 @@ def test_narrow_swap_picks():
         return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.split_k)
 
     assert pick(15, 57344, 8192) == (64, 16, 1, 1, 1)
-    assert pick(9, 1024, 4096) == (64, 16, 1, 1, 4)  # 16 tiles: 4 splits fill the wave
-    assert pick(26, 1600, 1600) == (64, 32, 1, 1, 1)  # 25 k-tiles: no split
+    assert pick(9, 1024, 4096) == (64, 16, 1, 1, 5)  # 16 tiles: splits fill the wave
+    assert pick(26, 1600, 1600) == (64, 16, 1, 1, 1)  # 25 k-tiles: no split; two token tiles
+    assert pick(71, 768, 768) == (64, 16, 1, 1, 1)  # 12 weight tiles: five token tiles
     assert pick(137, 4096, 4096) == (64, 80, 1, 2, 1)
     assert pick(257, 2048, 2048) == (64, 96, 4, 1, 1)  # not four tiles of 80 re-reading the weight
     assert pick(400, 3072, 3072) == (64, 208, 1, 2, 1)
     assert pick(664, 1024, 1024) == (64, 96, 1, 1, 1)
     assert pick(273, 5120, 5120) == (128, 96, 2, 1, 1)  # two waves of 64-row tiles: 128-row ones
     assert pick(500, 4096, 4096) is None  # 2 x 256 pads no less than 128-row tiles
-    assert pick(20, 768, 768) is None
+    assert pick(20, 512, 768) is None
     assert pick(203, 55296, 5120)[0] == 128  # 864 weight tiles: no one-wave token tiling
     assert pick(845, 4096, 1024) == (128, 224, 1, 2, 1)  # pads as 128 rows do, in one wave, not two
     assert pick(277, 28672, 4096)[:2] == (128, 144)  # 16-column steps from K = 2048

@@ -336,19 +336,25 @@ _SWAP_MAX_PAD = 0.9
 # tile multicast: 137x4096x4096 0.79x -> 0.94x); an odd t with K >= 2048 multicasts the tokens
 # to 4 x 1 weight tiles when that is still one wave (328x2048x8192 0.86x -> 0.94x; as two waves
 # 0.64x at 200x8192x4096).
-NARROW_MIN_N = 1024
-NARROW_MIN_K = 1024
+NARROW_MIN_N = 768
+NARROW_MIN_K = 768
 NARROW_MAX_W = 256  # a 64 x 256 fp32 accumulator is 128 registers a thread
 _NARROW_REREAD_W = 96
 _NARROW_REREAD_N = 2048
 _NARROW_REREAD_K = 4096
 _NARROW_C41_MIN_K = 2048
-# At most 128 tokens, one token tile; K splits where the grid fills under a quarter of a wave
-# with 64+ k-tiles, or under half of one with 128+, until one wave is full, each split 16+
-# k-tiles long: 9x1024x4096 (16 tiles) 0.78x -> 0.95x cuBLAS in 4 splits, 25x1280x5120 0.82x ->
-# 1.02x, 57x1280x5120 0.79x -> 0.95x, 45x4096x14336 (64 tiles) 0.98x -> 1.01x in 2; with 25
-# k-tiles (26x1600x1600) a split lost 25%.
-_NARROW_SPLIT_MIN_K_TILES = 64
+# At most 128 tokens: one token tile, K split where the grid fills under a quarter of a wave
+# with 48+ k-tiles (up to 3/4 of a wave, each split 12+ k-tiles long), or in two under half a
+# wave with 128+: 9x1024x4096 (16 tiles) 0.78x -> 1.07x cuBLAS in 5 splits, 25x1280x5120 0.82x
+# -> 1.03x in 4 (1.00x in 6), 57x1280x5120 0.94x in 4 (0.89x in 6), 19x768x3072 0.95x -> 1.04x,
+# 45x4096x14336 (64 tiles) 0.98x -> 1.01x in 2; with 25-32 k-tiles a split lost 18-25%
+# (26x1600x1600, 30x2048x2048). Unsplit, the most token tiles one wave holds, unclustered:
+# 71x768x768 in five 16-wide tiles 0.99x, one 80-wide 0.89x; 68x1280x1280 0.97x / 0.88x;
+# 95x2304x768 three 32-wide 1.02x, one 96-wide 0.95x (two 16-wide tiles in a 1 x 2 cluster
+# lost 1-3% to one 32-wide: 26x1600x1600, 22x4096x4096, 30x2048x2048).
+_NARROW_SPLIT_MIN_K_TILES = 48
+_NARROW_SPLIT_K_TILES = 12
+_NARROW_SPLIT_FILL = 3 / 4
 _NARROW_SPLIT_LONG_K_TILES = 128
 _NARROW_MAX_SPLIT = 8
 # M <= 8 runs the skinny GEMV (matmul/gemv.py) unless the weight has more than SKINNY_MAX_N
@@ -368,7 +374,7 @@ def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
     if m > 8:
         return False
     wide = n > SKINNY_MAX_N or (n <= SKINNY_SPLIT_MAX_N and k >= SKINNY_SPLIT_MIN_K)
-    return not (swappable and m >= 2 and k >= NARROW_MIN_K and wide)
+    return not (swappable and m >= 2 and k >= 1024 and wide)
 
 
 def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
@@ -377,12 +383,16 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> Ge
     wt = math.ceil(n / 64)  # weight tiles: the swapped kernel's M
     k_tiles = math.ceil(k / 64)
     if m <= 128:
-        w = math.ceil(m / 16) * 16
         split = 1
-        if (4 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_MIN_K_TILES) or (
-                2 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_LONG_K_TILES):
-            split = min(num_sms // wt, k_tiles // 16, _NARROW_MAX_SPLIT)
-        return GemmConfig(64, w, 1, 1, split_k=max(split, 1), swap_ab=True)
+        if 4 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_MIN_K_TILES:
+            split = min(int(_NARROW_SPLIT_FILL * num_sms) // wt, k_tiles // _NARROW_SPLIT_K_TILES, _NARROW_MAX_SPLIT)
+        elif 2 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_LONG_K_TILES:
+            split = 2
+        if split >= 2:
+            return GemmConfig(64, math.ceil(m / 16) * 16, 1, 1, split_k=split, swap_ab=True)
+        # Unsplit: the most token tiles one wave holds, unclustered.
+        w = math.ceil(m / max(num_sms // wt, 1) / 16) * 16
+        return GemmConfig(64, w, 1, 1, swap_ab=True)
     t = num_sms // wt
     if t < 1:
         return None
