@@ -74,6 +74,21 @@ def test_8bit_split_k_compiles_for_sm90a(tmp_path, cfg, in_dt, ws_dt, acc):
     assert not report or "0 bytes spill stores" in report
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", [GemmConfig(64, 16, 1, 1, swap_ab=True), GemmConfig(64, 176, 4, 1, swap_ab=True),
+                                 GemmConfig(128, 144, 1, 2, swap_ab=True)], ids=["64x16", "64x176c41", "128x144c12"])
+def test_fp8_swap_ab_compiles_for_sm90a(tmp_path, cfg):
+    """fp8 per-row scaled_mm under swap_ab: the kernel's A is the weight; row and column scales trade places."""
+    from cute_kernels.matmul.api import _compile, _kernel_view
+    from cute_kernels.matmul.config import Epilogue
+
+    a_dt, b_dt, am, bm, epi = _kernel_view(E4M3, E4M3, "k", "k", cfg, Epilogue(row_scale="vector", col_scale="scalar"))
+    assert (epi.row_scale, epi.col_scale) == ("scalar", "vector")
+    _compile(a_dt, b_dt, torch.bfloat16, am, bm, cfg, epi, "Float32", keep_dir=str(tmp_path))
+    ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+    assert "stmatrix.sync.aligned.m8n8.x4.trans" in ptx and "e4m3" in ptx
+
+
 def test_8bit_api_rejects_bad_input_on_cpu():
     import cute_kernels as ck
 
@@ -142,6 +157,36 @@ def test_scaled_mm_matches_dequantized_reference(granularity, shape, with_bias, 
     ref = ck.scaled_mm_ref(a, b, sa, sb, bias=bias, out_dtype=torch.float32)
     try:
         theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16, use_fast_accum=fast)
+    except RuntimeError:  # shapes cuBLASLt refuses: hold ours to bf16 output rounding
+        theirs = ref.to(torch.bfloat16)
+    _rule(out, theirs, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("shape", [(15, 8192, 4096), (175, 6144, 4096), (344, 4096, 4096), (77, 3000, 2000),
+                                   (5, 1600, 6400)])
+def test_scaled_mm_swap_ab(granularity, shape):
+    """Without a bias, few-token fp8 GEMMs run swap_ab (D^T = W X^T through B's [K, N] view, the
+    scales traded); with a bias, unswapped. Ragged N, split-K at 5 rows."""
+    import cute_kernels as ck
+    from cute_kernels.matmul.api import SwapLaunch, kernel_for
+    from cute_kernels.matmul.config import Epilogue
+
+    M, N, K = shape
+    a, sa = _quant_fp8(torch.randn(M, K, device="cuda"), None if granularity == "tensor" else 1)
+    wq, sw = _quant_fp8(torch.randn(N, K, device="cuda"), None if granularity == "tensor" else 1)
+    b, sb = wq.t(), sw.reshape(1, -1) if granularity == "row" else sw
+    mode = "vector" if granularity == "row" else "scalar"
+    plan = kernel_for(a, b.t(), torch.bfloat16, Epilogue(row_scale=mode, col_scale=mode), kernel_name="scaled_mm_sm90",
+                      b_kn=True)
+    assert isinstance(plan, SwapLaunch)
+    assert not isinstance(kernel_for(a, b.t(), torch.bfloat16, Epilogue(row_scale=mode, col_scale=mode, bias=True),
+                                     kernel_name="scaled_mm_sm90", b_kn=True), SwapLaunch)
+    out = ck.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    ref = ck.scaled_mm_ref(a, b, sa, sb, out_dtype=torch.float32)
+    try:
+        theirs = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
     except RuntimeError:  # shapes cuBLASLt refuses: hold ours to bf16 output rounding
         theirs = ref.to(torch.bfloat16)
     _rule(out, theirs, ref)

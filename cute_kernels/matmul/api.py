@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, check_device, env
+from ..runtime.dtypes import FP8 as _FP8
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, swap_supported, swapped_epilogue
@@ -155,7 +156,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         if hit is not None:
             return hit
     if swappable:
-        swapped = swap_config(M, N, K)
+        swapped = swap_config(M, N, K, in_bytes=in_bytes)
         if swapped is not None:
             return swapped
     if split:
@@ -251,7 +252,10 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     """
     M, K = a.shape
     in_bytes = a.element_size()
-    swappable = in_bytes == 2 and not b_kn and swap_supported(epi, out_dtype.itemsize) is None
+    # swap_ab: 16-bit inputs, or fp8 (scaled_mm hands B over as [K, N]: SwapLaunch transposes
+    # that view back), whose epilogue has a transposed path.
+    swappable = (in_bytes == 2 or (a.dtype in _FP8 and b_nk.dtype in _FP8)) and swap_supported(
+        epi, out_dtype.itemsize) is None
     if config is None and M <= 8 and in_bytes == 2 and env.enabled("CUTE_KERNELS_GEMV") and skinny_gemv(
             M, b_nk.shape[0], K, swappable):
         from .gemv import GemvLaunch, gemv_applies  # imports triton: only for skinny products
@@ -263,9 +267,10 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
                                  tuning_class(a.dtype, out_dtype, majors, epi), swappable)
     if cfg.swap_ab:
         why = swap_supported(epi, out_dtype.itemsize)
-        if why or b_kn:
-            raise ValueError(f"{cfg}: {why or 'swap_ab takes B as [N, K] (no b_kn)'}")
-        return SwapLaunch(_launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn))
+        if why:
+            raise ValueError(f"{cfg}: {why}")
+        # The swapped kernel reads B as its [N, K] A operand: compiled without b_kn.
+        return SwapLaunch(_launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, False), b_kn)
     return _launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn)
 
 
@@ -285,13 +290,14 @@ class SwapLaunch:
     D^T = B A^T into D's transposed view (no copy), with A's row scales as its column
     scales and B's column scales as its row scales."""
 
-    __slots__ = ("inner",)
+    __slots__ = ("inner", "b_kn")
 
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, b_kn: bool = False):
+        self.inner, self.b_kn = inner, b_kn
 
     def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
-        self.inner(b_nk, a, out.t(), bias, residual, col_scale, row_scale, alpha, beta)
+        # b_kn: the caller passes B as [K, N] (K-major), whose transpose is the [N, K] view.
+        self.inner(b_nk.t() if self.b_kn else b_nk, a, out.t(), bias, residual, col_scale, row_scale, alpha, beta)
         return out
 
 

@@ -412,7 +412,7 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> Ge
     return GemmConfig(64, w, cm, cn, swap_ab=True)
 
 
-def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
     With N, K >= 1024: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
@@ -421,9 +421,11 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfi
     tiles do, the one with the fewest waves x width (the wider on a tie); the cluster pairs two
     token tiles (1 x 2, sharing the weight tile) when their count is even, else two weight tiles
     (2 x 1): with an odd count 1 x 2 pads a whole column of tiles (273 rows in three 96-wide
-    tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1)."""
+    tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1). 8-bit inputs (in_bytes = 1) are costed at the K
+    of 16-bit ones with as many bytes: their k-tiles are 128 deep and run as fast."""
     if m < 1:
         return None
+    k = k * in_bytes // 2
     if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
         narrow = narrow_swap_config(m, n, k, num_sms=num_sms)
         if narrow is not None and (m <= 128 or math.ceil(m / narrow.tile_n) * narrow.tile_n < math.ceil(m / 128) * 128):
