@@ -910,6 +910,8 @@ def test_narrow_swap_picks():
     assert pick(203, 55296, 5120)[0] == 128  # 864 weight tiles: no one-wave token tiling
     assert pick(845, 4096, 1024) == (128, 224, 1, 2, 1)  # pads as 128 rows do, in one wave, not two
     assert pick(277, 28672, 4096)[:2] == (128, 144)  # 16-column steps from K = 2048
+    assert pick(1186, 2048, 2048) == (128, 176, 2, 1, 1)  # above 1024 rows: 176+ wide, less padding
+    assert pick(2048, 4096, 4096) is None  # 8 x 256 pads as 128-row tiles do, in as many waves
 
 
 @pytest.mark.gpu

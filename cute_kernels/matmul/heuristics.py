@@ -311,7 +311,14 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
 # 128 x 96 in 2 x 1: 0.0349 / 0.0414 / 0.0292; 260x4608x3584 0.0229 / 0.0292 / 0.0202;
 # 320x16384x2048 128 x 160 in 1 x 2: 0.0379 / 0.0494 / 0.0374; 800x6400x1600 128 x 160 in 2 x 1:
 # 0.0274 / 0.0308 / 0.0264 (docs/gemm.md). At 1048 and 1186 rows (padding 3-8% less) it lost.
-SWAP_M = (129, 1024)
+SWAP_M = (129, 2048)
+# Above 1024 rows a width of 176 or more that pads M less than 128-row tiles do is enough:
+# there the unswapped tiles lost to 176-240-wide swapped ones at equal or 4% less padding, and
+# narrower swapped tiles lost to both (H100, same run, vs cuBLAS: 1186x2048x2048 0.70x -> 0.87x
+# with 176, 0.63x with 112; 1033x2048x8192 0.69x -> 0.93x; 1647x4096x4096 0.73x -> 0.99x with
+# 208, 0.75x with 128; 1104x5120x27648 0.87x -> 0.96x; 1931x3584x3584 0.82x -> 0.90x with 224).
+_SWAP_LOOSE_PAD_M = 1024
+_SWAP_LARGE_M_MIN_W = 176
 # Narrow weights (N = 768 / 1280: 6-10 tiles along the swapped kernel's M) and K = 768 ran
 # swapped at 0.62-0.79x cuBLAS in the H100 grid (145x768x768, 186x768x3072, 177x1280x1280,
 # 304x3072x768; 2026-11-26), and were not measured unswapped: left to the heuristic. At
@@ -437,14 +444,14 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
 
 def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
     padded = math.ceil(m / 128) * 128
-    limit = _SWAP_MAX_PAD * padded
+    limit = padded - 1 if m > _SWAP_LOOSE_PAD_M else _SWAP_MAX_PAD * padded
     tiles_m = math.ceil(n / 128)  # the swapped kernel's rows are the weight's
     # Or no more padding than 128-row tiles and fewer waves than the unswapped pick:
     # 845x4096x1024 in four 224-wide tiles, one wave, 0.92x cuBLAS; 128 x 128 in two waves 0.67x.
     waves = config_waves(default_config(m, n, k, num_sms=num_sms), m, n, num_sms)
     best = None
     for w in _SWAP_WIDTHS:
-        if w % 32 and k < _SWAP_SLAB16_MIN_K:
+        if (w % 32 and k < _SWAP_SLAB16_MIN_K) or (m > _SWAP_LOOSE_PAD_M and w < _SWAP_LARGE_M_MIN_W):
             continue
         tiles_n = math.ceil(m / w)
         cm, cn = (1, 2) if tiles_n % 2 == 0 else (2, 1)
