@@ -912,6 +912,8 @@ def test_narrow_swap_picks():
     assert pick(277, 28672, 4096)[:2] == (128, 144)  # 16-column steps from K = 2048
     assert pick(1186, 2048, 2048) == (128, 176, 2, 1, 1)  # above 1024 rows: 176+ wide, less padding
     assert pick(2048, 4096, 4096) is None  # 8 x 256 pads as 128-row tiles do, in as many waves
+    assert swap_config(1186, 2048, 4096, in_bytes=1) is None  # fp8 above 1024 rows: not measured swapped
+    assert swap_config(344, 4096, 8192, in_bytes=1) == swap_config(344, 4096, 4096)  # 8-bit K: as many bytes
 
 
 @pytest.mark.gpu

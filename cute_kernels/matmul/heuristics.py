@@ -437,7 +437,8 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
         narrow = narrow_swap_config(m, n, k, num_sms=num_sms)
         if narrow is not None and (m <= 128 or math.ceil(m / narrow.tile_n) * narrow.tile_n < math.ceil(m / 128) * 128):
             return narrow
-    if not SWAP_M[0] <= m <= SWAP_M[1] or n < SWAP_MIN_N or k < SWAP_MIN_K:
+    # Above 1024 rows the rule was measured on 16-bit inputs only.
+    if not SWAP_M[0] <= m <= (SWAP_M[1] if in_bytes == 2 else _SWAP_LOOSE_PAD_M) or n < SWAP_MIN_N or k < SWAP_MIN_K:
         return None
     return _wide_swap_config(m, n, k, num_sms)
 
