@@ -422,10 +422,11 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> Ge
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
-    With N, K >= 1024: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
-    M less than 128-row tiles do. Otherwise, M in SWAP_M with N >= SWAP_MIN_N and K >=
-    SWAP_MIN_K: 128-row tiles; of the widths that pad M to at most 0.9x what 128-row unswapped
-    tiles do, the one with the fewest waves x width (the wider on a tie); the cluster pairs two
+    With N, K >= 768: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
+    M less than 128-row tiles do. Otherwise, M in SWAP_M (8-bit inputs: up to 1024) with N >=
+    SWAP_MIN_N and K >= SWAP_MIN_K: 128-row tiles; of the widths that pad M to at most 0.9x what
+    128-row unswapped tiles do (above 1024 rows: 176+ wide, padding less), or no more in fewer
+    waves, the one with the fewest waves x width (the wider on a tie); the cluster pairs two
     token tiles (1 x 2, sharing the weight tile) when their count is even, else two weight tiles
     (2 x 1): with an odd count 1 x 2 pads a whole column of tiles (273 rows in three 96-wide
     tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1). 8-bit inputs (in_bytes = 1) are costed at the K
