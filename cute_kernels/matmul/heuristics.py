@@ -310,7 +310,8 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
 # heuristic's unswapped pick / the tuner's best unswapped config / cuBLAS (ms): 273x5120x5120
 # 128 x 96 in 2 x 1: 0.0349 / 0.0414 / 0.0292; 260x4608x3584 0.0229 / 0.0292 / 0.0202;
 # 320x16384x2048 128 x 160 in 1 x 2: 0.0379 / 0.0494 / 0.0374; 800x6400x1600 128 x 160 in 2 x 1:
-# 0.0274 / 0.0308 / 0.0264 (docs/gemm.md). At 1048 and 1186 rows (padding 3-8% less) it lost.
+# 0.0274 / 0.0308 / 0.0264 (docs/gemm.md). At 1048 and 1186 rows (padding 3-8% less) 160-wide
+# tiles lost; 176-wide ones won (below).
 SWAP_M = (129, 2048)
 # Above 1024 rows a width of 176 or more that pads M less than 128-row tiles do is enough:
 # there the unswapped tiles lost to 176-240-wide swapped ones at equal or 4% less padding, and
@@ -339,10 +340,10 @@ _SWAP_MAX_PAD = 0.9
 # 0.94x, 180x4096x1024 0.98x, 309x4096x14336 1.08x, 400x3072x3072 1.03x, 700x2048x2048 0.95x,
 # 664x1024x1024 t = 7 1.00x, 229x1280x1280 t = 5 0.92x), except where four or more tiles
 # re-read a 2048+ row weight with <= 96 tokens each or a K of 4096+ (257x2048x2048 t = 4 0.64x,
-# t = 3 0.83x; 328x2048x8192 0.60x / 0.94x; 539x2048x8192 t = 4 0.70x). An even t pairs the token tiles in 1 x 2 clusters (the weight
-# tile multicast: 137x4096x4096 0.79x -> 0.94x); an odd t with K >= 2048 multicasts the tokens
-# to 4 x 1 weight tiles when that is still one wave (328x2048x8192 0.86x -> 0.94x; as two waves
-# 0.64x at 200x8192x4096).
+# t = 3 0.83x; 328x2048x8192 0.60x / 0.94x; 539x2048x8192 t = 4 0.70x, t = 3 0.99x). An even t
+# pairs the token tiles in 1 x 2 clusters (the weight tile multicast: 137x4096x4096 0.79x ->
+# 0.94x); an odd t with K >= 2048 multicasts the tokens to 4 x 1 weight tiles when that is still
+# one wave (328x2048x8192 0.86x -> 0.94x; as two waves 0.64x at 200x8192x4096).
 NARROW_MIN_N = 768
 NARROW_MIN_K = 768
 NARROW_MAX_W = 256  # a 64 x 256 fp32 accumulator is 128 registers a thread
