@@ -177,7 +177,7 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
             or swap_supported(_kernel_args(problem)["epi"], problem.out_bytes)):
         return []
     m = problem.m
-    pick = narrow_swap_config(m, problem.n, problem.k)
+    pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2)  # 8-bit K as swap_config costs it
     t0 = math.ceil(m / pick.tile_n) if pick is not None else math.ceil(m / NARROW_MAX_W)
     out = [dataclasses.replace(pick, split_k=1)] if pick is not None else []
     for t in (t0 - 1, t0, t0 + 1):
