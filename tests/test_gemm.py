@@ -907,6 +907,10 @@ def test_narrow_swap_picks():
     assert pick(273, 5120, 5120) == (128, 96, 2, 1, 1)  # two waves of 64-row tiles: 128-row ones
     assert pick(500, 4096, 4096) is None  # 2 x 256 pads no less than 128-row tiles
     assert pick(20, 512, 768) is None
+    from cute_kernels.matmul.heuristics import skinny_gemv
+
+    assert not skinny_gemv(4, 8192, 2048, True) and skinny_gemv(4, 8192, 2048, False)  # a bias: the GEMV
+    assert skinny_gemv(4, 4096, 4096, True) and not skinny_gemv(3, 1024, 4096, True) and skinny_gemv(1, 8192, 2048, True)
     assert pick(203, 55296, 5120)[0] == 128  # 864 weight tiles: no one-wave token tiling
     assert pick(845, 4096, 1024) == (128, 224, 1, 2, 1)  # pads as 128 rows do, in one wave, not two
     assert pick(277, 28672, 4096)[:2] == (128, 144)  # 16-column steps from K = 2048

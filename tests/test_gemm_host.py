@@ -214,6 +214,35 @@ def test_quantized_hot_path(fake_kernels, monkeypatch):
     qapi._PLANS.clear()
 
 
+def test_swap_ab_host(fake_kernels, monkeypatch):
+    """Few tokens launch swap_ab: the kernel gets the weight as its A, the activations as its B and
+    D's transposed view; fp8 scaled_mm hands over B as [K, N] (transposed back) with the row and
+    column scales traded, and with a bias it runs unswapped."""
+    from cute_kernels.quantized import api as qapi
+
+    monkeypatch.setattr(qapi, "check_device", lambda t, what="tensor": 132)
+    qapi._PLANS.clear()
+    M, N, K = 15, 8192, 2048
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    w = torch.randn(N, K, dtype=torch.bfloat16) / K**0.5
+    y = api.linear(x, w)
+    call = fake_kernels[-1]
+    assert call["cfg"].swap_ab and call["cfg"].tile_m == 64 and call["cfg"].tile_n == 16
+    assert call["a"].shape == (N, K) and call["b"].shape == (M, K) and call["out"].shape == (N, M)
+    torch.testing.assert_close(y.float(), x.float() @ w.float().t(), rtol=1e-2, atol=1e-2)
+    a8, w8 = (torch.randn(M, K) / 4).to(torch.float8_e4m3fn), (torch.randn(N, K) / 4).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(M, 1) + 0.5, torch.rand(1, N) + 0.5
+    out = qapi.scaled_mm(a8, w8.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    call = fake_kernels[-1]
+    assert call["cfg"].swap_ab and not call["b_kn"] and call["a"].shape == (N, K) and call["out"].stride(0) == 1
+    assert call["row_scale"].shape == (N,) and call["col_scale"].shape == (M,)  # traded
+    # the fake kernel leaves the scales out: the unscaled product
+    torch.testing.assert_close(out.float(), a8.float() @ w8.float().t(), rtol=1e-2, atol=1e-1)
+    qapi.scaled_mm(a8, w8.t(), sa, sb, bias=torch.randn(N, dtype=torch.bfloat16), use_fast_accum=True)
+    assert not fake_kernels[-1]["cfg"].swap_ab and fake_kernels[-1]["b_kn"]
+    qapi._PLANS.clear()
+
+
 # --------------------------------------------------------------------------- split-K
 
 # The heuristic's decisions on the shapes split-K is for (and some it must leave alone).
