@@ -285,12 +285,12 @@ def _grid_label(dtype: str, M: int, N: int, K: int) -> str:
         # scaled_mm without a bias: swap_ab may run it, which its epilogue class (bias included) rules out.
         import torch
 
-        from cute_kernels.matmul.api import _pick_config, tuning_class
+        from cute_kernels.matmul.api import _pick_config, swappable, tuning_class
         from cute_kernels.matmul.config import Epilogue
 
-        epi = Epilogue(row_scale="vector", col_scale="vector")
-        cls = tuning_class(torch.float8_e4m3fn, torch.bfloat16, ("k", "k"), epi)
-        return tune.label(_pick_config(M, N, K, 1, False, cls, True))
+        e4m3, epi = torch.float8_e4m3fn, Epilogue(row_scale="vector", col_scale="vector")
+        cls = tuning_class(e4m3, torch.bfloat16, ("k", "k"), epi)
+        return tune.label(_pick_config(M, N, K, 1, False, cls, swappable(e4m3, e4m3, torch.bfloat16, epi)))
     return tune.label(tune.dispatch_config(grid_problem(dtype, M, N, K)))
 
 

@@ -148,7 +148,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                  swappable: bool = False) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
     has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache), else the
-    heuristic's: with swappable=True (a 16-bit GEMM whose epilogue swap_ab can run) a swap_ab
+    heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). Memoised: a dispatch pays the lookup once per shape."""
     if tuning_class is not None:
@@ -252,19 +252,16 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
     """
     M, K = a.shape
     in_bytes = a.element_size()
-    # swap_ab: 16-bit inputs, or fp8 (scaled_mm hands B over as [K, N]: SwapLaunch transposes
-    # that view back), whose epilogue has a transposed path.
-    swappable = (in_bytes == 2 or (a.dtype in _FP8 and b_nk.dtype in _FP8)) and swap_supported(
-        epi, out_dtype.itemsize) is None
+    can_swap = swappable(a.dtype, b_nk.dtype, out_dtype, epi)
     if config is None and M <= 8 and in_bytes == 2 and env.enabled("CUTE_KERNELS_GEMV") and skinny_gemv(
-            M, b_nk.shape[0], K, swappable):
+            M, b_nk.shape[0], K, can_swap):
         from .gemv import GemvLaunch, gemv_applies  # imports triton: only for skinny products
 
         if gemv_applies(a, b_nk, out_dtype, epi):
             return GemvLaunch(epi, b_kn)
     majors = (_major(a, "m"), _major(b_nk, "n"))
     cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2,
-                                 tuning_class(a.dtype, out_dtype, majors, epi), swappable)
+                                 tuning_class(a.dtype, out_dtype, majors, epi), can_swap)
     if cfg.swap_ab:
         why = swap_supported(epi, out_dtype.itemsize)
         if why:
@@ -272,6 +269,14 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
         # The swapped kernel reads B as its [N, K] A operand: compiled without b_kn.
         return SwapLaunch(_launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, False), b_kn)
     return _launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn)
+
+
+def swappable(a_dtype, b_dtype, out_dtype, epi) -> bool:
+    """Whether dispatch may pick a swap_ab config for these operands: 16-bit or fp8 inputs (scaled_mm
+    hands B over as [K, N]: SwapLaunch transposes that view back) and an epilogue with a transposed
+    path (`config.swap_supported`)."""
+    return ((a_dtype in SIXTEEN_BIT or (a_dtype in _FP8 and b_dtype in _FP8))
+            and swap_supported(epi, out_dtype.itemsize) is None)
 
 
 def _launch_for(a, b_nk, out_dtype, epi, majors, cfg, kernel_name, acc_name, b_kn):

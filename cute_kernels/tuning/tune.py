@@ -61,7 +61,7 @@ def heuristic(problem: Problem) -> GemmConfig:
     """What dispatch picks for `problem` without the tuning cache."""
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
-    from ..matmul.api import _pick_config
+    from ..matmul.api import _pick_config, swappable
 
     if problem.promoted:
         from ..quantized.api import _promoted_config
@@ -71,8 +71,9 @@ def heuristic(problem: Problem) -> GemmConfig:
         from ..matmul.api import swiglu_fallback
 
         return swiglu_fallback(problem.m, problem.n // 2, problem.k)
-    swappable = not problem.eight_bit and problem.epilogue == "plain" and problem.out_bytes == 2
-    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None, swappable)
+    kw = _kernel_args(problem)
+    can_swap = swappable(kw["in_dtype"], kw["in_dtype"], kw["out_dtype"], kw["epi"])
+    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None, can_swap)
 
 
 def dispatch_config(problem: Problem) -> GemmConfig:
