@@ -217,7 +217,7 @@ def test_quantized_hot_path(fake_kernels, monkeypatch):
 def test_swap_ab_host(fake_kernels, monkeypatch):
     """Few tokens launch swap_ab: the kernel gets the weight as its A, the activations as its B and
     D's transposed view; fp8 scaled_mm hands over B as [K, N] (transposed back) with the row and
-    column scales traded, and with a bias it runs unswapped."""
+    column scales traded, and with a bias it runs unswapped; int8_mm's int32 output swaps."""
     from cute_kernels.quantized import api as qapi
 
     monkeypatch.setattr(qapi, "check_device", lambda t, what="tensor": 132)
@@ -240,6 +240,12 @@ def test_swap_ab_host(fake_kernels, monkeypatch):
     torch.testing.assert_close(out.float(), a8.float() @ w8.float().t(), rtol=1e-2, atol=1e-1)
     qapi.scaled_mm(a8, w8.t(), sa, sb, bias=torch.randn(N, dtype=torch.bfloat16), use_fast_accum=True)
     assert not fake_kernels[-1]["cfg"].swap_ab and fake_kernels[-1]["b_kn"]
+    # int8_mm's raw int32 output swaps too (M-major 32-bit boxes in the kernel)
+    ai, wi = torch.randint(-128, 128, (M, K), dtype=torch.int8), torch.randint(-128, 128, (N, K), dtype=torch.int8)
+    out = qapi.int8_mm(ai, wi.t())
+    call = fake_kernels[-1]
+    assert call["cfg"].swap_ab and call["a"].shape == (N, K) and call["out"].shape == (N, M) and call["out"].stride(0) == 1
+    assert out.dtype == torch.int32 and torch.equal(out, (ai.long() @ wi.long().t()).int())
     qapi._PLANS.clear()
 
 
@@ -309,7 +315,7 @@ def test_heuristic_counts_waves_of_whole_clusters():
     assert default_config(627, 4096, 14336).cluster_mn == (1, 2)  # 128 x 160: 5 x 26 tiles
     assert default_config(9079, 4096, 14336).cluster_mn == (2, 1)  # 15 waves of 2 x 1 vs 14 of 1 x 2
     assert default_config(4209, 4096, 4096).cluster_mn == (1, 2)  # 5 waves vs 4
-    assert default_config(8192, 8192, 8192) == GemmConfig(128, 256, 2, 1)
+    assert default_config(8192, 8192, 8192) == GemmConfig(256, 160, 1, 2)  # 13 waves of 256 x 160, not 16 of 128 x 256
     assert default_config(138, 28672, 4096).cluster_mn == (2, 2)
     sizes = [1, 9, 17, 100, 131, 300, 627, 1000, 1908, 2048, 4209, 9079]
     for M in sizes:

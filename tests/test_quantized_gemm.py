@@ -89,6 +89,25 @@ def test_fp8_swap_ab_compiles_for_sm90a(tmp_path, cfg):
     assert "stmatrix.sync.aligned.m8n8.x4.trans" in ptx and "e4m3" in ptx
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", [GemmConfig(64, 16, 1, 1, swap_ab=True), GemmConfig(64, 48, 1, 2, swap_ab=True),
+                                 GemmConfig(64, 16, 1, 1, split_k=2, swap_ab=True), GemmConfig(128, 144, 1, 2, swap_ab=True)],
+                         ids=["64x16", "64x48c12", "64x16s2", "128x144c12"])
+def test_int8_swap_ab_compiles_for_sm90a(tmp_path, cfg):
+    """int8_mm's raw int32 under swap_ab: M-major 32-bit boxes (16 wide where 32 does not divide the
+    tile), 4-byte smem stores, TMA stores; no spills."""
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.config import Epilogue
+    from tests.test_gemm import _ptxas_report
+
+    _compile(torch.int8, torch.int8, torch.int32, "k", "k", cfg, Epilogue(), "Int32", keep_dir=str(tmp_path))
+    path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(path).read()
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "stmatrix" not in ptx
+    report = _ptxas_report(path)
+    assert not report or "0 bytes spill stores" in report
+
+
 def test_8bit_api_rejects_bad_input_on_cpu():
     import cute_kernels as ck
 
@@ -395,6 +414,49 @@ def test_fp8_forced_split_k(promote, shape):
     except RuntimeError:  # shapes cuBLASLt refuses: hold ours to bf16 output rounding
         theirs = ref.to(torch.bfloat16)
     _rule(out, theirs, ref)
+
+
+INT8_SWAP_CFGS = [GemmConfig(64, 16, 1, 1, swap_ab=True), GemmConfig(64, 48, 1, 2, swap_ab=True),
+                  GemmConfig(64, 16, 1, 1, split_k=3, swap_ab=True), GemmConfig(64, 112, 4, 1, swap_ab=True),
+                  GemmConfig(128, 144, 1, 2, swap_ab=True), GemmConfig(128, 96, 2, 1, swap_ab=True),
+                  GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", INT8_SWAP_CFGS, ids=lambda c: f"{c.tile_m}x{c.tile_n}c{c.cluster_m}{c.cluster_n}"
+                         f"{'pp' if c.pingpong else ''}s{c.split_k}")
+@pytest.mark.parametrize("shape", [(35, 1000, 4096), (273, 2052, 1024), (3, 771, 8192)])
+def test_int8_swap_ab_bit_exact(cfg, shape):
+    """int8_mm under swap_ab (D^T = W X^T into D's transposed view, int32 through M-major boxes):
+    ragged tokens and weight rows, odd N (padded output rows), split-K; equal to the integer product."""
+    import cute_kernels as ck
+    from cute_kernels.matmul.api import SwapLaunch, _alloc_out, kernel_for, run_gemm
+    from cute_kernels.matmul.config import Epilogue
+
+    M, N, K = shape
+    a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8)
+    assert isinstance(kernel_for(a, w, torch.int32, Epilogue(), config=cfg, kernel_name="int8_mm_sm90",
+                                 acc_name="Int32"), SwapLaunch)
+    out = _alloc_out(M, N, torch.int32, "cuda").fill_(-7)
+    run_gemm(a, w, out, epi=Epilogue(), config=cfg, kernel_name="int8_mm_sm90", acc_name="Int32")
+    assert torch.equal(out, ck.int8_mm_ref(a, w.t()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(35, 28672, 4096), (17, 4096, 4096), (167, 16384, 2048), (440, 4608, 3584)])
+def test_int8_mm_swap_dispatch(shape):
+    """Few-token int8_mm picks swap_ab by itself and matches torch._int_mm bit for bit."""
+    import cute_kernels as ck
+    from cute_kernels.matmul.api import SwapLaunch, kernel_for
+    from cute_kernels.matmul.config import Epilogue
+
+    M, N, K = shape
+    a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+    w = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8)
+    assert isinstance(kernel_for(a, w, torch.int32, Epilogue(), kernel_name="int8_mm_sm90",
+                                 acc_name="Int32", b_kn=True), SwapLaunch)
+    assert torch.equal(ck.int8_mm(a, w.t()), torch._int_mm(a, w.t()))
 
 
 @pytest.mark.gpu

@@ -43,8 +43,9 @@ class GemmConfig:
     swap_ab: the launch computes D^T = B A^T. The kernel's M runs along N (the weight's
     rows, 64 or 128 a tile) and its N along the tokens, so a token count M is padded to a
     multiple of tile_n (16..256 in steps of 16) instead of 64 / 128 rows: M = 273 runs as
-    3 x 96 = 288 rather than 3 x 128 = 384. D is stored M-major (transposed stmatrix, TMA).
-    Epilogues without bias, residual or SwiGLU, 16-bit outputs (`swap_supported`).
+    3 x 96 = 288 rather than 3 x 128 = 384. D is stored M-major (transposed stmatrix, or
+    M-major per-warp boxes for 32-bit outputs; TMA). Epilogues without bias, residual or
+    SwiGLU (`swap_supported`).
     """
 
     tile_m: int = 128
@@ -92,10 +93,10 @@ class GemmConfig:
             if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128)):
                 raise ValueError(f"swap_ab takes a 64- or 128-row tile and tile_n in 16..256, a multiple of 16, "
                                  f"got {self.tile_mn}")
-        elif self.tile_n not in (64, 96, 128, 160, 192, 256):
-            raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
-        if self.tile_m == 256 and self.tile_n > 128:
-            raise ValueError("a 256-row tile needs tile_n <= 128 (register budget)")
+        elif self.tile_n not in (64, 96, 128, 144, 160, 192, 256):
+            raise ValueError(f"tile_n must be 64, 96, 128, 144, 160, 192 or 256, got {self.tile_n}")
+        if self.tile_m == 256 and self.tile_n > 192:
+            raise ValueError("a 256-row tile needs tile_n <= 192 (register budget)")
         for c in (self.cluster_m, self.cluster_n):
             if c not in (1, 2, 4):
                 raise ValueError(f"cluster dims must be 1, 2 or 4, got {self.cluster_mn}")
@@ -122,11 +123,11 @@ def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
     one contiguous run of each thread's retiled accumulator.
 
     32-bit outputs (int32, fp32): every consumer warp stages its own 16 x 32 boxes
-    (its 16 accumulator rows of one M-step, 128-byte rows), so warps never wait for
-    each other in the epilogue.
+    (its 16 accumulator rows of one M-step), so warps never wait for each other in the
+    epilogue; 16 x 16 where 32 does not divide a swap_ab tile's width.
     """
     if out_bytes == 4:
-        return (16, min(32, cfg.tile_n))
+        return (16, min(32 if cfg.tile_n % 32 == 0 else 16, cfg.tile_n))
     rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 128
     return (rows, min(32 if cfg.tile_n % 32 == 0 else 16, cfg.tile_n))
 
@@ -225,9 +226,11 @@ class Epilogue:
 def swap_supported(epi: Epilogue, out_bytes: int) -> str | None:
     """None if a swap_ab config can run `epi` with `out_bytes`-byte outputs, else why not.
     The swapped kernel sees D^T: row and column scale vectors trade places, but a bias
-    (per column of D) and a residual (loaded as column pairs) have no transposed path."""
-    if out_bytes != 2:
-        return "swap_ab writes 16-bit outputs only (the 32-bit epilogue stages N-major boxes)"
+    (per column of D) and a residual (loaded as column pairs) have no transposed path.
+    16-bit outputs leave through transposed stmatrix, 32-bit ones (int8's raw int32)
+    through M-major per-warp boxes (`GemmSm90.epilogue_32bit`)."""
+    if out_bytes not in (2, 4):
+        return f"swap_ab writes 16- or 32-bit outputs, got {out_bytes}-byte ones"
     if epi.bias or epi.residual or epi.activation == "swiglu" or epi.block_scaled:
         return "swap_ab takes epilogues without bias, residual, SwiGLU or block scales"
     return None

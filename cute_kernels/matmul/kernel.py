@@ -78,7 +78,7 @@ class GemmSm90:
         into M-major slabs and the TMA store writes them, nothing else changes. 32-bit outputs
         (int32, fp32) use `epilogue_32bit()`: each warp writes its own 16 x 32 boxes
         into two private swizzled smem buffers and its lane 0 TMA-stores them, with no
-        barrier between warps.
+        barrier between warps (M-major boxes under swap_ab).
 
     Pipelines:
       * ab_pipeline (PipelineTmaAsync, `ab_stages` deep): full barriers complete on
@@ -178,9 +178,8 @@ class GemmSm90:
         )
         out_bytes = c_dtype.width // 8
         # swap_ab's D^T is M-major (the launch passes D transposed); nothing else is.
-        if c_layout.is_m_major_c() != self.cfg.swap_ab or (self.cfg.swap_ab and out_bytes != 2):
-            raise ValueError(f"D must be {'M' if self.cfg.swap_ab else 'N'}-major"
-                             f"{' and 16-bit' if self.cfg.swap_ab else ''} for {self.cfg}")
+        if c_layout.is_m_major_c() != self.cfg.swap_ab:
+            raise ValueError(f"D must be {'M' if self.cfg.swap_ab else 'N'}-major for {self.cfg}")
         if self.swiglu and out_bytes != 2:
             raise ValueError("the swiglu epilogue writes a 16-bit output")
         # Columns of D one tile writes: half the B rows it multiplies under SwiGLU.
@@ -1077,13 +1076,15 @@ class GemmSm90:
 
         A wgmma accumulator gives each warp 16 whole rows of every M-step and, per
         8-column group, values (i0, i1) at rows {r, r + 8} and columns {c, c + 1}; a box
-        is four such groups of one M-step, 16 values per thread. The warp owns two
-        buffers: lane 0 waits until the store that last read the buffer is done
-        (bulk wait_group.read 1), the warp writes the box (the 128-byte swizzle keeps
-        the 8 rows of a store instruction on distinct banks), fences the generic-proxy
-        writes for the async proxy, and lane 0 issues the store. No warp waits for any
-        other, so a warp's stores overlap its neighbours' math. TMA clips the boxes at
-        M and N.
+        is four such groups of one M-step (two in a 16-wide box), 16 values per thread.
+        The warp owns two buffers: lane 0 waits until the store that last read the buffer
+        is done (bulk wait_group.read 1), the warp writes the box (N-major: the 128-byte
+        swizzle keeps the 8 rows of a store instruction on distinct banks, one 8-byte
+        store per pair; swap_ab's M-major box: a 64-byte column per output column, two
+        4-byte stores per pair, the 64-byte swizzle spreading the four columns of one
+        instruction over 16 banks), fences the generic-proxy writes for the async proxy,
+        and lane 0 issues the store. No warp waits for any other, so a warp's stores
+        overlap its neighbours' math. TMA clips the boxes at M and N.
         """
         box_m, box_n = self.epi_tile
         groups_per_box = box_n // 8
