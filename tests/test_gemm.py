@@ -226,7 +226,8 @@ def test_config_validation_and_heuristic():
         GemmConfig(256, 256).validate()
     for cfg in CANDIDATES:
         cfg.validate()
-    assert default_config(8192, 8192, 8192).tile_mn == (128, 256)
+    assert default_config(8192, 8192, 8192).tile_mn == (256, 160)  # 256-row tiles from 2048 rows (16-bit)
+    assert default_config(8192, 8192, 8192, in_bytes=1).tile_mn == (128, 256)
     small = default_config(1, 768, 768)
     assert small.cluster_m == 1
     # 64 x 64 tiles get a 2 x 2 cluster only for 16-bit inputs, long K and enough tiles.
@@ -947,7 +948,12 @@ def test_swap_ab_refuses_epilogues_it_cannot_transpose():
     assert swap_supported(Epilogue(activation="gelu", alpha=True, row_scale="vector", col_scale="scalar"), 2) is None
     for epi in (Epilogue(bias=True), Epilogue(residual=True), Epilogue(activation="swiglu")):
         assert "swap_ab takes epilogues without" in swap_supported(epi, 2)
-    assert "16-bit outputs" in swap_supported(Epilogue(), 4)
+    assert swap_supported(Epilogue(), 4) is None  # int8_mm's raw int32: M-major 32-bit boxes
+    assert "16- or 32-bit outputs" in swap_supported(Epilogue(), 1)
+    from cute_kernels.matmul.api import swappable
+
+    assert swappable(torch.int8, torch.int8, torch.int32, Epilogue())
+    assert not swappable(torch.bfloat16, torch.bfloat16, torch.float32, Epilogue())  # fp32 out: unswapped
 
 
 @pytest.mark.gpu

@@ -324,14 +324,15 @@ def test_first_round_is_the_cheapest_by_the_cost_model():
 
 def test_swap_candidates():
     """swap_ab is tried where the token count pads less along wgmma's N than in 128-row
-    tiles, in the plain 16-bit epilogue class only."""
+    tiles, in the plain epilogue class with 16-bit outputs or int8's int32 only."""
     from cute_kernels.tuning.tune import candidates, swap_candidates
 
     at = lambda m, epi="plain", op="bf16", out="bf16": swap_candidates(Problem(op, out, "kk", epi, m, 5120, 5120))  # noqa: E731
     assert {c.tile_n for c in at(273)} == {144, 96, 160} and all(c.swap_ab and c.tile_m == 128 for c in at(273))
     assert at(512) == at(40) == at(4253) == []  # no less padding, or outside 64..SWAP_MAX_M
     assert {c.tile_n for c in at(102)} == {112}  # 102 rows: 112 where 128-row tiles compute 128
-    assert at(273, "vector") == at(273, "residual") == [] and at(273, op="int8", out="int32") == []
+    assert at(273, "vector") == at(273, "residual") == [] and at(273, out="fp32") == []
+    assert {c.tile_n for c in at(273, op="int8", out="int32")} == {144, 96, 160}  # int8_mm's raw int32 swaps
     p = Problem("bf16", "bf16", "kk", "plain", 273, 5120, 5120)
     assert set(at(273)) <= set(candidates(p))
     for c in at(273):

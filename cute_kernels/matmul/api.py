@@ -143,6 +143,9 @@ def _compiled_split(cfg: GemmConfig) -> GemmConfig:
     return dataclasses.replace(cfg, split_k=2)
 
 
+_UNTUNED_SWAP_MIN_K = 4096
+
+
 @functools.lru_cache(maxsize=4096)
 def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None,
                  swappable: bool = False) -> GemmConfig:
@@ -151,14 +154,20 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). Memoised: a dispatch pays the lookup once per shape."""
+    swapped = swap_config(M, N, K, in_bytes=in_bytes) if swappable else None
     if tuning_class is not None:
-        hit = _tuned(tuning_class, M, N, K)
-        if hit is not None:
-            return hit
-    if swappable:
-        swapped = swap_config(M, N, K, in_bytes=in_bytes)
-        if swapped is not None:
-            return swapped
+        entry = _tuned_entry(tuning_class, M, N, K)
+        # An unswapped entry tuned at an M where no swap_ab tile padded less had no swapped
+        # rival; where one pads less here and K is long, the heuristic's swap_ab pick runs
+        # instead. Same run, H100, 2026-11-26, vs cuBLAS, entry -> swap_ab: bf16
+        # 533x4096x14336 0.86x -> 0.92x, 560x4096x4096 0.88x -> 1.00x; fp8 533x4096x14336
+        # 1.31x -> 1.41x, 560x4096x4096 1.21x -> 1.40x. At K <= 1600 the entries won
+        # (1100x4096x1024 0.82x vs 0.71x, 560x6400x1600 0.86x vs 0.78x).
+        if entry is not None and (swapped is None or entry.config.swap_ab or K < _UNTUNED_SWAP_MIN_K
+                                  or swap_config(entry.problem.m, N, K, in_bytes=in_bytes) is not None):
+            return entry.config
+    if swapped is not None:
+        return swapped
     if split:
         return split_config(M, N, K, in_bytes=in_bytes)
     return default_config(M, N, K, in_bytes=in_bytes)
@@ -167,12 +176,17 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
 def _tuned(tuning_class: tuple, M: int, N: int, K: int) -> GemmConfig | None:
     """The tuning cache's config for this problem, None on a miss. A class the cache cannot
     hold (a layout it does not key) is a miss."""
+    entry = _tuned_entry(tuning_class, M, N, K)
+    return None if entry is None else entry.config
+
+
+def _tuned_entry(tuning_class: tuple, M: int, N: int, K: int):
+    """The tuning cache's entry (config and the problem it was tuned on) for this problem, or None."""
     try:
         problem = tuning.Problem(*tuning_class, M, N, K)
     except ValueError:
         return None
-    entry = tuning.lookup(problem)
-    return None if entry is None else entry.config
+    return tuning.lookup(problem)
 
 
 @functools.lru_cache(maxsize=256)
@@ -272,10 +286,14 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
 
 
 def swappable(a_dtype, b_dtype, out_dtype, epi) -> bool:
-    """Whether dispatch may pick a swap_ab config for these operands: 16-bit or fp8 inputs (scaled_mm
-    hands B over as [K, N]: SwapLaunch transposes that view back) and an epilogue with a transposed
-    path (`config.swap_supported`)."""
-    return ((a_dtype in SIXTEEN_BIT or (a_dtype in _FP8 and b_dtype in _FP8))
+    """Whether dispatch may pick a swap_ab config for these operands: 16-bit, fp8 or int8 inputs
+    (scaled_mm and int8_mm hand B over as [K, N]: SwapLaunch transposes that view back) and an
+    epilogue with a transposed path (`config.swap_supported`); 32-bit outputs for int8 only
+    (int8_mm's raw int32)."""
+    int8 = a_dtype == torch.int8 and b_dtype == torch.int8
+    if out_dtype.itemsize == 4 and not int8:  # fp32 outputs: the swapped 32-bit epilogue is measured on int8 only
+        return False
+    return ((a_dtype in SIXTEEN_BIT or int8 or (a_dtype in _FP8 and b_dtype in _FP8))
             and swap_supported(epi, out_dtype.itemsize) is None)
 
 

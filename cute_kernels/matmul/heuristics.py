@@ -20,8 +20,10 @@ CANDIDATES: tuple[GemmConfig, ...] = (
     GemmConfig(128, 128, 2, 1, pingpong=True),
     GemmConfig(128, 96, 2, 1),
     GemmConfig(64, 64, 1, 1, pingpong=True),
-    # Not picked by the heuristic; available to the autotuner and to callers.
+    # 256-row tiles: picked from 2048 rows on (16-bit inputs, `_TILES_256`).
+    GemmConfig(256, 160, 1, 2),
     GemmConfig(256, 128, 1, 2),
+    # Not picked by the heuristic; available to the autotuner and to callers.
     GemmConfig(128, 192, 2, 1),
     GemmConfig(64, 128, 1, 1, pingpong=True),
 )
@@ -81,6 +83,25 @@ _TILE_64_UNCLUSTERED_LONG_K = 0.35
 # 0.93x -> 1.01x with 128 x 160 ping-pong; doubling the epilogue's weight in the model mispicked
 # 128 x 128 ping-pong over 128 x 96 at short K, 1.07x -> 0.93x at fp8 512x3072x768).
 _TILE_128x256_MIN_K_8BIT = 4096
+# 256-row tiles, A multicast to two N tiles (1 x 2: the 256-row A panel is the larger one),
+# for 16-bit inputs from 2048 rows and K = 2048 on: cuBLAS's large-M tiles (nvjet 256 x
+# 136-152). Same-run sweep on the H100 (2026-11-26, 14 shapes M 1124-13642, forced configs,
+# `gemm_tuning.md`): per wave x tile area they ran a median 1.0x (256 x 128) and 1.03x (256 x
+# 160) the work of 128 x 256 in 2 x 1, and the pick below moved 7178x4096x4096 0.94x -> 1.00x
+# cuBLAS, 6808x5120x27648 0.86x -> 0.95x, 7609x10240x8192 0.93x -> 0.97x, 3133x3072x2048
+# 0.88x -> 0.91x, 8192^3 0.97x -> 0.99x; 2344x8192x28672 0.93x -> 0.91x, 5000x14336x4096
+# 1.03x -> 1.01x. They lost at 1124 rows (12% padding: 0.99x -> 0.89x) and K = 768
+# (13642x2304x768 1.05x -> 0.99x), hence the bounds.
+# Width -> efficiency (the sweep's median work per wave x tile area, relative to 128 x 256 in
+# 2 x 1; ties keep this order). Not 256 x 192: with a residual its consumer spills (ptxas).
+_TILES_256 = {160: 1.03, 128: 1.0}
+_TILE_256_MIN_M = 2048
+_TILE_256_MIN_K = 2048
+# Taken only where modelled at least 1% cheaper: on a held-out A/B (16 grid shapes of seeds
+# 61-79, same run, H100, 2026-11-26) the 256-row pick ran 1.03x the old one (geomean); of
+# the four within 0.1% of the old pick's cost, two lost 3-14% (10175x7168x5120 0.87x) and one
+# won 15% (13709x5120x5120); beyond the margin the worst was 0.98x.
+_TILE_256_MARGIN = 0.99
 
 
 def _per_wave(cluster_size: int, num_sms: int) -> int:
@@ -204,6 +225,12 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
         if cost < best_cost - 1e-9:
             raster_m = _raster_m((tm, tn), tiles_m, tiles_n, cm, cn, num_sms)
             best, best_cost = GemmConfig(tm, tn, cm, cn, pingpong=pp, raster_m=raster_m), cost
+    if in_bytes == 2 and m >= _TILE_256_MIN_M and k >= _TILE_256_MIN_K:
+        for tn, eff in _TILES_256.items():
+            waves = _waves(math.ceil(m / 256), math.ceil(n / tn), 1, 2, num_sms)
+            cost = waves * 256 * tn * (k + _EPILOGUE_K[False]) / eff
+            if cost < best_cost * _TILE_256_MARGIN:
+                best, best_cost = GemmConfig(256, tn, 1, 2), cost
     assert best is not None
     return best
 
@@ -211,7 +238,7 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
 # Efficiencies of the tiles the heuristic never picks (the tuner's other candidates): only to
 # order those candidates by `model_cost`, between their neighbours in _TILE_EFFICIENCY.
 _TUNER_EFFICIENCY = {(128, 192, False): 0.93, (128, 128, False): 0.9,
-                     (256, 128, False): 0.98, (64, 128, False): 0.7, (64, 64, False): 0.45, (128, 64, False): 0.6}
+                     (256, 128, False): 1.0, (256, 160, False): 1.03, (64, 128, False): 0.7, (64, 64, False): 0.45, (128, 64, False): 0.6}
 
 
 def model_cost(m: int, n: int, k: int, cfg: GemmConfig, *, num_sms: int = H100_SMS, in_bytes: int = 2,
@@ -283,7 +310,8 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
         return base
     tk = base.tile_k(in_bytes)
     k_tiles = math.ceil(k / tk)
-    base_eff = _TILE_EFFICIENCY[(base.tile_m, base.tile_n, base.pingpong)]
+    base_eff = (_TILES_256[base.tile_n] if base.tile_m == 256
+                else _TILE_EFFICIENCY[(base.tile_m, base.tile_n, base.pingpong)])
     base_us = _model_us(base.tile_m, base.tile_n, base.pingpong, base_eff, tiles, k, num_sms)
     best, best_us = base, base_us * _SPLIT_GAIN
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():

@@ -185,9 +185,9 @@ class Problem:
         cfg.validate(self.in_bytes, self.out_bytes)
         if cfg.promote != self.promoted:
             raise ValueError(f"{self.op} needs promote={self.promoted}, got {cfg}")
-        if cfg.swap_ab and (self.epilogue != "plain" or self.out_bytes != 2):
-            raise ValueError(f"swap_ab runs the plain epilogue class with 16-bit outputs, got {self.epilogue} "
-                             f"{self.out}")
+        if cfg.swap_ab and (self.epilogue != "plain" or not (self.out_bytes == 2 or self.out == "int32")):
+            raise ValueError(f"swap_ab runs the plain epilogue class with 16-bit or int32 outputs, got "
+                             f"{self.epilogue} {self.out}")
         if self.epilogue == "swiglu" and not swiglu_fits(cfg, self.n // 2):
             raise ValueError(f"the swiglu epilogue needs split_k 1 and tile_n / 2 dividing {self.n // 2}, got {cfg}")
 

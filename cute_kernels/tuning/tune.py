@@ -31,7 +31,8 @@ from .cache import Entry, Problem
 # benchmarks/results/gemm_tuning.md); promoted kernels keep two accumulators, so only
 # cooperative tiles of at most 128 x 128.
 TILES = ((128, 256, False), (128, 192, True), (128, 192, False), (128, 160, True), (128, 160, False),
-         (128, 128, True), (128, 128, False), (128, 96, False), (64, 64, True), (64, 128, True), (256, 128, False))
+         (128, 128, True), (128, 128, False), (128, 96, False), (64, 64, True), (64, 128, True), (256, 128, False),
+         (256, 160, False))
 PROMOTED_TILES = ((128, 128, False), (128, 96, False), (128, 64, False), (64, 128, False), (64, 64, False))
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2))
 GROUPS = (1, 4, 16)  # band widths tried besides GemmConfig.group
@@ -61,7 +62,7 @@ def heuristic(problem: Problem) -> GemmConfig:
     """What dispatch picks for `problem` without the tuning cache."""
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
-    from ..matmul.api import _pick_config, swappable
+    from ..matmul.api import _pick_config
 
     if problem.promoted:
         from ..quantized.api import _promoted_config
@@ -71,16 +72,29 @@ def heuristic(problem: Problem) -> GemmConfig:
         from ..matmul.api import swiglu_fallback
 
         return swiglu_fallback(problem.m, problem.n // 2, problem.k)
+    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None,
+                        _swappable(problem))
+
+
+def _swappable(problem: Problem) -> bool:
+    """Whether dispatch may run `problem` swap_ab (`matmul.api.swappable`, the one check)."""
+    from ..matmul.api import swappable
+
     kw = _kernel_args(problem)
-    can_swap = swappable(kw["in_dtype"], kw["in_dtype"], kw["out_dtype"], kw["epi"])
-    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None, can_swap)
+    return swappable(kw["in_dtype"], kw["in_dtype"], kw["out_dtype"], kw["epi"])
 
 
 def dispatch_config(problem: Problem) -> GemmConfig:
     """What dispatch runs for `problem`: the tuning cache's winner for its class, else the
-    heuristic's pick."""
-    entry = cache.lookup(problem)
-    return heuristic(problem) if entry is None else entry.config
+    heuristic's pick (`matmul.api._pick_config`'s rules, which can pass over an unswapped entry)."""
+    if problem.promoted or problem.epilogue == "swiglu":
+        entry = cache.lookup(problem)
+        return heuristic(problem) if entry is None else entry.config
+    from ..matmul.api import _pick_config
+
+    cls = (problem.op, problem.out, problem.majors, problem.epilogue)
+    return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, cls,
+                        _swappable(problem))
 
 
 def dispatch_entries(problems: Iterable[Problem]) -> list:
@@ -148,10 +162,8 @@ def swap_candidates(problem: Problem) -> list[GemmConfig]:
     widths that pad M least (the wider on a tie), each cooperative in 2 x 1 and 1 x 2
     clusters and ping-pong in 1 x 2 where the tile allows it (what cuBLAS runs at such M,
     its kernel names say: 128 x 96 at M = 273, 128 x 88 at 260, 128 x 152 at 1186)."""
-    from ..matmul.config import swap_supported
-
     if (problem.promoted or not 64 <= problem.m <= SWAP_MAX_M
-            or swap_supported(_kernel_args(problem)["epi"], problem.out_bytes)):
+            or not _swappable(problem)):
         return []
     padded = lambda w: math.ceil(problem.m / w) * w  # noqa: E731
     widths = sorted(SWAP_WIDTHS, key=lambda w: (padded(w), -w))[:3]
@@ -171,11 +183,10 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
     token-tile count t: t - 1, t and t + 1 tiles of the narrowest width that covers M, each
     unclustered and with the multicast the heuristic gives that count (1 x 2 for an even t,
     4 x 1 for an odd one). Split-K variants come in the second round (`refinements`)."""
-    from ..matmul.config import swap_supported
     from ..matmul.heuristics import NARROW_MAX_W, NARROW_MIN_K, NARROW_MIN_N, narrow_swap_config
 
     if (problem.promoted or problem.m > SWAP_MAX_M or problem.n < NARROW_MIN_N or problem.k < NARROW_MIN_K
-            or swap_supported(_kernel_args(problem)["epi"], problem.out_bytes)):
+            or not _swappable(problem)):
         return []
     m = problem.m
     pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2)  # 8-bit K as swap_config costs it
