@@ -347,6 +347,11 @@ SWAP_M = (129, 2048)
 # with 176, 0.63x with 112; 1033x2048x8192 0.69x -> 0.93x; 1647x4096x4096 0.73x -> 0.99x with
 # 208, 0.75x with 128; 1104x5120x27648 0.87x -> 0.96x; 1931x3584x3584 0.82x -> 0.90x with 224).
 _SWAP_LOOSE_PAD_M = 1024
+# On a held-out A/B (18 grid shapes of seeds 89-112, H100, 2026-11-26, vs the unswapped
+# default) the rule lost at K = 1024 (1084x4096x1024 0.81x -> 0.68x cuBLAS, 1722x3072x1024
+# 0.91x -> 0.85x); from K = 3584 it was mixed (1694x3584x3584 0.86x -> 1.00x, 1303x3584x18944
+# 0.74x -> 0.76x; 1107x4608x3584 0.85x -> 0.80x, 1211x128256x8192 0.97x -> 0.94x).
+_SWAP_LARGE_M_MIN_K = 2048
 _SWAP_LARGE_M_MIN_W = 176
 # Narrow weights (N = 768 / 1280: 6-10 tiles along the swapped kernel's M) and K = 768 ran
 # swapped at 0.62-0.79x cuBLAS in the H100 grid (145x768x768, 186x768x3072, 177x1280x1280,
@@ -467,8 +472,10 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
         narrow = narrow_swap_config(m, n, k, num_sms=num_sms)
         if narrow is not None and (m <= 128 or math.ceil(m / narrow.tile_n) * narrow.tile_n < math.ceil(m / 128) * 128):
             return narrow
-    # Above 1024 rows the rule was measured on 16-bit inputs only.
+    # Above 1024 rows the rule was measured on 16-bit inputs only, and holds from K = 2048.
     if not SWAP_M[0] <= m <= (SWAP_M[1] if in_bytes == 2 else _SWAP_LOOSE_PAD_M) or n < SWAP_MIN_N or k < SWAP_MIN_K:
+        return None
+    if m > _SWAP_LOOSE_PAD_M and k < _SWAP_LARGE_M_MIN_K:
         return None
     return _wide_swap_config(m, n, k, num_sms)
 
