@@ -86,7 +86,7 @@ _TILE_128x256_MIN_K_8BIT = 4096
 # 256-row tiles, A multicast to two N tiles (1 x 2: the 256-row A panel is the larger one),
 # for 16-bit inputs from 2048 rows and K = 2048 on: cuBLAS's large-M tiles (nvjet 256 x
 # 136-152). Same-run sweep on the H100 (2026-11-26, 14 shapes M 1124-13642, forced configs,
-# `gemm_tuning.md`): per wave x tile area they ran a median 1.0x (256 x 128) and 1.03x (256 x
+# `gemm_rules_ab_h100.md`): per wave x tile area they ran a median 1.0x (256 x 128) and 1.03x (256 x
 # 160) the work of 128 x 256 in 2 x 1, and the pick below moved 7178x4096x4096 0.94x -> 1.00x
 # cuBLAS, 6808x5120x27648 0.86x -> 0.95x, 7609x10240x8192 0.93x -> 0.97x, 3133x3072x2048
 # 0.88x -> 0.91x, 8192^3 0.97x -> 0.99x; 2344x8192x28672 0.93x -> 0.91x, 5000x14336x4096
@@ -99,8 +99,8 @@ _TILE_256_MIN_M = 2048
 _TILE_256_MIN_K = 2048
 # Taken only where modelled at least 1% cheaper: on a held-out A/B (16 grid shapes of seeds
 # 61-79, same run, H100, 2026-11-26) the 256-row pick ran 1.03x the old one (geomean); of
-# the four within 0.1% of the old pick's cost, two lost 3-14% (10175x7168x5120 0.87x) and one
-# won 15% (13709x5120x5120); beyond the margin the worst was 0.98x.
+# the four within 1% of the old pick's cost, two lost 3% and 13% (10175x7168x5120), one won
+# 15% (13709x5120x5120) and one tied; beyond the margin the worst was 0.99x.
 _TILE_256_MARGIN = 0.99
 
 
