@@ -150,7 +150,8 @@ _UNTUNED_SWAP_MIN_K = 4096
 def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None,
                  swappable: bool = False) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
-    has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache), else the
+    has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache) and no swap_ab
+    tile its tuning never met pads M less (below), else the
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). Memoised: a dispatch pays the lookup once per shape."""
