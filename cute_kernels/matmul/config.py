@@ -93,8 +93,8 @@ class GemmConfig:
             if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128)):
                 raise ValueError(f"swap_ab takes a 64- or 128-row tile and tile_n in 16..256, a multiple of 16, "
                                  f"got {self.tile_mn}")
-        elif self.tile_n not in (64, 96, 128, 144, 160, 192, 256):
-            raise ValueError(f"tile_n must be 64, 96, 128, 144, 160, 192 or 256, got {self.tile_n}")
+        elif self.tile_n not in (64, 96, 128, 160, 192, 256):
+            raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
         if self.tile_m == 256 and self.tile_n > 192:
             raise ValueError("a 256-row tile needs tile_n <= 192 (register budget)")
         for c in (self.cluster_m, self.cluster_n):

@@ -237,8 +237,13 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
 
 # Efficiencies of the tiles the heuristic never picks (the tuner's other candidates): only to
 # order those candidates by `model_cost`, between their neighbours in _TILE_EFFICIENCY.
-_TUNER_EFFICIENCY = {(128, 192, False): 0.93, (128, 128, False): 0.9,
-                     (256, 128, False): 1.0, (256, 160, False): 1.03, (64, 128, False): 0.7, (64, 64, False): 0.45, (128, 64, False): 0.6}
+_TUNER_EFFICIENCY = {(128, 192, False): 0.93, (128, 128, False): 0.9, (64, 128, False): 0.7, (64, 64, False): 0.45,
+                     (128, 64, False): 0.6, **{(256, tn, False): eff for tn, eff in _TILES_256.items()}}
+
+
+def _efficiency(tm: int, tn: int, pp: bool) -> float:
+    """Modelled throughput of a tile relative to 128 x 256 (0.8 for tiles never measured)."""
+    return _TILE_EFFICIENCY.get((tm, tn, pp)) or _TUNER_EFFICIENCY.get((tm, tn, pp), 0.8)
 
 
 def model_cost(m: int, n: int, k: int, cfg: GemmConfig, *, num_sms: int = H100_SMS, in_bytes: int = 2,
@@ -250,7 +255,7 @@ def model_cost(m: int, n: int, k: int, cfg: GemmConfig, *, num_sms: int = H100_S
     of 23 grid shapes the fastest of each first round was among the 8 cheapest every time
     (H100, 2026-11-25)."""
     tm, tn, pp = cfg.tile_m, cfg.tile_n, cfg.pingpong
-    eff = _TILE_EFFICIENCY.get((tm, tn, pp)) or _TUNER_EFFICIENCY.get((tm, tn, pp), 0.8)
+    eff = _efficiency(tm, tn, pp)
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     cm, cn = cfg.cluster_mn
     waves = _waves(tiles_m, tiles_n, cm, cn, num_sms)
@@ -310,8 +315,7 @@ def split_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: i
         return base
     tk = base.tile_k(in_bytes)
     k_tiles = math.ceil(k / tk)
-    base_eff = (_TILES_256[base.tile_n] if base.tile_m == 256
-                else _TILE_EFFICIENCY[(base.tile_m, base.tile_n, base.pingpong)])
+    base_eff = _efficiency(base.tile_m, base.tile_n, base.pingpong)
     base_us = _model_us(base.tile_m, base.tile_n, base.pingpong, base_eff, tiles, k, num_sms)
     best, best_us = base, base_us * _SPLIT_GAIN
     for (tm, tn, pp), eff in _TILE_EFFICIENCY.items():

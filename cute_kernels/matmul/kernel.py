@@ -1076,13 +1076,12 @@ class GemmSm90:
 
         A wgmma accumulator gives each warp 16 whole rows of every M-step and, per
         8-column group, values (i0, i1) at rows {r, r + 8} and columns {c, c + 1}; a box
-        is four such groups of one M-step (two in a 16-wide box), 16 values per thread.
-        The warp owns two buffers: lane 0 waits until the store that last read the buffer
-        is done (bulk wait_group.read 1), the warp writes the box (N-major: the 128-byte
-        swizzle keeps the 8 rows of a store instruction on distinct banks, one 8-byte
-        store per pair; swap_ab's M-major box: a 64-byte column per output column, two
-        4-byte stores per pair, the 64-byte swizzle spreading the four columns of one
-        instruction over 16 banks), fences the generic-proxy writes for the async proxy,
+        is four such groups of one M-step, 16 values per thread (two groups and 8 values
+        in a 16-wide box). The warp owns two buffers: lane 0 waits until the store that last
+        read the buffer is done (bulk wait_group.read 1), the warp writes the box (N-major:
+        the 128-byte swizzle keeps the 8 rows of a store instruction on distinct banks, one
+        8-byte store per pair; swap_ab's M-major box holds a pair's two values 16 elements
+        apart: two 4-byte stores), fences the generic-proxy writes for the async proxy,
         and lane 0 issues the store. No warp waits for any other, so a warp's stores
         overlap its neighbours' math. TMA clips the boxes at M and N.
         """
