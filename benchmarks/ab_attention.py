@@ -1,17 +1,22 @@
-"""Same-run A/B of the prefill kernel's schedule options (attention.config.PrefillConfig).
+"""Same-run A/B of the prefill kernel's config fields (attention.config.PrefillConfig).
 
     python -m benchmarks.ab_attention [--option wg_key_range] [--reps 2] [--out DIR]
+    python -m benchmarks.ab_attention --set tma_o=True --set n_block=176 [--wide] [--head-dims 128]
 
-For each case (Llama-style GQA shapes, causal and not, head dim 64 and 128, plus a ragged
-MHA one), times the config `prefill_config` picks (provider `cute`) against the same config
-with the option flipped (`cute <option>=<value>`), and cuDNN's SDPA for reference, all
-CUDA-graph timed with L2 rotation (runtime.timing), `--reps` alternating repetitions. Each
-variant's max error against cuDNN's output is recorded with its row. Writes ab_attention_<option>_<gpu>.{json,md}.
+For each case, times the config `prefill_config` picks (provider `cute`) against variants of
+it: `--option` flips a boolean field, each `--set FIELD=VALUE[,FIELD=VALUE]` is one variant
+(provider `cute FIELD=VALUE`; a variant that is the pick itself or fails `validate` for a
+case is left out of that case). cuDNN's SDPA runs for reference. Cases: Llama-style GQA
+shapes, causal and not, head dim 64 and 128, plus a ragged MHA one; `--wide`: the widened
+suite's shapes (benchmarks.attention.wide_shapes, GQA 1 and 8). All CUDA-graph timed with L2
+rotation (runtime.timing), `--reps` alternating repetitions, median kept; each variant's max
+error against cuDNN's output is recorded with its row. Writes ab_attention_<name>_<gpu>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 
 from benchmarks.common import PEAK_TFLOPS, Row, format_table, geomean, require_hopper, time_ms, write_results
@@ -20,14 +25,38 @@ from benchmarks.common import PEAK_TFLOPS, Row, format_table, geomean, require_h
 CASES = [(4, 2048, 32, 8, 64, True), (16, 1024, 32, 8, 64, True), (2, 4096, 32, 8, 64, True),
          (1, 8192, 32, 8, 64, True), (4, 2048, 32, 8, 64, False), (4, 2048, 32, 8, 128, True),
          (3, 1000, 12, 12, 64, True)]
-BOOL_OPTIONS = ("wg_key_range", "pingpong")
+BOOL_OPTIONS = ("wg_key_range", "pingpong", "tma_o")
+
+
+def wide_cases(head_dims=(64, 128)) -> list[tuple[int, int, int, int, int, bool]]:
+    from benchmarks.attention import WIDE_SEQLENS, wide_shapes
+
+    return [(B, S, Hq, Hkv, D, causal) for B, Hq, Hkv, S, D in wide_shapes(head_dims, WIDE_SEQLENS, (1, 8))
+            for causal in (False, True)]
+
+
+def parse_set(spec: str) -> dict:
+    """'n_block=176,tma_o=True' -> {'n_block': 176, 'tma_o': True} (values are Python literals)."""
+    fields = {f.name for f in dataclasses.fields(__import__("cute_kernels.attention.config",
+                                                               fromlist=["PrefillConfig"]).PrefillConfig)}
+    out = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in fields or name == "head_dim":
+            raise ValueError(f"--set takes FIELD=VALUE with FIELD a PrefillConfig field other than head_dim, got {part!r}")
+        try:
+            out[name] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {part!r}: the value must be a Python literal (176, True, None)") from None
+    return out
 
 
 def _case(B, S, Hq, Hk, D, causal) -> str:
     return f"{B}x{S}x{Hq}/{Hk}x{D}{' causal' if causal else ''}"
 
 
-def run(option: str = "wg_key_range", reps: int = 2) -> tuple[list[Row], dict]:
+def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = (), cases=CASES):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,7 +65,8 @@ def run(option: str = "wg_key_range", reps: int = 2) -> tuple[list[Row], dict]:
     from cute_kernels.attention.config import prefill_config
 
     rows: list[Row] = []
-    for B, S, Hq, Hk, D, causal in CASES:
+    gains: dict[str, dict[str, float]] = {}
+    for B, S, Hq, Hk, D, causal in cases:
         q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, S, Hk, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(B, S, Hk, D, device="cuda", dtype=torch.bfloat16)
@@ -48,8 +78,18 @@ def run(option: str = "wg_key_range", reps: int = 2) -> tuple[list[Row], dict]:
             ms = time_ms(lambda _i: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True))
         rows.append(Row(case, "cudnn", ms, flops / ms / 1e9, 100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"]))
         base = prefill_config(D, S)
-        flipped = not getattr(base, option)
-        variants = {"cute": base, f"cute {option}={flipped}": dataclasses.replace(base, **{option: flipped})}
+        variants = {"cute": base}
+        if option:
+            flipped = not getattr(base, option)
+            variants[f"cute {option}={flipped}"] = dataclasses.replace(base, **{option: flipped})
+        for spec in sets:
+            cfg = dataclasses.replace(base, **parse_set(spec))
+            try:
+                cfg.validate()
+            except ValueError:
+                continue
+            if cfg != base:
+                variants[f"cute {spec}"] = cfg
         times: dict[str, list[float]] = {name: [] for name in variants}
         errs = {}
         for _ in range(reps):
@@ -57,40 +97,59 @@ def run(option: str = "wg_key_range", reps: int = 2) -> tuple[list[Row], dict]:
                 out, _ = _run(q, k, v, causal, None, config=cfg)
                 errs[name] = (out.float() - ref.float()).abs().max().item()
                 times[name].append(time_ms(lambda _i, cfg=cfg: _run(q, k, v, causal, None, config=cfg)))
+        med = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
         for name in variants:
-            ms = sorted(times[name])[len(times[name]) // 2]
+            ms = med[name]
             rows.append(Row(case, name, ms, flops / ms / 1e9,
                             100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"],
                             extra={"times_ms": times[name], "max_err_vs_cudnn": errs[name],
                                    "config": str(variants[name])}))
+            if name != "cute":
+                gains.setdefault(name, {})[case] = med["cute"] / ms
     t = {(r.case, r.provider): r.ms for r in rows}
-    flip = {r.case: r.provider for r in rows if r.provider.startswith(f"cute {option}=")}
-    gain = {c: t[(c, flip[c])] / t[(c, "cute")] for c in flip}
-    summary = {"shipped_vs_flipped_geomean": geomean(list(gain.values())),
-               **{f"shipped_vs_flipped[{c}]": g for c, g in gain.items()},
-               "cute_vs_cudnn_geomean": geomean([t[(c, "cudnn")] / t[(c, "cute")] for c in flip])}
+    cased = sorted({r.case for r in rows}, key=[r.case for r in rows].index)
+    summary = {f"variant_vs_shipped_geomean[{name}]": geomean(list(g.values())) for name, g in gains.items()}
+    summary.update({f"variant_vs_shipped[{name}|{c}]": v for name, g in gains.items() for c, v in g.items()})
+    summary["cute_vs_cudnn_geomean"] = geomean([t[(c, "cudnn")] / t[(c, "cute")] for c in cased])
     return rows, summary
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--option", default="wg_key_range", choices=BOOL_OPTIONS, help="the PrefillConfig switch to flip")
+    p.add_argument("--option", default=None, choices=BOOL_OPTIONS,
+                   help="a boolean PrefillConfig field to flip (default wg_key_range when no --set is given)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="one variant: PrefillConfig fields set on top of the pick (repeatable)")
+    p.add_argument("--wide", action="store_true", help="the widened suite's shapes (GQA 1 and 8) instead of CASES")
+    p.add_argument("--head-dims", default="64,128", help="with --wide: comma-separated head dims")
+    p.add_argument("--name", default=None, help="results name suffix (default: the option, or 'variants')")
     p.add_argument("--reps", type=int, default=2, help="alternating repetitions per variant (median kept)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps must be >= 1")
+    try:
+        for spec in args.sets:
+            parse_set(spec)
+        head_dims = tuple(int(x) for x in args.head_dims.split(","))
+    except ValueError as e:
+        p.error(str(e))
+    option = args.option or (None if args.sets else "wg_key_range")
     require_hopper("benchmarks.ab_attention")
     if args.out:
         import os
 
         os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
-    rows, summary = run(args.option, args.reps)
+    cases = wide_cases(head_dims) if args.wide else CASES
+    rows, summary = run(option, args.reps, args.sets, cases)
     print(format_table(rows, baseline="cudnn"))
-    notes = (f"`python -m benchmarks.ab_attention --option {args.option} --reps {args.reps}`: the shipped prefill "
-             f"config (`cute`) against the same config with `{args.option}` flipped, cuDNN SDPA for reference; "
-             "CUDA-graph timed with L2 rotation, the median of the alternating repetitions.")
-    print("wrote", write_results(f"ab_attention_{args.option}", rows, summary, notes=notes, baseline="cudnn"))
+    name = args.name or option or "variants"
+    flags = (f"--option {option} " if option else "") + "".join(f"--set {s} " for s in args.sets) + \
+        (f"--wide --head-dims {args.head_dims} " if args.wide else "")
+    notes = (f"`python -m benchmarks.ab_attention {flags}--reps {args.reps}`: the shipped prefill config (`cute`) "
+             "against its variants, cuDNN SDPA for reference; CUDA-graph timed with L2 rotation, the median of the "
+             "alternating repetitions.")
+    print("wrote", write_results(f"ab_attention_{name}", rows, summary, notes=notes, baseline="cudnn"))
     return 0
 
 

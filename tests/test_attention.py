@@ -102,12 +102,18 @@ def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,stages", [(64, 5), (128, 3)])
+@pytest.mark.parametrize("head_dim,overrides", [
+    # One more K/V stage than the default (at D = 128 only without the O slots).
+    (64, dict(stages=5)), (128, dict(stages=3, tma_o=False)), (64, dict(tma_o=False)), (128, dict(tma_o=False)),
+    (128, dict(n_block=160)), (128, dict(n_block=176, tma_o=False)), (128, dict(n_block=192, tma_o=False)),
+    (64, dict(n_block=176)),
+])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attn_other_stage_counts(head_dim, stages, causal):
-    """`stages` is a config field: one more K/V stage than the default, same reference bound."""
+def test_flash_attn_other_configs(head_dim, overrides, causal):
+    """Config fields other than the picks: same reference bound on ragged, GQA and causal
+    shapes (key blocks that do not divide the keys, 64-row blocks past the last query)."""
     for seqlens in [(17, 17), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)]:
-        _check_flash_attn(causal, (32, 8), seqlens, head_dim, overrides=dict(stages=stages))
+        _check_flash_attn(causal, (32, 8), seqlens, head_dim, overrides=overrides)
 
 
 def _check_flash_attn(causal, heads, seqlens, head_dim, overrides=None):
@@ -329,6 +335,9 @@ def test_prefill_config_choices():
     assert prefill_config(256, 1024).n_block == 64 and prefill_config(128, 1024).n_block == 128
     assert prefill_config(64, 1024).exps_before_pv_wait == 32 and prefill_config(128, 1024).exps_before_pv_wait is None
     assert prefill_config(64, 1024).stages == 4 and prefill_config(128, 1024).stages == 2
+    # O through shared memory and TMA where its slots fit: not at D = 256.
+    assert [prefill_config(D, 1024).tma_o for D in (64, 96, 128, 256)] == [True, True, True, False]
+    assert prefill_config(64, 4096).tma_o
 
 
 def test_unsupported_head_dim_is_a_value_error():
@@ -859,7 +868,8 @@ def test_fp8_attention_compiles_for_sm90a(tmp_path, head_dim, causal, seqlen_q):
     assert all(w.endswith(".e4m3.e4m3") for w in wgmma) and len(wgmma) >= 1, wgmma
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.n_block}k32.f32.e4m3.e4m3" in wgmma, wgmma
     assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k32.f32.e4m3.e4m3" in wgmma, wgmma
-    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "fence.proxy.async" not in ptx
+    # P never goes through shared memory: the one proxy fence is O's, before its TMA store.
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and ptx.count("fence.proxy.async") == int(cfg.tma_o)
     report = _ptxas_report(ptx_path)
     assert not report or "0 bytes spill stores" in report
     assert not re.search(r"\(C751\d\)", report or ""), report

@@ -48,7 +48,10 @@ class PrefillConfig:
     P V (None: all of them). wg_key_range: under a causal mask each consumer warpgroup
     computes only up to its own 64 rows' last key block and passes over the tile's later
     blocks (waits on and releases their stages, takes its ping-pong turns); without it
-    every warpgroup runs the tile's block count.
+    every warpgroup runs the tile's block count. tma_o: each consumer warpgroup writes its
+    64 x D block of O to its own shared-memory slot (stmatrix) and one thread stores it with
+    TMA, instead of 4-byte global stores from the registers (full 64-row blocks only; split-KV
+    partials are fp32 and keep the register stores).
     """
 
     head_dim: int
@@ -58,6 +61,7 @@ class PrefillConfig:
     pingpong: bool = True
     exps_before_pv_wait: int | None = None
     wg_key_range: bool = True
+    tma_o: bool = False
 
     ROWS_PER_WG = 64  # a consumer warpgroup's query rows (the wgmma M): not a field
 
@@ -70,10 +74,11 @@ class PrefillConfig:
         return self.ROWS_PER_WG * self.num_mma_wg
 
     def smem_bytes(self, in_bytes: int = _IN_BYTES) -> int:
-        """Q, the K and V rings, and 1 KB for the pipeline barriers (each buffer is 1024-byte
-        aligned)."""
+        """Q, the K and V rings, O's slots (tma_o, 16-bit O) and 1 KB for the pipeline barriers
+        (each buffer is 1024-byte aligned)."""
         kv = self.stages * self.n_block * self.head_dim * in_bytes
-        return 1024 + self.m_block * self.head_dim * in_bytes + 2 * kv
+        o = self.m_block * self.head_dim * 2 if self.tma_o else 0
+        return 1024 + self.m_block * self.head_dim * in_bytes + 2 * kv + o
 
     def validate(self, in_bytes: int = _IN_BYTES) -> None:
         """The one validity check for a config on inputs of `in_bytes` (2: bf16 / fp16, 1:
@@ -81,7 +86,8 @@ class PrefillConfig:
         check_head_dim(self.head_dim)
         if self.num_mma_wg not in (2, 3):
             raise ValueError(f"num_mma_wg must be 2 or 3 (128- or 192-row tiles), got {self.num_mma_wg}")
-        blocks = (64, 128) if in_bytes == 2 else (64, 128, 160, 192, 224)
+        # A 16-bit P V consumes 16 keys a wgmma, an e4m3 one 32.
+        blocks = (64, 128, 160, 176, 192) if in_bytes == 2 else (64, 128, 160, 192, 224)
         if self.n_block not in blocks:
             raise ValueError(f"n_block must be one of {blocks} for {in_bytes}-byte inputs, got {self.n_block}")
         if not isinstance(self.stages, int) or self.stages < 1:
@@ -141,6 +147,13 @@ def _prefill_config(head_dim: int, long_q: bool) -> PrefillConfig:
         # stages: the default (4 at D = 64, 2 above). One more stage (5 / 3) measured 0.992x
         # geomean over the suite's prefill cases on the H100 (docs/tried-and-not-kept.md).
     )
+    # O through shared memory and TMA wherever its slots fit (all but D = 256, whose Q and
+    # K/V ring leave no 64 KB): same-run A/B on the H100 over the widened suite's D = 128
+    # shapes, 1.073x geomean, up to 1.20x at S = 512, where a tile sees only four key blocks
+    # and the register stores of O held the consumers up (ab_attention_d128_h100.md).
+    with_o = replace(cfg, tma_o=True)
+    if with_o.smem_bytes() <= SM90_SMEM_BYTES:
+        cfg = with_o
     cfg.validate()
     return cfg
 

@@ -14,19 +14,35 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from .config import PrefillConfig
 
 _LOG2_E = 1.4426950408889634
-# Named barriers _TURN_BARRIER + w (w < num_mma_wg): warpgroup w's turn to issue wgmma.
+# Named barriers _TURN_BARRIER + w (w < num_mma_wg): warpgroup w's turn to issue wgmma;
+# _O_BARRIER + w: warpgroup w's threads around its O slot (tma_o).
 _TURN_BARRIER = 2
+_O_BARRIER = 5
 _LN_2 = 0.6931471805599453
 # FP8: P = exp2(s - max + _P_SHIFT) in [0, 2^_P_SHIFT], so that e4m3 keeps 2^-14 and up in its
 # normal range; the row sums carry the same factor, so O / sum is unchanged, and the LSE
 # takes it back out.
 _P_SHIFT = 8.0
+
+
+@dsl_user_op
+def _cvt_pair(lo, hi, dtype, *, loc=None, ip=None):
+    """Two fp32 values as one bf16x2 / f16x2 word (lo in the low half). The DSL's tensor
+    conversion pairs them only for 128-key blocks and falls back to one cvt a value otherwise."""
+    kind = "bf16x2" if dtype is cutlass.BFloat16 else "f16x2"
+    return cutlass.Int32(llvm.inline_asm(
+        cutlass.Int32.mlir_type,
+        [cutlass.Float32(hi).ir_value(loc=loc, ip=ip), cutlass.Float32(lo).ir_value(loc=loc, ip=ip)],
+        f"cvt.rn.{kind}.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 
 class FlashAttnFwdSm90:
@@ -39,7 +55,10 @@ class FlashAttnFwdSm90:
       * warpgroups 1-2 (consumers, 240 registers): each owns 64 query rows. Per key block:
         S = Q K^T (wgmma, both from smem), masking, online softmax in fp32 with exp2 and
         the scale folded into log2 space, P converted to 16-bit in registers, then
-        O += P V (wgmma with A from registers). Finally O / rowsum and the LSE.
+        O += P V (wgmma with A from registers). Finally O / rowsum and the LSE; with
+        `tma_o` O goes through the warpgroup's own shared-memory slot (stmatrix) and its
+        first thread stores the 64 x D block with TMA, waiting for that store to have read
+        the slot only when the warpgroup's next tile needs it.
 
     Pipelines (PipelineTmaAsync): q_pipe (1 stage), k_pipe and v_pipe (`stages` deep);
     empty barriers collect one arrive per consumer warp.
@@ -82,6 +101,8 @@ class FlashAttnFwdSm90:
         assert cfg.m_block == 64 * cfg.num_mma_wg and cfg.num_mma_wg in (2, 3)
         self.m_block, self.n_block, self.stages = cfg.m_block, cfg.n_block, cfg.stages
         self.pingpong = cfg.pingpong
+        # Split-KV partials are fp32 rows of the split's own O: they keep the register stores.
+        self.tma_o = cfg.tma_o and not split_kv
         self.wg_key_range = cfg.wg_key_range
         # Split-KV (decode): the key blocks of a query block are dealt out to `splits`
         # CTAs (the runtime leading extent of mO); each writes its own normalised fp32 O
@@ -143,6 +164,19 @@ class FlashAttnFwdSm90:
             cpasync.CopyBulkTensorTileG2SOp(), k, cute.slice_(sK_layout, (None, None, 0)), (nb, D))
         tma_v, tVt = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), vt, cute.slice_(sV_layout, (None, None, 0)), (D, nb))
+        # O: one 64 x D slot per consumer warpgroup, stored by TMA from the (s_q, d, h, b) view.
+        # A one-warpgroup P V MMA partitions a slot (each warpgroup's accumulator is 64 x D).
+        sO_layout = sm90_utils.make_smem_layout_epi(self.o_dtype, LayoutEnum.ROW_MAJOR, (64, D), self.num_mma_wg)
+        tma_o = tO = None
+        o_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), v_major.sm90_mma_major_mode(),
+            cutlass.Float32, (1, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
+        )
+        if cutlass.const_expr(self.tma_o):
+            tma_o, tO = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), self._permute(mO, (1, 3, 2, 0)),
+                cute.slice_(sO_layout, (None, None, 0)), (64, D))
+        o_elems = cute.cosize(sO_layout) if self.tma_o else 8  # no O slots: a placeholder
 
         @cute.struct
         class SharedStorage:
@@ -152,6 +186,7 @@ class FlashAttnFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.o_dtype, o_elems], 1024]
 
         self.shared_storage = SharedStorage
         bz = mQ.shape[0]
@@ -160,17 +195,19 @@ class FlashAttnFwdSm90:
         num_tiles = cute.ceil_div(mQ.shape[1], mb) * mQ.shape[2] * bz
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK, mSeqlensQ, mScales, scale_log2, qheads_per_kvhead,
-            heads_per_group, self.qk_mma, self.pv_mma, sQ_layout, sK_layout, sV_layout,
+            tma_q, tQ, tma_k, tK, tma_v, tVt, tma_o, tO, mO, mLSE, mSeqlensK, mSeqlensQ, mScales, scale_log2,
+            qheads_per_kvhead, heads_per_group, self.qk_mma, self.pv_mma, o_mma, sQ_layout, sK_layout, sV_layout,
+            sO_layout,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------------ device
     @cute.kernel
     def kernel(
-        self, tma_q, tQ, tma_k, tK, tma_v, tVt, mO, mLSE, mSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None,
-        mScales: cute.Tensor | None, scale_log2, qheads_per_kvhead, heads_per_group,
-        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
+        self, tma_q, tQ, tma_k, tK, tma_v, tVt, tma_o, tO, mO, mLSE, mSeqlensK: cute.Tensor | None,
+        mSeqlensQ: cute.Tensor | None, mScales: cute.Tensor | None, scale_log2, qheads_per_kvhead, heads_per_group,
+        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, o_mma: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -196,6 +233,9 @@ class FlashAttnFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = None
+        if cutlass.const_expr(self.tma_o):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         tiles = self._tiles(mO, heads_per_group)
@@ -206,8 +246,8 @@ class FlashAttnFwdSm90:
                           mSeqlensK, mSeqlensQ, qheads_per_kvhead, tiles)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.mma(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ,
-                     mScales, scale_log2, qheads_per_kvhead, tiles, tK.shape[0])
+            self.mma(qk_mma, pv_mma, o_mma, sQ, sK, sV, sO, tma_o, tO, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK,
+                     mSeqlensQ, mScales, scale_log2, qheads_per_kvhead, tiles, tK.shape[0])
 
     # ------------------------------------------------------------------ tile schedule
     @cute.jit
@@ -330,8 +370,8 @@ class FlashAttnFwdSm90:
         v_pipe.producer_tail(v_state)
 
     @cute.jit
-    def mma(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK, mSeqlensQ, mScales,
-            scale_log2, qheads_per_kvhead, tiles, s_k_max):
+    def mma(self, qk_mma, pv_mma, o_mma, sQ, sK, sV, sO, tma_o, tO, q_pipe, k_pipe, v_pipe, mO, mLSE, mSeqlensK,
+            mSeqlensQ, mScales, scale_log2, qheads_per_kvhead, tiles, s_k_max):
         """Consumer warpgroups: S = QK^T, online softmax, O += PV, then normalise and store.
 
         Software-pipelined within the warpgroup (as FlashAttention-3 does): S_j = Q K_j^T
@@ -496,9 +536,19 @@ class FlashAttnFwdSm90:
                         mO[split, b, row0 + r_o, h, c_o] = acc_o[v] * inv[(v // 2) % 2]
             else:
                 rO = cute.make_rmem_tensor(acc_o.shape, self.o_dtype)
-                for v in cutlass.range_constexpr(cute.size(acc_o)):
-                    rO[v] = self.o_dtype(acc_o[v] * inv[(v // 2) % 2])
-                if row0 + self.m_block <= s_q:
+                rO32 = cute.recast_tensor(rO, cutlass.Int32)
+                for v in cutlass.range_constexpr(cute.size(rO32)):
+                    f = inv[v % 2]  # word v holds columns (2c, 2c + 1) of row half v % 2
+                    rO32[v] = _cvt_pair(acc_o[2 * v] * f, acc_o[2 * v + 1] * f, self.o_dtype)
+                if cutlass.const_expr(self.tma_o):
+                    if wrow0 + 64 <= s_q:
+                        self._store_o_tma(rO, o_mma, sO, tma_o, tO, tidx, wg_idx, m_idx, h, b)
+                    else:
+                        for v in cutlass.range_constexpr(cute.size(acc_o)):
+                            r_o, c_o = tOcO[v]
+                            if row0 + r_o < s_q:
+                                mO[b, row0 + r_o, h, c_o] = rO[v]
+                elif row0 + self.m_block <= s_q:
                     # A full tile: each thread's column pairs go out as 4-byte stores.
                     gO = cute.local_tile(mO[b, None, h, None], (self.m_block, self.head_dim), (m_idx, 0))
                     cute.autovec_copy(rO, pv_mma.get_slice(tidx).partition_C(gO))
@@ -521,6 +571,32 @@ class FlashAttnFwdSm90:
                             mLSE[split, b, h, lrow] = lse
                         else:
                             mLSE[b, h, lrow] = lse
+        if cutlass.const_expr(self.tma_o):
+            if tidx % 128 == 0:  # the slots must outlive the last stores' reads
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _store_o_tma(self, rO, o_mma, sO, tma_o, tO, tidx, wg_idx, m_idx, h, b):
+        """This warpgroup's 64 x D block of O: registers -> its slot (stmatrix) -> global (TMA,
+        issued by the warpgroup's first thread, which also owns the wait on its last store)."""
+        first = tidx % 128 == 0
+        if first:  # the store from this slot one tile ago has read it by now, almost always
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=_O_BARRIER + wg_idx, number_of_threads=128)
+        r2s = cute.make_tiled_copy_C(
+            sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.o_dtype, cutlass.Float32), o_mma)
+        thr = r2s.get_slice(tidx % 128)
+        sO_wg = sO[(None, None, wg_idx)]
+        cute.copy(r2s, thr.retile(rO), thr.partition_D(sO_wg))
+        # stmatrix writes through the generic proxy; TMA reads through the async one.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=_O_BARRIER + wg_idx, number_of_threads=128)
+        if first:
+            gO = cute.local_tile(tO[(None, None, h, b)], (64, self.head_dim), (None, 0))
+            tOs, tOg = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                             cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, tOs[(None, wg_idx)], tOg[(None, m_idx * self.num_mma_wg + wg_idx)])
+            cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def _wait_turn(self, wg_idx):
@@ -626,7 +702,9 @@ class FlashAttnFwdSm90:
             view = cute.make_tensor(acc_s.iterator, self._p_fragment_view(acc_s.layout))
             rP.store(view.load().to(self.dtype))
         else:
-            rP.store(acc_s.load().to(self.dtype))
+            rP32 = cute.recast_tensor(rP, cutlass.Int32)
+            for v in cutlass.range_constexpr(cute.size(rP32)):
+                rP32[v] = _cvt_pair(acc_s[2 * v], acc_s[2 * v + 1], self.dtype)
 
     @staticmethod
     def _p_fragment_view(layout):
