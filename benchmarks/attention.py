@@ -1,20 +1,23 @@
 """Attention suite: prefill TFLOP/s and decode KV bandwidth, all providers in one run.
 
     python -m benchmarks.attention [--quick] [--no-write] [--decode]
-    python -m benchmarks.attention --wide [--head-dims 64,128] [--seqlens 512,...] [--gqa 1,4,8]
+    python -m benchmarks.attention --wide [--head-dims 64,128] [--seqlens 512,...] [--gqa 1,4,8] [--merge]
 
 Providers: ours (`cute`), SDPA with the
 cuDNN backend (`cudnn`) and the flash backend (`sdpa_flash`), the Triton baseline, and
 FlashAttention-4 (`fa4`) when importable. Prefill FLOPs: 4*B*H*S^2*D (causal counts half).
 Decode (one query token against a cache of L keys): GB/s of K and V read, and % of HBM
-bandwidth. Peak extra memory per call is reported to show O(S) memory.
+bandwidth. Peak extra memory per call is reported to show O(S) memory. Prefill providers are
+timed in PREFILL_ROUNDS rounds per case, the order reversed every other round; a row is the
+median over them.
 Writes benchmarks/results/attention_<gpu>.json and .md.
 
 --wide: the prefill shapes Llama-family models run: head dim {64, 128} x S {512 ... 16384} x
 causal / not x GQA ratio {1, 4, 8} (32 query heads on 32 / 8 / 4 KV heads), batch sized to
 about 16k tokens. Each shape's `speedup_vs_best_peer` is ours against the faster of cuDNN and
 FA4 (whichever ran), the figure a user choosing between them would see
-(attention_wide_<gpu>.*).
+(attention_wide_<gpu>.*). --merge keeps the other cases already in that file for this GPU, so
+the suite can run in parts (one head dim per process) and be summarized whole.
 
 --fp8: `flash_attn_fp8` (`cute_fp8`: e4m3 Q, K, V with per-(batch, KV head) descales, bf16 O)
 against our bf16 kernel and cuDNN's bf16 SDPA on the same shapes (head dim {64, 128} x S {4096,
@@ -27,6 +30,9 @@ emulation of the same quantization (`flash_attn_fp8_emulated`), on the first bat
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +57,8 @@ WIDE_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 WIDE_GQA = (1, 4, 8)
 WIDE_TOKENS = 16384
 WIDE_HEADS = 32
-BEST_PEERS = ("cudnn", "fa4")  # a user picks the faster of these for their shape
+BEST_PEERS = ("cudnn", "fa4")
+PREFILL_ROUNDS = 2  # a user picks the faster of these for their shape
 
 
 def wide_shapes(head_dims=WIDE_HEAD_DIMS, seqlens=WIDE_SEQLENS, gqa=WIDE_GQA) -> list[tuple[int, int, int, int, int]]:
@@ -106,7 +113,8 @@ def providers():
     return out
 
 
-def _run_one(name, fn, q, k, v, causal, ref):
+def _run_one(name, fn, q, k, v, causal, ref, timed=True):
+    """Check fn against ref, measure its extra memory, and (timed) its median ms."""
     try:
         out = fn(q, k, v, causal)
         out = out[0] if isinstance(out, tuple) else out
@@ -120,14 +128,18 @@ def _run_one(name, fn, q, k, v, causal, ref):
         fn(q, k, v, causal)
         torch.cuda.synchronize()
         extra_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-        return time_ms(lambda i: fn(q, k, v, causal)), extra_mb
+        return (time_ms(lambda i: fn(q, k, v, causal)) if timed else 0.0), extra_mb
     except Exception as e:
         print(f"[attn] {name} failed: {type(e).__name__}: {str(e)[:200]}")
         return None, None
 
 
-def run_prefill(shapes=PREFILL):
-    """shapes: (B, H, S, D), or (B, Hq, Hkv, S, D) for grouped-query attention."""
+def run_prefill(shapes=PREFILL, rounds: int = PREFILL_ROUNDS):
+    """shapes: (B, H, S, D), or (B, Hq, Hkv, S, D) for grouped-query attention.
+
+    Each case checks every provider once, then times them in `rounds` rounds, the order
+    reversed every other round (A B C, C B A, ...), so that a clock or temperature drift over
+    the case weighs on every provider alike; a row's ms is the median over the rounds."""
     from cute_kernels.attention.reference import flash_attn_ref
 
     fns, rows = providers(), []
@@ -141,14 +153,23 @@ def run_prefill(shapes=PREFILL):
             # The fp32 reference materialises S x S: check on the first batch / query head (which
             # reads KV head 0) only.
             ref = flash_attn_ref(q[:1, :, :1].float(), k[:1, :, :1].float(), v[:1, :, :1].float(), causal=causal)
+            ok = {}
             for name, fn in fns.items():
                 check = lambda q_, k_, v_, c_, fn=fn: fn(q_, k_, v_, c_)[:1, :, :1]  # noqa: E731
-                ms, extra = _run_one(name, check, q, k, v, causal, ref)
-                if ms is None:
-                    continue
-                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                ms, extra = _run_one(name, check, q, k, v, causal, ref, timed=False)
+                if ms is not None:
+                    ok[name] = (check, extra)
+            times: dict[str, list[float]] = {name: [] for name in ok}
+            for r in range(rounds):
+                for name in (list(ok) if r % 2 == 0 else list(ok)[::-1]):
+                    check = ok[name][0]
+                    times[name].append(time_ms(lambda i, check=check: check(q, k, v, causal)))
+            flops = 4 * B * H * S * S * D / (2 if causal else 1)
+            for name, (_, extra) in ok.items():
+                ms = statistics.median(times[name])
                 tf = flops / ms / 1e9
-                rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["bf16"], extra={"extra_mem_mb": round(extra, 1)}))
+                rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS["bf16"],
+                                extra={"extra_mem_mb": round(extra, 1), "times_ms": [round(t, 5) for t in times[name]]}))
             del q, k, v
             torch.cuda.empty_cache()
     return rows
@@ -284,6 +305,25 @@ def summarize(rows):
     return s
 
 
+def merged_rows(suite: str, rows: list[Row]) -> list[Row]:
+    """rows plus those of other cases in the suite's results file for this GPU (if any)."""
+    from cute_kernels.runtime import env
+
+    from .common import RESULTS_DIR, gpu_name, gpu_tag
+
+    path = Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR) / f"{suite}_{gpu_tag()}.json"
+    if not path.exists():
+        return rows
+    old = json.loads(path.read_text())
+    if old.get("gpu") != gpu_name():
+        print(f"[attn] --merge: {path} is from {old.get('gpu')}, not this GPU; not merged")
+        return rows
+    mine = {r.case for r in rows}
+    kept = [Row(**d) for d in old["rows"] if d["case"] not in mine]
+    print(f"[attn] --merge: kept {len(kept)} rows of {path}")
+    return kept + rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="first prefill shape and four decode points")
@@ -296,11 +336,16 @@ def main(argv=None):
     p.add_argument("--fp8", action="store_true", help="flash_attn_fp8 against our bf16 and cuDNN (attention_fp8_<gpu>.*)")
     p.add_argument("--gqa", type=int_list, default=None,
                    help="with --wide: comma-separated query heads per KV head, from 1,4,8")
+    p.add_argument("--merge", action="store_true",
+                   help="with --wide: keep the rows of other cases already in attention_wide_<gpu>.json (same GPU "
+                        "name) and summarize them all, so the suite can run in parts (e.g. one head dim each)")
     args = p.parse_args(argv)
     if args.fp8 and (args.decode or args.quick or args.wide):
         raise SystemExit("error: --fp8 is a suite of its own: not with --decode, --quick or --wide")
     if args.wide and (args.decode or args.quick):
         raise SystemExit("error: --wide is a prefill suite of its own: not with --decode or --quick")
+    if args.merge and not args.wide:
+        raise SystemExit("error: --merge adds to the --wide suite's results")
     if not (args.wide or args.fp8) and (args.head_dims or args.seqlens or args.gqa):
         raise SystemExit("error: --head-dims, --seqlens and --gqa select shapes of --wide or --fp8")
     try:
@@ -318,6 +363,8 @@ def main(argv=None):
         rows = run_decode(decode)
     else:
         rows = run_prefill(PREFILL[:1] if args.quick else PREFILL) + run_decode(decode)
+    if args.merge:
+        rows = merged_rows("attention_wide", rows)
     summary = summarize_fp8(rows) if args.fp8 else summarize(rows)
     print(format_table(rows, baseline="cudnn"))
     for k, v in summary.items():
