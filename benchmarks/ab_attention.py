@@ -28,11 +28,11 @@ CASES = [(4, 2048, 32, 8, 64, True), (16, 1024, 32, 8, 64, True), (2, 4096, 32, 
 BOOL_OPTIONS = ("wg_key_range", "pingpong", "tma_o")
 
 
-def wide_cases(head_dims=(64, 128)) -> list[tuple[int, int, int, int, int, bool]]:
+def wide_cases(head_dims=(64, 128), seqlens=None, causal=(False, True)) -> list[tuple[int, int, int, int, int, bool]]:
     from benchmarks.attention import WIDE_SEQLENS, wide_shapes
 
-    return [(B, S, Hq, Hkv, D, causal) for B, Hq, Hkv, S, D in wide_shapes(head_dims, WIDE_SEQLENS, (1, 8))
-            for causal in (False, True)]
+    return [(B, S, Hq, Hkv, D, c) for B, Hq, Hkv, S, D in wide_shapes(head_dims, seqlens or WIDE_SEQLENS, (1, 8))
+            for c in causal]
 
 
 def parse_set(spec: str) -> dict:
@@ -122,6 +122,8 @@ def main(argv=None) -> int:
                    help="one variant: PrefillConfig fields set on top of the pick (repeatable)")
     p.add_argument("--wide", action="store_true", help="the widened suite's shapes (GQA 1 and 8) instead of CASES")
     p.add_argument("--head-dims", default="64,128", help="with --wide: comma-separated head dims")
+    p.add_argument("--seqlens", default=None, help="with --wide: comma-separated sequence lengths (default all)")
+    p.add_argument("--causal-only", action="store_true", help="with --wide: the causal cases only")
     p.add_argument("--name", default=None, help="results name suffix (default: the option, or 'variants')")
     p.add_argument("--reps", type=int, default=2, help="alternating repetitions per variant (median kept)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
@@ -132,6 +134,7 @@ def main(argv=None) -> int:
         for spec in args.sets:
             parse_set(spec)
         head_dims = tuple(int(x) for x in args.head_dims.split(","))
+        seqlens = tuple(int(x) for x in args.seqlens.split(",")) if args.seqlens else None
     except ValueError as e:
         p.error(str(e))
     option = args.option or (None if args.sets else "wg_key_range")
@@ -140,12 +143,13 @@ def main(argv=None) -> int:
         import os
 
         os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
-    cases = wide_cases(head_dims) if args.wide else CASES
+    cases = wide_cases(head_dims, seqlens, (True,) if args.causal_only else (False, True)) if args.wide else CASES
     rows, summary = run(option, args.reps, args.sets, cases)
     print(format_table(rows, baseline="cudnn"))
     name = args.name or option or "variants"
     flags = (f"--option {option} " if option else "") + "".join(f"--set {s} " for s in args.sets) + \
-        (f"--wide --head-dims {args.head_dims} " if args.wide else "")
+        (f"--wide --head-dims {args.head_dims} " if args.wide else "") + \
+        (f"--seqlens {args.seqlens} " if args.wide and args.seqlens else "") + ("--causal-only " if args.causal_only else "")
     notes = (f"`python -m benchmarks.ab_attention {flags}--reps {args.reps}`: the shipped prefill config (`cute`) "
              "against its variants, cuDNN SDPA for reference; CUDA-graph timed with L2 rotation, the median of the "
              "alternating repetitions.")
