@@ -37,8 +37,9 @@ def wide_cases(head_dims=(64, 128), seqlens=None, causal=(False, True)) -> list[
 
 def parse_set(spec: str) -> dict:
     """'n_block=176,tma_o=True' -> {'n_block': 176, 'tma_o': True} (values are Python literals)."""
-    fields = {f.name for f in dataclasses.fields(__import__("cute_kernels.attention.config",
-                                                               fromlist=["PrefillConfig"]).PrefillConfig)}
+    from cute_kernels.attention.config import PrefillConfig
+
+    fields = {f.name for f in dataclasses.fields(PrefillConfig)}
     out = {}
     for part in spec.split(","):
         name, sep, value = part.partition("=")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -307,11 +306,9 @@ def summarize(rows):
 
 def merged_rows(suite: str, rows: list[Row]) -> list[Row]:
     """rows plus those of other cases in the suite's results file for this GPU (if any)."""
-    from cute_kernels.runtime import env
+    from .common import gpu_name, gpu_tag, results_dir
 
-    from .common import RESULTS_DIR, gpu_name, gpu_tag
-
-    path = Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR) / f"{suite}_{gpu_tag()}.json"
+    path = results_dir() / f"{suite}_{gpu_tag()}.json"
     if not path.exists():
         return rows
     old = json.loads(path.read_text())

@@ -106,12 +106,17 @@ def format_table(rows: Sequence[Row], baseline: str | None = "cublas") -> str:
     return "\n".join(lines)
 
 
+def results_dir() -> Path:
+    """Where results files go: CUTE_KERNELS_RESULTS_DIR, else benchmarks/results."""
+    from cute_kernels.runtime import env
+
+    return Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
+
+
 def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "", baseline: str = "cublas") -> Path:
     """Write benchmarks/results/<suite>_<gpu>.json and .md; return the JSON path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    from cute_kernels.runtime import env
-
-    out_dir = Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
+    out_dir = results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = gpu_tag()
     payload = {

@@ -167,12 +167,12 @@ class FlashAttnFwdSm90:
         # O: one 64 x D slot per consumer warpgroup, stored by TMA from the (s_q, d, h, b) view.
         # A one-warpgroup P V MMA partitions a slot (each warpgroup's accumulator is 64 x D).
         sO_layout = sm90_utils.make_smem_layout_epi(self.o_dtype, LayoutEnum.ROW_MAJOR, (64, D), self.num_mma_wg)
-        tma_o = tO = None
-        o_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), v_major.sm90_mma_major_mode(),
-            cutlass.Float32, (1, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
-        )
+        tma_o = tO = o_mma = None
         if cutlass.const_expr(self.tma_o):
+            o_mma = sm90_utils.make_trivial_tiled_mma(
+                dtype, dtype, LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(), v_major.sm90_mma_major_mode(),
+                cutlass.Float32, (1, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
+            )
             tma_o, tO = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), self._permute(mO, (1, 3, 2, 0)),
                 cute.slice_(sO_layout, (None, None, 0)), (64, D))
@@ -205,7 +205,7 @@ class FlashAttnFwdSm90:
     def kernel(
         self, tma_q, tQ, tma_k, tK, tma_v, tVt, tma_o, tO, mO, mLSE, mSeqlensK: cute.Tensor | None,
         mSeqlensQ: cute.Tensor | None, mScales: cute.Tensor | None, scale_log2, qheads_per_kvhead, heads_per_group,
-        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, o_mma: cute.TiledMma,
+        qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, o_mma: cute.TiledMma | None,
         sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
     ):
@@ -544,19 +544,13 @@ class FlashAttnFwdSm90:
                     if wrow0 + 64 <= s_q:
                         self._store_o_tma(rO, o_mma, sO, tma_o, tO, tidx, wg_idx, m_idx, h, b)
                     else:
-                        for v in cutlass.range_constexpr(cute.size(acc_o)):
-                            r_o, c_o = tOcO[v]
-                            if row0 + r_o < s_q:
-                                mO[b, row0 + r_o, h, c_o] = rO[v]
+                        self._store_o_rows(rO, tOcO, mO, b, h, row0, s_q)
                 elif row0 + self.m_block <= s_q:
                     # A full tile: each thread's column pairs go out as 4-byte stores.
                     gO = cute.local_tile(mO[b, None, h, None], (self.m_block, self.head_dim), (m_idx, 0))
                     cute.autovec_copy(rO, pv_mma.get_slice(tidx).partition_C(gO))
                 else:
-                    for v in cutlass.range_constexpr(cute.size(acc_o)):
-                        r_o, c_o = tOcO[v]
-                        if row0 + r_o < s_q:
-                            mO[b, row0 + r_o, h, c_o] = rO[v]
+                    self._store_o_rows(rO, tOcO, mO, b, h, row0, s_q)
             r0, c0 = tOcO[0]
             if c0 == 0:  # one thread of each quad writes its two rows' LSE
                 for half in cutlass.range_constexpr(2):
@@ -574,6 +568,14 @@ class FlashAttnFwdSm90:
         if cutlass.const_expr(self.tma_o):
             if tidx % 128 == 0:  # the slots must outlive the last stores' reads
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _store_o_rows(self, rO, tOcO, mO, b, h, row0, s_q):
+        """This thread's values of O, element by element, in rows before s_q only (a ragged tile)."""
+        for v in cutlass.range_constexpr(cute.size(rO)):
+            r_o, c_o = tOcO[v]
+            if row0 + r_o < s_q:
+                mO[b, row0 + r_o, h, c_o] = rO[v]
 
     @cute.jit
     def _store_o_tma(self, rO, o_mma, sO, tma_o, tO, tidx, wg_idx, m_idx, h, b):
