@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--allreduce", type=_csv(ALLREDUCES), default=None,
                         help=f"with --tp: the all-reduce backend, from {','.join(ALLREDUCES)} (default: "
                              "CUTE_KERNELS_TP_ALLREDUCE, else auto); bench takes a comma-separated list to compare")
+        sp.add_argument("--tp-invariant", type=int, default=None, metavar="P",
+                        help="with --tp (1 too): TP-invariant arithmetic, each row-parallel K summed as P pieces in "
+                             "a fixed order (inference/invariant.py; the Llama family): runs at every TP degree "
+                             "dividing P give the same tokens. 0: off (default: CUTE_KERNELS_TP_INVARIANT)")
 
     g = sub.add_parser("generate", help="greedy generation with the patched model")
     common(g)
@@ -144,6 +148,8 @@ def main(argv=None) -> int:
         return _fail(problem)
     if args.allreduce is not None and args.tp is None:
         return _fail("--allreduce goes with --tp")
+    if args.tp_invariant is not None and (args.tp is None or args.tp_invariant < 0):
+        return _fail("--tp-invariant P (P >= 0) goes with --tp (--tp 1 for the unsharded run)")
     if _rank() != 0:  # only rank 0 prints; errors still reach stderr
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
@@ -303,7 +309,7 @@ def run_generate(args) -> int:
             print(f"note: building the model's kernels ahead failed ({stats['error']}); they compile on first use")
         phases("kernels")
     patch_model(model, precision=args.precision, attention=args.attention, backend=args.backend,
-                calibration=calibration, tp=group)
+                calibration=calibration, tp=group, tp_invariant=args.tp_invariant)
     if group is not None:
         group.setup(device, dtype)  # collective; before any CUDA graph captures an all-reduce
     dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"

@@ -108,6 +108,10 @@ class StaticDecoder(_Greedy):
         self._out = torch.zeros(batch_size, max_len, dtype=torch.long, device=dev)
         patch = getattr(model, "cute_patch", None) or {}
         self._flash_backend = patch.get("backend") if patch.get("attention") == "cute" else None
+        # TP-invariant arithmetic (inference/invariant.py): K pieces of each row-parallel sum, 0 off.
+        self._invariant = getattr(model, "cute_invariant", 0) if self._flash_backend is not None else 0
+        if self._invariant and compile:
+            raise ValueError("a tp_invariant model's decoder runs without torch.compile")
         # On our kernels (not under torch.compile) the step's glue - argmax, token and counter
         # bookkeeping, the next step's embedding and attention lengths - is one launch
         # (next_token.py) writing _h and _seqlens, which the next step starts from.
@@ -139,7 +143,7 @@ class StaticDecoder(_Greedy):
     def _attend_prefill(self, q, k, v, scale):
         """Causal attention over the prompt itself; q/k/v [B, S, H, D] -> [B, S, H, D]."""
         if self._flash_backend is not None:
-            return ops.flash_attn(q, k, v, True, float(scale), self._flash_backend)
+            return ops.flash_attn(q, k, v, True, float(scale), self._flash_backend, self._invariant > 0)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
         return o.transpose(1, 2)

@@ -100,9 +100,11 @@ class LlamaStaticDecoder(StaticDecoder):
         self._backend = ad.layers()[0].q_proj.backend if patched else q8
         fuse = (patched or self._q8) and not compile
         self._rms = fuse and env.enabled(RMS_ENV)
-        self._swiglu = fuse and env.enabled(SWIGLU_ENV)
+        # TP-invariant arithmetic: every projection through invariant.linear, so no GEMV
+        # epilogue fusions (the RMSNorm prologue is off in _prologue_fits).
+        self._swiglu = fuse and env.enabled(SWIGLU_ENV) and not self._invariant
         self._rope_append = fuse and env.enabled(ROPE_ENV)
-        self._qkv_rope = self._rope_append and self._rms and env.enabled(QKV_ROPE_ENV)
+        self._qkv_rope = self._rope_append and self._rms and env.enabled(QKV_ROPE_ENV) and not self._invariant
         concat = fuse and (env.enabled(QKV_ENV) or self._swiglu)
         self._layers = []
         with torch.no_grad():
@@ -150,7 +152,7 @@ class LlamaStaticDecoder(StaticDecoder):
         return norm(x)
 
     def _prologue_fits(self, x2: torch.Tensor) -> bool:
-        return self._rms and x2.shape[0] <= GEMV_MAX_M and (
+        return self._rms and not self._invariant and x2.shape[0] <= GEMV_MAX_M and (
             self._backend == "reference" or (x2.is_cuda and x2.shape[1] <= LN_MAX_K))
 
     def _norm_linear(self, norm, x: torch.Tensor, weight, bias, module=None, scale=None, parts=()) -> torch.Tensor:
@@ -178,6 +180,11 @@ class LlamaStaticDecoder(StaticDecoder):
                 y = weight_only_gemv(xn, weight, scale, bias)
             else:  # what the modules compute here (on the CPU: their W8A8 reference)
                 y = torch.cat([m(xn) for m in parts], -1)
+        elif self._invariant:
+            from .invariant import linear
+
+            return linear(self._norm(norm, x2).contiguous(), weight, bias, backend=self._backend).view(
+                *x.shape[:-1], N)
         elif self._prologue_fits(x2):
             y = ops.rms_linear(x2.contiguous(), norm.weight, float(norm.variance_epsilon), weight, bias,
                                self._backend)
@@ -252,7 +259,7 @@ class LlamaStaticDecoder(StaticDecoder):
                 km = key_masks[w] = (self._arange > positions[-1] - w).expand(B, self.max_len).contiguous()
         if self._flash_backend is not None:
             return ops.attend_cache(q, self.k[i].transpose(1, 2), self.v[i].transpose(1, 2), seqlens, scale,
-                                    self._flash_backend, km)
+                                    self._flash_backend, km, self._invariant > 0)
         mask = self._arange <= positions[-1]
         if km is not None:
             mask = mask & km[0]

@@ -21,10 +21,15 @@ class _CuteLinearMixin:
     activation: str | None = None
     fuses_residual = True  # protocol: forward(x, residual=...) adds it in the epilogue
     tp = None  # a row-parallel linear's TPGroup (inference/tp.py): partial products, summed across ranks
+    invariant_pieces = 0  # > 0: TP-invariant arithmetic, K summed in this many pieces (inference/invariant.py)
 
     def _run(self, x: torch.Tensor, weight_nk: torch.Tensor, bias, residual):
         if not weight_nk.is_contiguous():  # only if someone replaced the storage layout
             weight_nk = weight_nk.contiguous()
+        if self.invariant_pieces:
+            from .invariant import linear
+
+            return linear(x, weight_nk, bias, residual, pieces=self.invariant_pieces, tp=self.tp, backend=self.backend)
         shape = x.shape[:-1]
         # generate() hands lm_head hidden_states[:, -1:], a strided view: the kernels want dense rows
         x2 = x.reshape(-1, x.shape[-1]).contiguous()

@@ -184,17 +184,20 @@ def flash_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 @torch.library.custom_op("cute_inference::flash_attn", mutates_args=())
 def flash_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, backend: str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float, backend: str,
+    invariant: bool = False,
 ) -> torch.Tensor:
-    """Attention on [B, S, H, D] tensors (the layout HF hands back to c_proj)."""
+    """Attention on [B, S, H, D] tensors (the layout HF hands back to c_proj). invariant: each
+    head's result independent of the batch and head counts (cute_kernels.flash_attn's
+    invariant=; the reference is per head already)."""
     if backend == "reference":
         return flash_attn_ref(q, k, v, causal, softmax_scale)
-    out = _cute().flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    out = _cute().flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, invariant=invariant)
     return out if out.is_contiguous() else out.contiguous()
 
 
 @flash_attn.register_fake
-def _(q, k, v, causal, softmax_scale, backend):
+def _(q, k, v, causal, softmax_scale, backend, invariant=False):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
@@ -216,11 +219,12 @@ def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask=None)
 def attend_cache(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor, softmax_scale: float,
     backend: str, key_mask: Optional[torch.Tensor] = None,  # noqa: UP045
+    invariant: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention against a KV cache (cute_kernels.flash_attn_with_kvcache,
     the cache already written): q [B, 1, Hq, D], caches [B, L, Hkv, D] (any strides, unit D;
     Hq a multiple of Hkv);
-    key_mask [B, L] bool (True = attend) on top of the lengths."""
+    key_mask [B, L] bool (True = attend) on top of the lengths. invariant: as in flash_attn."""
     if backend == "reference":
         out = attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask)
         # Rows with nothing to attend to: zeros, as the kernel gives (SDPA gives NaN).
@@ -228,11 +232,11 @@ def attend_cache(
     # The next kernel is the output projection's GEMV, which loads only its weights before its
     # own PDL wait: the attention may let it launch first (the decode chain runs ahead).
     return _cute().flash_attn_with_kvcache(q, k_cache, v_cache, seqlens, softmax_scale=softmax_scale,
-                                           key_mask=key_mask, early_trigger=True)
+                                           key_mask=key_mask, early_trigger=True, invariant=invariant)
 
 
 @attend_cache.register_fake
-def _(q, k_cache, v_cache, seqlens, softmax_scale, backend, key_mask=None):
+def _(q, k_cache, v_cache, seqlens, softmax_scale, backend, key_mask=None, invariant=False):
     return q.new_empty(q.shape)
 
 

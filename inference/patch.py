@@ -214,7 +214,7 @@ def _attention_forward(backend: str):
                 key_mask = key_mask.contiguous()
             lens = torch.full((B,), kv_len, dtype=torch.int32, device=query.device)
             out = ops.attend_cache(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), lens,
-                                   float(scale), backend, key_mask)
+                                   float(scale), backend, key_mask, getattr(module, "tp_invariant", False))
             return out, None
         if attention_mask is not None or dropout > 0.0:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -224,7 +224,7 @@ def _attention_forward(backend: str):
             key, value = key[:, :, :q_len], value[:, :, :q_len]
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = ops.flash_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal, float(scale),
-                             backend)
+                             backend, getattr(module, "tp_invariant", False))
         return out, None
 
     return attention
@@ -314,7 +314,7 @@ def _own_config(model) -> None:
 
 
 def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", calibration: Iterable | None = None,
-                backend: str = "cute", tp=None):
+                backend: str = "cute", tp=None, tp_invariant: int | None = None):
     """Run `model` on our kernels, in place; returns the same object.
 
     model: a GPT2LMHeadModel or GPT2Model, or a LlamaForCausalLM / Qwen2ForCausalLM /
@@ -332,7 +332,16 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
       initialized default process group, a tp.TPGroup or a ProcessGroup. The weights are
       sharded for this rank first, unless tp.shard_model / tp.build_random did it with
       this group.
+    tp_invariant: P > 0 runs TP-invariant arithmetic (inference/invariant.py; the Llama family,
+      bf16, attention="cute"): the same bits at every TP degree dividing P, so that greedy
+      tokens do not depend on the degree. 0: off; None: CUTE_KERNELS_TP_INVARIANT.
     """
+    from . import invariant as _inv
+
+    if tp_invariant is None:
+        tp_invariant = _inv.pieces_from_env()
+    if not isinstance(tp_invariant, int) or isinstance(tp_invariant, bool) or tp_invariant < 0:
+        raise ValueError(f"tp_invariant must be an int >= 0, got {tp_invariant!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if attention not in ATTENTIONS:
@@ -343,6 +352,9 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
     if model_type not in ADAPTERS:
         raise ValueError(f"patch_model has no adapter for model_type={model_type!r}; supported: {', '.join(ADAPTERS)}")
     family = "gpt2" if model_type == "gpt2" else "llama"
+    if tp_invariant and (family != "llama" or precision != "bf16" or attention != "cute"):
+        raise ValueError(f"tp_invariant runs the Llama family in bf16 with attention='cute', got "
+                         f"model_type={model_type!r}, precision={precision!r}, attention={attention!r}")
     if backend == "cute":
         _check_cute_device(model)
         if attention == "cute":
@@ -370,11 +382,16 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
         _patch_gpt2_modules(model, precision, calibration, backend)
     if _tp.tp_of(model) is not None:
         _tp.finish_patch(model)
+    if tp_invariant:
+        from .patch_llama import set_tp_invariant
+
+        set_tp_invariant(model, tp_invariant, _tp.tp_of(model))
     if attention == "cute":
         model.set_attn_implementation(register_attention(backend))
     elif model.config._attn_implementation != "sdpa":
         model.set_attn_implementation("sdpa")
-    model.cute_patch = {"precision": precision, "attention": attention, "backend": backend}
+    model.cute_patch = {"precision": precision, "attention": attention, "backend": backend,
+                        "tp_invariant": tp_invariant}
     return model
 
 

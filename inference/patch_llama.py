@@ -41,6 +41,9 @@ What changes, and why it is done this way:
   our decode kernel with that mask as key mask for one token), and the mask is None only
   where plain causal attention is exact (the sequence fits the window). GQA: k and v reach
   the kernels with their own head count.
+- `set_tp_invariant` (patch_model's tp_invariant=) puts the patched model into TP-invariant
+  arithmetic (inference/invariant.py): the projections sum K in fixed pieces, attention runs
+  unsplit, the SwiGLU GEMM and sequence parallelism stay off.
 - Classes are swapped per instance only; nothing in transformers is replaced.
 """
 
@@ -113,6 +116,7 @@ class _CuteDecoderLayer:
     backend = "cute"  # of the fused ops (inference.ops)
     gate_up: tuple | None = None  # (weight, bias) over [gate; up] when the two run as one GEMM
     swiglu_epilogue = False  # silu(gate) * up in that GEMM's epilogue (ops.swiglu_linear)
+    tp_invariant = False  # inference/invariant.py: gate and up as their own (invariant) projections
 
     def forward(self, hidden_states, *args, **kwargs):
         if self.training or not isinstance(self.self_attn, _CuteAttention):
@@ -126,7 +130,7 @@ class _CuteDecoderLayer:
         epilogue: the stock MLP's forward, or its SwiGLU fusion where the switch is on
         (tp.SeqParallelDecoderLayer calls it too, with full rows x and local residual rows)."""
         mlp, h = self.mlp, residual
-        if not (self.fused_swiglu and _fusable(x, self.backend)):
+        if not (self.fused_swiglu and _fusable(x, self.backend)) or self.tp_invariant:
             return apply_linear(mlp.down_proj, mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x), h)
         gate = mlp.gate_proj
         if self.gate_up is not None and self.swiglu_epilogue:
@@ -318,3 +322,36 @@ def set_prefill_fusions(model, *, rmsnorm: bool, rope: bool, swiglu: bool | str)
             gu = module.gate_up
             module.swiglu_epilogue = (swiglu is True and gu is not None and gu[1] is None
                                       and (gu[0].shape[0] // 2) % 32 == 0)
+
+
+def set_tp_invariant(model, pieces: int, tp=None) -> None:
+    """Put a patched Llama-family model (sharded for `tp` or whole) into invariant mode with
+    `pieces` pieces per row-parallel K (inference/invariant.py; patch_model(..., tp_invariant=pieces)
+    calls it): the projections' K pieces, unsplit attention, no SwiGLU GEMM fusion, no sequence
+    parallelism."""
+    size = 1 if tp is None else tp.size
+    if not isinstance(pieces, int) or isinstance(pieces, bool) or pieces < 1:
+        raise ValueError(f"tp_invariant must be an int >= 1 (pieces of each row-parallel K), got {pieces!r}")
+    if pieces % size:
+        raise ValueError(f"tp_invariant={pieces} pieces do not split over tp={size} ranks: use a multiple of every "
+                         f"TP degree the runs compare (8 covers 1, 2, 4, 8)")
+    body = model.model
+    for layer in body.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not isinstance(attn, _CuteAttention) or not isinstance(layer, _CuteDecoderLayer):
+            raise ValueError("tp_invariant needs the patched Llama-family modules")
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+            lin.invariant_pieces = 1
+        for name, lin in (("o_proj", attn.o_proj), ("down_proj", mlp.down_proj)):
+            k_full = lin.weight.shape[1] * size
+            if k_full % pieces or (k_full // pieces) % 8:  # 8: each piece's rows stay 16-byte aligned for TMA
+                raise ValueError(f"tp_invariant={pieces}: {name}'s K={k_full} must split into {pieces} pieces of a "
+                                 f"multiple of 8 columns")
+            lin.invariant_pieces = pieces
+        attn.tp_invariant = True
+        layer.tp_invariant = True
+    model.lm_head.invariant_pieces = 1
+    if tp is not None:
+        tp.seq_parallel = False
+        tp.sp_norms = False
+    model.cute_invariant = pieces

@@ -36,6 +36,10 @@ generated from a generator seeded with the parameter's name and sliced, one tens
 time, so a TP=1 and a TP=N model are the same model and a 70B shape never exists whole on
 one GPU.
 
+TP-invariant arithmetic (inference/invariant.py, `patch_model(..., tp_invariant=P)`) makes a
+sharded model compute the unsharded one's bits, at a cost in speed; by default a TP=N forward
+sums bf16 partials and agrees with TP=1 to within rounding only.
+
 A sharded model runs only through `patch_model(..., tp=...)`: the stock modules would
 compute partial products silently, so a forward of a sharded, unpatched model raises.
 """

@@ -87,9 +87,10 @@ def _teacher_forced(model, seq: torch.Tensor, prompt_len: int) -> tuple[list[int
     return top.indices[:, 0].tolist(), (top.values[:, 0] - top.values[:, 1]).tolist()
 
 
-def _agreement(model, prompt: torch.Tensor, path: str) -> dict:
+def _agreement(model, prompt: torch.Tensor, path: str, mine: list[int] | None = None) -> dict:
     """Another run's greedy tokens (its results file) teacher-forced through this model: at how
-    many positions this model picks the same token, and the margins where it does not."""
+    many positions this model picks the same token, and the margins where it does not; with
+    `mine` (this run's greedy tokens), whether the two runs generated the same tokens."""
     if not Path(path).is_file():
         return {"error": f"{path}: no such results file"}
     ref = json.loads(Path(path).read_text())
@@ -99,9 +100,16 @@ def _agreement(model, prompt: torch.Tensor, path: str) -> dict:
     toks = torch.tensor([row["tokens"]], device=prompt.device)
     picks, margins = _teacher_forced(model, torch.cat([prompt, toks], 1), prompt.shape[1])
     off = [i for i, (a, b) in enumerate(zip(picks, row["tokens"])) if a != b]
-    return {"reference_tp": ref.get("tp"), "positions": len(picks), "agree": len(picks) - len(off),
-            "disagree_at": off, "margin_here": [margins[i] for i in off],
-            "margin_reference": [row["margins"][i] for i in off]}
+    out = {"reference_tp": ref.get("tp"), "reference_tp_invariant": ref.get("tp_invariant", 0),
+           "positions": len(picks), "agree": len(picks) - len(off), "disagree_at": off,
+           "margin_here": [margins[i] for i in off], "margin_reference": [row["margins"][i] for i in off]}
+    if len(row["margins"]) == len(margins):  # the reference's own teacher-forced margins over the same tokens
+        out["teacher_forced_margins_identical"] = margins == row["margins"]
+    if mine is not None:  # this run's own greedy tokens (its decoder, free-running) against the reference's
+        out["greedy_identical"] = mine == row["tokens"]
+        out["greedy_first_difference"] = next((i for i, (a, b) in enumerate(zip(mine, row["tokens"])) if a != b),
+                                              None)
+    return out
 
 
 def allreduce_us(group, hidden: int, dtype, device, n: int = 64, reps: int = 20) -> float | None:
@@ -183,7 +191,7 @@ def run_tp_bench(args) -> int:
     t0 = time.perf_counter()
     if group is not None:
         group.setup(device, dtype)
-    patch_model(model, backend=backend, attention=args.attention, tp=group)
+    patch_model(model, backend=backend, attention=args.attention, tp=group, tp_invariant=args.tp_invariant)
     ad = adapter_for(model)
     size = 1 if group is None else group.size
     print(f"model={args.model} tp={size} attention={args.attention} backend={backend} "
@@ -195,12 +203,15 @@ def run_tp_bench(args) -> int:
     result = {"model": args.model, "tp": size, "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
               "date": datetime.date.today().isoformat(), "torch": torch.__version__,
               "transformers": transformers.__version__, "random_weights": args.random_weights,
-              "attention": args.attention, "batch": args.batch, "prompt_len": args.prompt_len,
+              "attention": args.attention, "tp_invariant": model.cute_patch["tp_invariant"],
+              "batch": args.batch, "prompt_len": args.prompt_len,
               "decode_prompt_len": args.decode_prompt_len, "gen_len": gen,
               "weight_gb_per_rank": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9,
               # two row-parallel projections per layer and the embedding; the head adds one all-gather
               "allreduces_per_token": 2 * ad.n_layers + 1 if size > 1 else 0}
 
+    # The prefill A/Bs flip sequence-parallel switches, which invariant mode keeps off.
+    ab_prefill = group is not None and not result["tp_invariant"]
     with torch.no_grad():
         ms = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
     # FLOPs per rank; logits for the last position only.
@@ -209,7 +220,7 @@ def run_tp_bench(args) -> int:
     result["prefill"] = {"ms": ms, "tok_s": args.batch * args.prompt_len / ms * 1e3,
                          "tflops_per_rank": flops / (ms * 1e-3) / 1e12,
                          "mfu_pct": 100 * flops / (ms * 1e-3) / (part.bf16_tflops * 1e12) if part else None}
-    if group is not None and ad.model.config.model_type != "gpt2" and group.sp_norms:  # A/B: replicated norms
+    if ab_prefill and ad.model.config.model_type != "gpt2" and group.sp_norms:  # A/B: replicated norms
         group.sp_norms = False
         with torch.no_grad():
             ms_rep = _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
@@ -219,20 +230,20 @@ def run_tp_bench(args) -> int:
     def prefill_ms():
         return _events_ms(lambda: model(ids, use_cache=False, logits_to_keep=1), cuda)
 
-    if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None:
+    if ab_prefill and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None:
         # A/B: the sequence-parallel collectives on the copy engines vs NCCL
         ab = _flipped(group, "sp_p2p", ms, prefill_ms)
         result["prefill_sp_collectives"] = {k: {"ms": ab[v], "tok_s": args.batch * args.prompt_len / ab[v] * 1e3}
                                             for k, v in (("p2p", True), ("nccl", False))}
         print(f"prefill with the sequence-parallel collectives on the copy engines: {ab[True]:.2f} ms, "
               f"on NCCL: {ab[False]:.2f} ms")
-    if group is not None and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None \
+    if ab_prefill and ad.model.config.model_type != "gpt2" and group.seq_parallel and group._p2p is not None \
             and group.sp_p2p:
         # A/B: the reduce-scatters' pulls overlapped with the row-parallel GEMMs, or after them
         ab = _flipped(group, "sp_overlap", ms, prefill_ms)
         result["prefill_sp_overlap"] = {k: {"ms": ab[v]} for k, v in (("on", True), ("off", False))}
         print(f"prefill with CUTE_KERNELS_TP_SP_OVERLAP=1: {ab[True]:.2f} ms, =0: {ab[False]:.2f} ms")
-    if group is not None and ad.model.config.model_type != "gpt2":  # A/B: the sequence-parallel residual stream
+    if ab_prefill and ad.model.config.model_type != "gpt2":  # A/B: the sequence-parallel residual stream
         on = group.seq_parallel
         group.seq_parallel = not on
         with torch.no_grad():
@@ -310,7 +321,8 @@ def run_tp_bench(args) -> int:
         if cuda:
             torch.cuda.empty_cache()
     if getattr(args, "tp_reference", None):
-        result["teacher_forced_vs_reference"] = _agreement(model, dec_ids, args.tp_reference)
+        mine = next((r["tokens"] for r in result["decode"].values() if "tokens" in r), None)
+        result["teacher_forced_vs_reference"] = _agreement(model, dec_ids, args.tp_reference, mine)
         print(f"teacher-forced agreement with {args.tp_reference}: {result['teacher_forced_vs_reference']}")
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     result["wall_s"] = time.perf_counter() - t0
@@ -318,7 +330,8 @@ def run_tp_bench(args) -> int:
     from benchmarks.common import gpu_tag
 
     tag = args.model.rstrip("/").split("/")[-1].lower()
-    path = out / f"tp_{tag}_tp{size}_{gpu_tag() if cuda else 'cpu'}.json"
+    inv = f"_inv{result['tp_invariant']}" if result["tp_invariant"] else ""
+    path = out / f"tp_{tag}_tp{size}{inv}_{gpu_tag() if cuda else 'cpu'}.json"
     if group is None or group.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1))

@@ -316,8 +316,11 @@ def test_bench_tp_writes_tokens_and_agreement(tmp_path, monkeypatch):
     d = json.loads(first.read_text())
     row = d["decode"]["none"]
     assert len(row["tokens"]) == 3 and len(row["margins"]) == 3 and row["decoder"] == "StaticDecoder"
-    assert d["teacher_forced_vs_reference"] == {"reference_tp": 1, "positions": 3, "agree": 3, "disagree_at": [],
-                                                "margin_here": [], "margin_reference": []}
+    assert d["teacher_forced_vs_reference"] == {"reference_tp": 1, "reference_tp_invariant": 0, "positions": 3,
+                                                "agree": 3, "disagree_at": [], "margin_here": [],
+                                                "margin_reference": [], "teacher_forced_margins_identical": True,
+                                                "greedy_identical": True,
+                                                "greedy_first_difference": None}
 
 
 # --------------------------------------------------------------------------- sequence parallelism
@@ -447,3 +450,144 @@ def test_p2p_collectives_take_only_what_their_slots_hold():
     rows = MAX_SLOT_BYTES // (4096 * 2)
     assert c.fits(rows, 4096, torch.bfloat16) and not c.fits(rows + 2, 4096, torch.bfloat16)
     assert c._buf is None
+
+
+# --------------------------------------------------------------------------- TP-invariant arithmetic
+
+
+def _inv_worker(rank: int, world: int, port: int, out: str, device: str, kinds, pieces: int) -> None:
+    """inference/invariant.py: the whole model and its shard, both with tp_invariant=pieces, give
+    the same logits bit for bit and the same greedy tokens (the static decoder, prompt and decode
+    steps; transformers' own loop with its cache), in bf16."""
+    group, dev, _, backend = _join(rank, world, port, device)
+    group.setup(dev, torch.bfloat16)
+    cuda = dev.type == "cuda"
+    from inference.decode import EagerDecoder
+    from inference.patch import patch_model
+
+    results = {}
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1)).to(dev)
+    for kind in kinds:
+        base = _tiny(kind, torch.bfloat16, 256 if cuda else 64).to(dev)
+        whole = patch_model(copy.deepcopy(base), backend=backend, attention="cute", tp_invariant=pieces)
+        sharded = patch_model(copy.deepcopy(base), backend=backend, attention="cute", tp=group, tp_invariant=pieces)
+        with torch.no_grad():
+            results[(kind, "logits")] = (whole(ids).logits.cpu(), sharded(ids).logits.cpu())
+        results[(kind, "static decoder tokens")] = (_greedy(whole, ids, 8).cpu(), _greedy(sharded, ids, 8).cpu())
+        results[(kind, "hf loop tokens")] = tuple(
+            EagerDecoder(m, batch_size=2, max_len=ids.shape[1] + 8).generate(ids, 8).cpu() for m in (whole, sharded))
+    if rank == 0:
+        torch.save(results, out)
+    TP.shutdown()
+    os._exit(0)
+
+
+def _run_inv(tmp_path, device, kinds, pieces=2, world=2) -> dict:
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "inv.pt")
+    mp.spawn(_inv_worker, args=(world, _free_port(), out, device, kinds, pieces), nprocs=world, join=True)
+    return torch.load(out)
+
+
+def _check_identical(results):
+    for key, (ref, got) in results.items():
+        assert ref.shape == got.shape and torch.equal(ref, got), (
+            f"{key}: max diff {float((ref.float() - got.float()).abs().max())}")
+
+
+def test_tp_invariant_identical_cpu(tmp_path):
+    _check_identical(_run_inv(tmp_path, "cpu", ("llama", "qwen2"), pieces=4))
+
+
+@pytest.mark.gpu
+def test_tp_invariant_identical_gpu(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _check_identical(_run_inv(tmp_path, "cuda", ("llama", "qwen2")))
+
+
+def test_tp_invariant_linear_matches_torch():
+    """Pieces summed in order: within fp32 rounding of the whole product; bias and residual in
+    the same sum; pieces that do not split K or the ranks are refused."""
+    from inference import invariant
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 5, 64, generator=g), torch.randn(24, 64, generator=g)
+    b, r = torch.randn(24, generator=g), torch.randn(3, 5, 24, generator=g)
+    ref = (x.double() @ w.double().t() + b.double() + r.double()).float()
+    for pieces in (1, 2, 8):
+        got = invariant.linear(x, w, b, r, pieces=pieces, backend="reference")
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="do not split"):
+        invariant.linear(x, w, pieces=3, backend="reference")
+    assert invariant.gemm_config(1).tile_mn == (64, 64) and invariant.gemm_config(65).tile_mn == (128, 128)
+
+
+def test_tp_invariant_is_validated(monkeypatch):
+    from inference.patch import patch_model
+
+    with pytest.raises(ValueError, match="Llama family in bf16 with attention='cute'"):
+        patch_model(_tiny("gpt2"), backend="reference", attention="cute", tp_invariant=2)
+    with pytest.raises(ValueError, match="Llama family in bf16 with attention='cute'"):
+        patch_model(_tiny("llama"), backend="reference", attention="sdpa", tp_invariant=2)
+    with pytest.raises(ValueError, match="tp_invariant must be an int"):
+        patch_model(_tiny("llama"), backend="reference", attention="cute", tp_invariant=-1)
+    # intermediate_size 128 / 3 pieces: refused with the module named
+    with pytest.raises(ValueError, match="must split into 3 pieces"):
+        patch_model(_tiny("llama"), backend="reference", attention="cute", tp_invariant=3)
+    monkeypatch.setenv("CUTE_KERNELS_TP_INVARIANT", "2")
+    m = patch_model(_tiny("llama"), backend="reference", attention="cute")
+    assert m.cute_invariant == 2 and m.model.layers[0].mlp.down_proj.invariant_pieces == 2
+    monkeypatch.setenv("CUTE_KERNELS_TP_INVARIANT", "x")
+    with pytest.raises(ValueError, match="CUTE_KERNELS_TP_INVARIANT must be an integer"):
+        patch_model(_tiny("llama"), backend="reference", attention="cute")
+
+
+@pytest.mark.gpu
+def test_invariant_gemm_bits_do_not_depend_on_the_shard_gpu():
+    """What invariant mode rests on: with one GemmConfig, an element's fp32 sum is the same bits
+    whichever N-slice of the weight (column-parallel), M rows and operand strides the call has,
+    and the K pieces of a row-parallel product are the same computed from views or from copies."""
+    from inference import invariant
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for M in (1, 7, 64, 200):
+        x = torch.randn(M, 4096, device="cuda", generator=g).bfloat16()
+        w = torch.randn(6144, 4096, device="cuda", generator=g).bfloat16()
+        full = invariant.matmul_f32(x, w, "cute")
+        for lo, hi in ((0, 3072), (3072, 6144), (1024, 1536)):
+            assert torch.equal(invariant.matmul_f32(x, w[lo:hi].contiguous(), "cute"), full[:, lo:hi]), (M, lo)
+        half = invariant.matmul_f32(x[:, 2048:], w[:, 2048:], "cute")
+        assert torch.equal(invariant.matmul_f32(x[:, 2048:].contiguous(), w[:, 2048:].contiguous(), "cute"), half)
+        torch.testing.assert_close(full, (x.double() @ w.double().t()).float(), rtol=1e-4, atol=1e-3)
+        if M > 1:
+            assert torch.equal(invariant.matmul_f32(x[1:], w, "cute"), full[1:]), M
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("rows", [1, 65])
+def test_invariant_gemm_configs_compile_for_sm90(tmp_path, rows):
+    """Invariant mode's two GEMM configs, fp32 out, as invariant.matmul_f32 launches them (x and
+    the weight K-major, the weight handed over as torch.mm's [K, N]): plain wgmma main loops,
+    no split-K workspace."""
+    import glob
+
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.config import Epilogue
+    from inference import invariant
+
+    cfg = invariant.gemm_config(rows)
+    assert cfg.split_k == 1 and not cfg.swap_ab
+    _compile(torch.bfloat16, torch.bfloat16, torch.float32, "k", "k", cfg, Epilogue(), "Float32",
+             keep_dir=str(tmp_path), b_kn=True)
+    ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+
+
+def test_cli_tp_invariant_needs_tp(capsys, monkeypatch):
+    from inference.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["generate", "--model", "llama-3-8b", "--random-weights", "--tp-invariant", "2"]) == 2
+    assert "--tp-invariant P (P >= 0) goes with --tp" in capsys.readouterr().err

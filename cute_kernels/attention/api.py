@@ -488,7 +488,7 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
 
 
 def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,
-               num_splits: int | None = None):
+               num_splits: int | None = None, invariant: bool = False):
     """Attention forward: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (GQA: Hq a multiple of Hkv),
     any strides with unit stride on D. Causal masks are aligned bottom-right.
 
@@ -496,12 +496,15 @@ def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     merged in the same launch); longer queries run the wgmma kernel (kernel.py).
     num_splits: how many CTAs share one query block's keys (split-KV, for grids that
     leave SMs idle); None picks by `num_splits_heuristic` / `decode_splits_heuristic`.
+    invariant: each (sequence, head)'s output independent of the batch size and the head
+    count (`_invariant_plan`; num_splits must be None or 1).
     Returns O [B, Sq, Hq, D] (and the fp32 log-sum-exp [B, Hq, Sq] with return_lse).
     """
     _validate(q, k, v)
+    num_splits, config = _invariant_plan(invariant, num_splits, q.shape[1], q.shape[3])
     if q.shape[1] == 1:  # one query row sees every key, causal or not (bottom-right alignment)
         _check_splits(num_splits)
-        out, lse = _run_decode(q, k, v, softmax_scale, num_splits=num_splits)
+        out, lse = _run_decode(q, k, v, softmax_scale, num_splits=num_splits, config=config)
     else:
         splits = _resolve_splits(num_splits, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
         out, lse = _run(q, k, v, causal, softmax_scale, num_splits=splits)
@@ -541,9 +544,22 @@ def append_kv_fused(k_cache, v_cache, cache_seqlens, k_new, v_new) -> torch.Tens
     return lens_out
 
 
+def _invariant_plan(invariant: bool, num_splits, seqlen_q: int, head_dim: int):
+    """(num_splits, decode config) for an `invariant` call: a head's keys in one pass (no
+    split-KV: where splits go, and whether they merge in a cluster, follows the batch and head
+    counts) and, for one query row, the SIMT decode kernel's per-head-dim config (the
+    tensor-core kernel and the many-wave configs are picked by the CTA count). The prefill
+    kernel's config already depends on the head dim and the query length only."""
+    if not invariant:
+        return num_splits, None
+    if num_splits not in (None, 1):
+        raise ValueError(f"invariant=True runs unsplit: num_splits must be None or 1, got {num_splits!r}")
+    return 1, (decode_config(head_dim) if seqlen_q == 1 else None)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
                             causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
-                            key_mask=None, early_trigger: bool = False):
+                            key_mask=None, early_trigger: bool = False, invariant: bool = False):
     """Decode / chunked prefill against a preallocated cache [B, Smax, Hkv, D].
 
     cache_seqlens [B] (int32) holds each sequence's filled length. k_new/v_new
@@ -565,9 +581,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     early_trigger (single-token decode): the next kernel, when launched as a programmatic
     dependent, may start before this one waits for its inputs; right when that kernel reads
     only constants before its own wait (inference/'s GEMVs prefetch their weights), slower
-    otherwise (decode.py's docstring has the figures).
+    otherwise (decode.py's docstring has the figures). invariant: as in `flash_attn`.
     """
     _validate(q, k_cache, v_cache)
+    num_splits, config = _invariant_plan(invariant, num_splits, q.shape[1], q.shape[3])
     B, Smax = k_cache.shape[:2]
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (B,) or cache_seqlens.dtype != torch.int32:
         raise ValueError(f"cache_seqlens must be an int32 tensor of shape ({B},)")
@@ -598,7 +615,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     if q.shape[1] == 1:
         _check_splits(num_splits)
         return _run_decode(q, k_cache, v_cache, softmax_scale, seqlens_k=lens, num_splits=num_splits,
-                           key_mask=key_mask, early_trigger=bool(early_trigger))[0]
+                           key_mask=key_mask, early_trigger=bool(early_trigger), config=config)[0]
     splits = _resolve_splits(num_splits, B, q.shape[2], q.shape[1], Smax)
     out, _ = _run(q, k_cache, v_cache, causal, softmax_scale, seqlens_k=lens, num_splits=splits)
     return out

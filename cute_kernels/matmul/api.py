@@ -436,13 +436,23 @@ def _alloc_out(M: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
 _GEMM_PLANS: dict = {}
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None):
+def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+         config: GemmConfig | None = None):
     """a @ b with torch.mm semantics on the tensor cores (bf16/fp16 in, fp32 accumulate).
 
     a [M, K] and b [K, N] may each be row- or column-major. The result is [M, N] in
     out_dtype (default a.dtype; float32 also allowed). When N is not a multiple of 8 the
     result is a view into a row-padded buffer (its stride(0) is N rounded up).
+
+    config: run this kernel config (no tuning-cache lookup, heuristic or skinny GEMV).
+    Without split-K, an element's sum runs over K in the same order whatever M, N and its
+    place in the output: one config over several shapes gives each element the same bits
+    (inference/invariant.py builds tensor-parallel-invariant arithmetic on this).
     """
+    if config is not None:
+        if not isinstance(config, GemmConfig):
+            raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
+        return _gemm_slow(a, b, out_dtype, out, None, config)
     # Hot path: a plan validated once per (dtypes, shapes, strides, devices, and out's when
     # given); only the data pointers' alignment is re-checked per call. With out= there is no
     # allocation either (~3 us of a ~10 us call on the lent machines' CPUs).
@@ -467,7 +477,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
     return _gemm_slow(a, b, out_dtype, out, key)
 
 
-def _gemm_slow(a, b, out_dtype, out, plan_key):
+def _gemm_slow(a, b, out_dtype, out, plan_key, config: GemmConfig | None = None):
     from .config import Epilogue
 
     _check_16bit_operands(a, b, "a", "b")
@@ -480,6 +490,8 @@ def _gemm_slow(a, b, out_dtype, out, plan_key):
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
     M, K = a.shape
     N = b.shape[1]
+    if config is not None:
+        config.validate(a.element_size(), out_dtype.itemsize)
     if out is not None:
         _check_out(out, M, N, out_dtype, a.device)
     else:
@@ -491,7 +503,7 @@ def _gemm_slow(a, b, out_dtype, out, plan_key):
     bt = b.t()
     a_p, b_p = _prepare_operand(a, "m"), _prepare_operand(bt, "n")
     # The launch takes b [K, N] itself (b_kn): no transposed view per call.
-    fn = kernel_for(a_p, b_p, out.dtype, Epilogue(), b_kn=True)
+    fn = kernel_for(a_p, b_p, out.dtype, Epilogue(), config=config, b_kn=True)
     if plan_key is not None and a_p is a and b_p is bt:
         # Operands usable as they are (and out, when given, validated above): remember the
         # launch for the next call.

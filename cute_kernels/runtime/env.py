@@ -91,6 +91,11 @@ SWITCHES: dict[str, Switch] = {
         "1", "0: with the copy-engine collectives, each sequence-parallel reduce-scatter starts after the whole "
              "row-parallel GEMM (default: the rows the peers pull are computed first, then the copy engines pull "
              "while the GEMM computes this rank's own rows)."),
+    "CUTE_KERNELS_TP_INVARIANT": Switch(
+        "0", "P > 0: the Llama family's patched models run TP-invariant arithmetic (inference/invariant.py): each "
+             "row-parallel K summed as P pieces in fp32 in a fixed order, one GEMM config per row count, attention "
+             "unsplit, so TP=N computes TP=1's bits for every N dividing P and greedy tokens match (patch_model's "
+             "tp_invariant=, --tp-invariant)."),
     "CUTE_KERNELS_RESULTS_DIR": Switch("", "Where the benchmark suites write their tables (unset: benchmarks/results)."),
 }
 

@@ -1,0 +1,114 @@
+"""Tensor-parallel-invariant arithmetic: the Llama family computing the same bits at every TP
+degree, so that TP=N greedy tokens are TP=1's, token for token.
+
+Why the default is not invariant: a TP=N forward sums N bf16 partial products in each
+row-parallel projection (o_proj, down_proj) where TP=1 keeps one fp32 sum, and the kernels pick
+their configs by shape (GEMM tiles and split-K by N, the decode GEMVs by N and K, split-KV
+attention by the head count), all of which a shard changes. A rounding that flips in the
+residual stream reaches about one output in 32 of the next layer, so the runs drift apart within
+a few layers and greedy decoding follows TP=1 only where the top-2 logit margin beats the
+difference (docs/architecture.md).
+
+The mode (`patch_model(..., tp_invariant=P)`, CUTE_KERNELS_TP_INVARIANT=P, `--tp-invariant P`;
+patch_llama.set_tp_invariant marks the modules) makes every value independent of the degree:
+
+- Every projection and the lm_head is one GEMM per call with a config that depends on the row
+  count only (`gemm_config`; never split-K, a GEMV or a swapped launch), fp32 out. An
+  element's sum then runs over K in one order whatever N is and wherever the element sits.
+  Bias and residual are added to the fp32 sum afterwards, then it is rounded once.
+- A row-parallel projection's K is summed as P pieces of K / P columns, in order: each piece's
+  product in fp32; a sharded model's ranks hold P / N pieces each and all-gather them in rank
+  order (fp32, P x rows x N x 4 bytes), then every rank adds the P pieces one after the other.
+  TP=1 computes the same P pieces on one GPU. P must be a multiple of every degree compared
+  (P = 8 covers 1, 2, 4 and 8).
+- Attention runs unsplit with the per-head-dim config (cute_kernels.flash_attn's invariant=):
+  a head's result does not depend on how many heads the launch holds.
+- Sequence parallelism, the sequence-parallel RMSNorms and the fused GEMV / GEMM epilogues
+  (RMSNorm prologue, SwiGLU, RoPE in the q/k/v GEMV) are off. What stays (RMSNorm over whole
+  rows, RoPE and the K/V append, silu(gate) * up, the vocabulary-parallel embedding, which adds
+  zeros to the one owner's row, and the distributed argmax, which resolves ties to the lowest
+  index as torch.argmax does) is row- or element-wise and the same at every degree already.
+
+Not covered: attention that leaves our kernels (a prompt longer than a sliding window, a padded
+batch's explicit mask: SDPA), and invariance across batch shapes (a prefill and a decode step
+take different GEMM tiles, so teacher-forcing a sequence may pick another token than generating
+it at a near-tie, in every TP degree alike).
+
+The reference backend (CPU) computes each piece in float64 and rounds it to fp32: products of
+16- or 32-bit floats are exact in float64, and the order of a float64 sum moves it by about
+2**-50 of its size, so the fp32 result does not depend on how BLAS blocks the product (barring a
+2**-29 chance per element of landing on a rounding boundary).
+"""
+
+from __future__ import annotations
+
+import torch
+
+INVARIANT_ENV = "CUTE_KERNELS_TP_INVARIANT"
+
+
+def pieces_from_env() -> int:
+    """CUTE_KERNELS_TP_INVARIANT as an int (0: off); ValueError on anything else."""
+    from cute_kernels.runtime import env
+
+    raw = env.get(INVARIANT_ENV)
+    try:
+        pieces = int(raw)
+    except ValueError:
+        raise ValueError(f"{INVARIANT_ENV} must be an integer >= 0 (0: off), got {raw!r}") from None
+    if pieces < 0:
+        raise ValueError(f"{INVARIANT_ENV} must be an integer >= 0 (0: off), got {raw!r}")
+    return pieces
+
+
+def gemm_config(rows: int):
+    """The GEMM config of every invariant-mode projection over `rows` rows: a function of the
+    row count alone, which is the same at every TP degree (the replicated stream). 64 x 64 tiles
+    up to 64 rows (decode: one warpgroup, many CTAs streaming the weight), 128 x 128 above."""
+    from cute_kernels.matmul.config import GemmConfig
+
+    if rows <= 64:
+        return GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1)
+    return GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1)
+
+
+def matmul_f32(x2: torch.Tensor, w: torch.Tensor, backend: str) -> torch.Tensor:
+    """x2 [M, K] @ w [N, K].T in fp32, the same bits for any M-row slice, any N and any
+    strides (see the module docstring)."""
+    if backend == "reference":
+        return (x2.double() @ w.double().t()).float()
+    from cute_kernels.matmul.api import gemm
+
+    return gemm(x2, w.t(), out_dtype=torch.float32, config=gemm_config(x2.shape[0]))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None, *, pieces: int = 1, tp=None,
+           backend: str = "cute") -> torch.Tensor:
+    """x @ weight.T + bias + residual in x's dtype, one rounding of an fp32 sum. `pieces`: the
+    full K's pieces, summed in order; tp: the TPGroup of a row-parallel projection (weight and x
+    hold this rank's pieces; the bias and the residual are whole, added on every rank)."""
+    K, N = x.shape[-1], weight.shape[0]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    size = 1 if tp is None else tp.size
+    local = pieces // size
+    if local < 1 or pieces % size or K % local:
+        raise ValueError(f"{pieces} pieces of K do not split over {size} ranks of {K} columns each")
+    step = K // local
+    parts = [matmul_f32(x2[:, i * step:(i + 1) * step], weight[:, i * step:(i + 1) * step], backend)
+             for i in range(local)]
+    if tp is not None and size > 1:
+        parts = list(tp.all_gather(torch.stack(parts)).reshape(pieces, x2.shape[0], N).unbind(0))
+    acc = parts[0]
+    if len(parts) > 1 or bias is not None or residual is not None:
+        acc = acc.clone()
+    for p in parts[1:]:
+        acc += p
+    if bias is not None:
+        acc += bias.float()
+    if residual is not None:
+        acc += residual.reshape(-1, N).float()
+    return acc.to(x.dtype).view(*lead, N)
+
+
+__all__ = ["INVARIANT_ENV", "gemm_config", "linear", "matmul_f32", "pieces_from_env"]
