@@ -17,10 +17,13 @@ patch_llama.set_tp_invariant marks the modules) makes every value independent of
   element's sum then runs over K in one order whatever N is and wherever the element sits.
   Bias and residual are added to the fp32 sum afterwards, then it is rounded once.
 - A row-parallel projection's K is summed as P pieces of K / P columns, in order: each piece's
-  product in fp32; a sharded model's ranks hold P / N pieces each and all-gather them in rank
-  order (fp32, P x rows x N x 4 bytes), then every rank adds the P pieces one after the other.
-  TP=1 computes the same P pieces on one GPU. P must be a multiple of every degree compared
-  (P = 8 covers 1, 2, 4 and 8).
+  product in fp32; a sharded model's ranks hold P / N pieces each. On NCCL, with rows that split
+  evenly, each rank receives every rank's pieces of its 1/N of the rows (all-to-all, fp32), adds
+  them one after the other, rounds, and the rows are all-gathered. With one piece per rank and a
+  message the push all-reduce takes (decode), that kernel adds the ranks' fp32 pieces in rank
+  order itself. Otherwise (gloo) every rank all-gathers all pieces and adds them the same way. TP=1 computes the
+  same P pieces on one GPU. P must be a multiple of every degree compared (P = 8 covers 1, 2, 4
+  and 8). A column-parallel projection without bias (pieces = 1) rounds in its GEMM's epilogue.
 - Attention runs unsplit with the per-head-dim config (cute_kernels.flash_attn's invariant=):
   a head's result does not depend on how many heads the launch holds.
 - Sequence parallelism, the sequence-parallel RMSNorms and the fused GEMV / GEMM epilogues
@@ -61,25 +64,48 @@ def pieces_from_env() -> int:
     return pieces
 
 
+# From this many rows on, the 128 x 256 tiles in clusters of 2 of the large GEMMs (a prefill).
+WIDE_TILE_ROWS = 1024
+
+
 def gemm_config(rows: int):
     """The GEMM config of every invariant-mode projection over `rows` rows: a function of the
-    row count alone, which is the same at every TP degree (the replicated stream). 64 x 64 tiles
-    up to 64 rows (decode: one warpgroup, many CTAs streaming the weight), 128 x 128 above."""
+    row count alone, which is the same at every TP degree (the replicated stream), where N is
+    not. Up to 64 rows (decode) 64 x 64 tiles, one warpgroup, many CTAs streaming the weight
+    (split-K by K // 1024 ranges, which would be allowed, measured slower: Llama-3-8B TP=1
+    decode 10.08 vs 8.74 ms/token, 2x H200); 128 x 128 below WIDE_TILE_ROWS; 128 x 256 in
+    clusters of 2 (the heuristic's large-GEMM tile) from there."""
     from cute_kernels.matmul.config import GemmConfig
 
     if rows <= 64:
         return GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1)
-    return GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1)
+    if rows < WIDE_TILE_ROWS:
+        return GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1)
+    return GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
 
 
-def matmul_f32(x2: torch.Tensor, w: torch.Tensor, backend: str) -> torch.Tensor:
-    """x2 [M, K] @ w [N, K].T in fp32, the same bits for any M-row slice, any N and any
-    strides (see the module docstring)."""
+def matmul(x2: torch.Tensor, w: torch.Tensor, backend: str, out_dtype=torch.float32) -> torch.Tensor:
+    """x2 [M, K] @ w [N, K].T in out_dtype (fp32, or x2's dtype: the fp32 sum rounded once),
+    the same bits for any N and any strides (see the module docstring)."""
     if backend == "reference":
-        return (x2.double() @ w.double().t()).float()
+        return (x2.double() @ w.double().t()).float().to(out_dtype)
     from cute_kernels.matmul.api import gemm
 
-    return gemm(x2, w.t(), out_dtype=torch.float32, config=gemm_config(x2.shape[0]))
+    return gemm(x2, w.t(), out_dtype=out_dtype, config=gemm_config(x2.shape[0]))
+
+
+def _ordered_sum(parts, bias, residual, dtype) -> torch.Tensor:
+    """((((0 + parts[0]) + parts[1]) + ...) + bias) + residual in fp32, rounded to dtype once. The
+    sum starts from +0.0 as the push all-reduce's does (TPGroup.ordered_sum), so that a -0.0
+    partial is +0.0 in both."""
+    acc = parts[0] + 0.0
+    for p in parts[1:]:
+        acc += p
+    if bias is not None:
+        acc += bias.float()
+    if residual is not None:
+        acc += residual.float()
+    return acc.to(dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None, *, pieces: int = 1, tp=None,
@@ -95,20 +121,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None, *, p
     if local < 1 or pieces % size or K % local:
         raise ValueError(f"{pieces} pieces of K do not split over {size} ranks of {K} columns each")
     step = K // local
-    parts = [matmul_f32(x2[:, i * step:(i + 1) * step], weight[:, i * step:(i + 1) * step], backend)
-             for i in range(local)]
-    if tp is not None and size > 1:
-        parts = list(tp.all_gather(torch.stack(parts)).reshape(pieces, x2.shape[0], N).unbind(0))
-    acc = parts[0]
-    if len(parts) > 1 or bias is not None or residual is not None:
-        acc = acc.clone()
-    for p in parts[1:]:
-        acc += p
-    if bias is not None:
-        acc += bias.float()
-    if residual is not None:
-        acc += residual.reshape(-1, N).float()
-    return acc.to(x.dtype).view(*lead, N)
+    M = x2.shape[0]
+    if pieces == 1 and bias is None and residual is None:  # a column-parallel projection: one GEMM, rounded in it
+        return matmul(x2, weight, backend, x.dtype).view(*lead, N)
+    parts = torch.stack([matmul(x2[:, i * step:(i + 1) * step], weight[:, i * step:(i + 1) * step], backend)
+                         for i in range(local)])  # [local, M, N] fp32
+    r2 = None if residual is None else residual.reshape(M, N)
+    if tp is None or size == 1:
+        return _ordered_sum(list(parts.unbind(0)), bias, r2, x.dtype).view(*lead, N)
+    if local == 1:
+        summed = tp.ordered_sum(parts[0])  # our push all-reduce: rank order from +0.0, in fp32
+        if summed is not None:
+            return _ordered_sum([summed], bias, r2, x.dtype).view(*lead, N)
+    if tp.comm_backend == "nccl" and M % size == 0 and not torch.cuda.is_current_stream_capturing():
+        # Each rank sums its 1/size of the rows: every rank's pieces of those rows arrive in rank
+        # order (all-to-all, fp32), then the rounded rows are all-gathered (bf16). Half the bytes
+        # of all-gathering every piece at 2 ranks, and 1/size of the adds.
+        n = M // size
+        send = parts.view(local, size, n, N).transpose(0, 1).contiguous()  # [dest rank, local, n, N]
+        recv = torch.empty_like(send)  # [source rank, local, n, N]
+        import torch.distributed as dist
+
+        dist.all_to_all_single(recv, send, group=tp.group)
+        mine = None if r2 is None else r2[tp.rank * n:(tp.rank + 1) * n]
+        rows = _ordered_sum(list(recv.view(pieces, n, N).unbind(0)), bias, mine, x.dtype)
+        return tp.all_gather(rows).view(*lead, N)
+    gathered = tp.all_gather(parts).view(pieces, M, N)  # rank order: the pieces in order
+    return _ordered_sum(list(gathered.unbind(0)), bias, r2, x.dtype).view(*lead, N)
 
 
-__all__ = ["INVARIANT_ENV", "gemm_config", "linear", "matmul_f32", "pieces_from_env"]
+__all__ = ["INVARIANT_ENV", "gemm_config", "linear", "matmul", "pieces_from_env"]

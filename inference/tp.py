@@ -227,6 +227,15 @@ class TPGroup:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def ordered_sum(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The sum of x over the group as ((0 + x_0) + x_1) + ... in x's dtype, rank order (our push
+        kernel: fp32 accumulation, one rounding), where the push all-reduce is in use and takes
+        x; None otherwise (the caller gathers and adds itself). inference/invariant.py relies on
+        the order."""
+        if self.size > 1 and self.allreduce == "push" and self._push.fits(x):
+            return self._push.launch(x.contiguous())
+        return None
+
     def push_gave_up(self) -> bool:
         """Whether a wait of the push all-reduce ever gave up (its sums since are wrong);
         synchronizes the device. False where the push kernel was never set up."""

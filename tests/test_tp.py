@@ -522,6 +522,7 @@ def test_tp_invariant_linear_matches_torch():
     with pytest.raises(ValueError, match="do not split"):
         invariant.linear(x, w, pieces=3, backend="reference")
     assert invariant.gemm_config(1).tile_mn == (64, 64) and invariant.gemm_config(65).tile_mn == (128, 128)
+    assert invariant.gemm_config(invariant.WIDE_TILE_ROWS).tile_mn == (128, 256)
 
 
 def test_tp_invariant_is_validated(monkeypatch):
@@ -552,25 +553,27 @@ def test_invariant_gemm_bits_do_not_depend_on_the_shard_gpu():
     from inference import invariant
 
     g = torch.Generator(device="cuda").manual_seed(11)
-    for M in (1, 7, 64, 200):
+    for M in (1, 7, 64, 200, 2048):
         x = torch.randn(M, 4096, device="cuda", generator=g).bfloat16()
         w = torch.randn(6144, 4096, device="cuda", generator=g).bfloat16()
-        full = invariant.matmul_f32(x, w, "cute")
+        full = invariant.matmul(x, w, "cute")
         for lo, hi in ((0, 3072), (3072, 6144), (1024, 1536)):
-            assert torch.equal(invariant.matmul_f32(x, w[lo:hi].contiguous(), "cute"), full[:, lo:hi]), (M, lo)
-        half = invariant.matmul_f32(x[:, 2048:], w[:, 2048:], "cute")
-        assert torch.equal(invariant.matmul_f32(x[:, 2048:].contiguous(), w[:, 2048:].contiguous(), "cute"), half)
+            assert torch.equal(invariant.matmul(x, w[lo:hi].contiguous(), "cute"), full[:, lo:hi]), (M, lo)
+        half = invariant.matmul(x[:, 2048:], w[:, 2048:], "cute")
+        assert torch.equal(invariant.matmul(x[:, 2048:].contiguous(), w[:, 2048:].contiguous(), "cute"), half)
         torch.testing.assert_close(full, (x.double() @ w.double().t()).float(), rtol=1e-4, atol=1e-3)
         if M > 1:
-            assert torch.equal(invariant.matmul_f32(x[1:], w, "cute"), full[1:]), M
+            assert torch.equal(invariant.matmul(x[1:], w, "cute"), full[1:]), M
+        rounded = invariant.matmul(x, w, "cute", torch.bfloat16)
+        assert torch.equal(invariant.matmul(x, w[3072:].contiguous(), "cute", torch.bfloat16), rounded[:, 3072:])
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("rows", [1, 65])
-def test_invariant_gemm_configs_compile_for_sm90(tmp_path, rows):
-    """Invariant mode's two GEMM configs, fp32 out, as invariant.matmul_f32 launches them (x and
-    the weight K-major, the weight handed over as torch.mm's [K, N]): plain wgmma main loops,
-    no split-K workspace."""
+@pytest.mark.parametrize("rows,out_dtype", [(1, torch.float32), (65, torch.float32), (1024, torch.float32),
+                                            (1, torch.bfloat16), (1024, torch.bfloat16)])
+def test_invariant_gemm_configs_compile_for_sm90(tmp_path, rows, out_dtype):
+    """Invariant mode's GEMM configs, fp32 and bf16 out, as invariant.matmul launches them (x and
+    the weight K-major, the weight handed over as torch.mm's [K, N])."""
     import glob
 
     from cute_kernels.matmul.api import _compile
@@ -579,7 +582,8 @@ def test_invariant_gemm_configs_compile_for_sm90(tmp_path, rows):
 
     cfg = invariant.gemm_config(rows)
     assert cfg.split_k == 1 and not cfg.swap_ab
-    _compile(torch.bfloat16, torch.bfloat16, torch.float32, "k", "k", cfg, Epilogue(), "Float32",
+    cfg.validate(2, out_dtype.itemsize)
+    _compile(torch.bfloat16, torch.bfloat16, out_dtype, "k", "k", cfg, Epilogue(), "Float32",
              keep_dir=str(tmp_path), b_kn=True)
     ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
