@@ -501,10 +501,13 @@ def test_tp_invariant_identical_cpu(tmp_path):
 
 
 @pytest.mark.gpu
-def test_tp_invariant_identical_gpu(tmp_path):
+@pytest.mark.parametrize("pieces,kinds", [(2, ("llama", "qwen2")), (4, ("llama",))])
+def test_tp_invariant_identical_gpu(tmp_path, pieces, kinds):
+    """2 pieces: one per rank (the push all-reduce adds them in decode, the all-to-all in a
+    prefill); 4: two per rank (gathered and added in order)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    _check_identical(_run_inv(tmp_path, "cuda", ("llama", "qwen2")))
+    _check_identical(_run_inv(tmp_path, "cuda", kinds, pieces))
 
 
 def test_tp_invariant_linear_matches_torch():
