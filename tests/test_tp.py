@@ -7,7 +7,8 @@ logits within fp32 rounding, identical greedy tokens (StaticDecoder for GPT-2, E
 for the Llama family), and random-weights models built sharded equal to the whole one; the
 Llama family with its residual stream split by rows (sequence parallelism) equal to both.
 GPU (`gpu`, >= 2 Hopper GPUs): the same on NCCL with our kernels in bf16, every all-reduce
-backend, the decode step in a CUDA graph.
+backend, the decode step in a CUDA graph. TP-invariant arithmetic (inference/invariant.py), CPU
+and GPU: sharded and whole bf16 models in that mode give bit-identical logits and greedy tokens.
 """
 
 from __future__ import annotations
