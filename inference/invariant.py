@@ -21,9 +21,10 @@ patch_llama.set_tp_invariant marks the modules) makes every value independent of
   evenly, each rank receives every rank's pieces of its 1/N of the rows (all-to-all, fp32), adds
   them one after the other, rounds, and the rows are all-gathered. With one piece per rank and a
   message the push all-reduce takes (decode), that kernel adds the ranks' fp32 pieces in rank
-  order itself. Otherwise (gloo) every rank all-gathers all pieces and adds them the same way. TP=1 computes the
-  same P pieces on one GPU. P must be a multiple of every degree compared (P = 8 covers 1, 2, 4
-  and 8). A column-parallel projection without bias (pieces = 1) rounds in its GEMM's epilogue.
+  order itself. Otherwise (gloo) every rank all-gathers all pieces and adds them the same way.
+  TP=1 computes the same P pieces on one GPU. P must be a multiple of every degree compared
+  (P = 8 covers 1, 2, 4 and 8). A column-parallel projection without bias (pieces = 1) rounds
+  in its GEMM's epilogue.
 - Attention runs unsplit with the per-head-dim config (cute_kernels.flash_attn's invariant=):
   a head's result does not depend on how many heads the launch holds.
 - Sequence parallelism, the sequence-parallel RMSNorms and the fused GEMV / GEMM epilogues
@@ -31,6 +32,10 @@ patch_llama.set_tp_invariant marks the modules) makes every value independent of
   rows, RoPE and the K/V append, silu(gate) * up, the vocabulary-parallel embedding, which adds
   zeros to the one owner's row, and the distributed argmax, which resolves ties to the lowest
   index as torch.argmax does) is row- or element-wise and the same at every degree already.
+
+Cost, Llama-3-8B on 2x H200 (`benchmarks/results/tp_h200x2.md`, same machine): 2.1x the default
+arithmetic's decode time and 1.2x (TP=1) / 1.3x (TP=2) its prefill time; TP=2 still runs at 1.60x
+TP=1's prefill throughput and 0.59x its decode latency, and generates TP=1's tokens exactly.
 
 Not covered: attention that leaves our kernels (a prompt longer than a sliding window, a padded
 batch's explicit mask: SDPA), and invariance across batch shapes (a prefill and a decode step
