@@ -4,7 +4,7 @@ copy engines from symmetric memory.
 A Llama-3-8B prefill of 4 x 2048 at TP=2 runs 64 all-gathers and 64 reduce-scatters of
 [8192, 4096] bf16 (32 MB per rank each way). NCCL's ring kernels move them at about 220 GB/s and
 occupy SMs; the copy engines pull them at about 345 GB/s on 2x H200 (93 us per 32 MB in the
-prefill's profile): 102.4 vs 111.5 ms per prefill (`benchmarks/results/tp_h200x2.md`).
+prefill's profile): 102.9 vs 112.7 ms per prefill (`benchmarks/results/tp_h200x2.md`).
 
 Here each rank's rows sit in a symmetric buffer (torch.distributed's `_symmetric_memory`:
 every rank maps every peer's allocation), and a rank copies what it needs from its peers with
@@ -21,7 +21,7 @@ engine:
   launch, `llama_kernels.sum_pair_add`). The sum of a row does not depend on which rank
   computes it. By default (CUTE_KERNELS_TP_SP_OVERLAP) the GEMM first
   computes the rows the peers pull, then the barrier, and the copy engines pull on a side
-  stream while the SMs compute this rank's own rows: 102.4 vs 107.9 ms per prefill.
+  stream while the SMs compute this rank's own rows: 102.9 vs 108.5 ms per prefill.
 
 Reuse without a second barrier: each kind has two slots used in turn. A rank writes a slot
 again two calls later, behind the barrier of the call in between on its stream; every peer
