@@ -56,8 +56,8 @@ WIDE_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 WIDE_GQA = (1, 4, 8)
 WIDE_TOKENS = 16384
 WIDE_HEADS = 32
-BEST_PEERS = ("cudnn", "fa4")
-PREFILL_ROUNDS = 2  # a user picks the faster of these for their shape
+BEST_PEERS = ("cudnn", "fa4")  # a user picks the faster of these for their shape
+PREFILL_ROUNDS = 2
 
 
 def wide_shapes(head_dims=WIDE_HEAD_DIMS, seqlens=WIDE_SEQLENS, gqa=WIDE_GQA) -> list[tuple[int, int, int, int, int]]:

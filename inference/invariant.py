@@ -89,14 +89,16 @@ def gemm_config(rows: int):
     return GemmConfig(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1)
 
 
-def matmul(x2: torch.Tensor, w: torch.Tensor, backend: str, out_dtype=torch.float32) -> torch.Tensor:
+def matmul(x2: torch.Tensor, w: torch.Tensor, backend: str, out_dtype=torch.float32, out=None) -> torch.Tensor:
     """x2 [M, K] @ w [N, K].T in out_dtype (fp32, or x2's dtype: the fp32 sum rounded once),
-    the same bits for any N and any strides (see the module docstring)."""
+    the same bits for any N and any strides (see the module docstring); written into `out`
+    when given."""
     if backend == "reference":
-        return (x2.double() @ w.double().t()).float().to(out_dtype)
+        y = (x2.double() @ w.double().t()).float().to(out_dtype)
+        return y if out is None else out.copy_(y)
     from cute_kernels.matmul.api import gemm
 
-    return gemm(x2, w.t(), out_dtype=out_dtype, config=gemm_config(x2.shape[0]))
+    return gemm(x2, w.t(), out_dtype=out_dtype, out=out, config=gemm_config(x2.shape[0]))
 
 
 def _ordered_sum(parts, bias, residual, dtype) -> torch.Tensor:
@@ -129,8 +131,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None, *, p
     M = x2.shape[0]
     if pieces == 1 and bias is None and residual is None:  # a column-parallel projection: one GEMM, rounded in it
         return matmul(x2, weight, backend, x.dtype).view(*lead, N)
-    parts = torch.stack([matmul(x2[:, i * step:(i + 1) * step], weight[:, i * step:(i + 1) * step], backend)
-                         for i in range(local)])  # [local, M, N] fp32
+    parts = torch.empty((local, M, N), dtype=torch.float32, device=x.device)  # each piece's GEMM writes its slice
+    for i in range(local):
+        matmul(x2[:, i * step:(i + 1) * step], weight[:, i * step:(i + 1) * step], backend, out=parts[i])
     r2 = None if residual is None else residual.reshape(M, N)
     if tp is None or size == 1:
         return _ordered_sum(list(parts.unbind(0)), bias, r2, x.dtype).view(*lead, N)

@@ -343,10 +343,11 @@ def set_tp_invariant(model, pieces: int, tp=None) -> None:
         for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
             lin.invariant_pieces = 1
         for name, lin in (("o_proj", attn.o_proj), ("down_proj", mlp.down_proj)):
-            k_full = lin.weight.shape[1] * size
-            if k_full % pieces or (k_full // pieces) % 8:  # 8: each piece's rows stay 16-byte aligned for TMA
+            k_full, n = lin.weight.shape[1] * size, lin.weight.shape[0]
+            # 8: each piece's rows stay 16-byte aligned for TMA; N % 4: its fp32 product's rows too
+            if k_full % pieces or (k_full // pieces) % 8 or n % 4:
                 raise ValueError(f"tp_invariant={pieces}: {name}'s K={k_full} must split into {pieces} pieces of a "
-                                 f"multiple of 8 columns")
+                                 f"multiple of 8 columns, and its N={n} be a multiple of 4")
             lin.invariant_pieces = pieces
         attn.tp_invariant = True
         layer.tp_invariant = True

@@ -449,15 +449,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
     place in the output: one config over several shapes gives each element the same bits
     (inference/invariant.py builds tensor-parallel-invariant arithmetic on this).
     """
-    if config is not None:
-        if not isinstance(config, GemmConfig):
-            raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
-        return _gemm_slow(a, b, out_dtype, out, None, config)
-    # Hot path: a plan validated once per (dtypes, shapes, strides, devices, and out's when
-    # given); only the data pointers' alignment is re-checked per call. With out= there is no
-    # allocation either (~3 us of a ~10 us call on the lent machines' CPUs).
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
+    # Hot path: a plan validated once per (dtypes, shapes, strides, devices, config, and out's
+    # when given); only the data pointers' alignment is re-checked per call. With out= there is
+    # no allocation either (~3 us of a ~10 us call on the lent machines' CPUs).
     try:
-        key = (a.dtype, b.dtype, out_dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device)
+        key = (a.dtype, b.dtype, out_dtype, a.shape, b.shape, a.stride(), b.stride(), a.device, b.device, config)
         if out is not None:
             key += (out.dtype, out.shape, out.stride(), out.device)
         plan = _GEMM_PLANS.get(key)
@@ -474,7 +472,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
         elif not (a.data_ptr() | b.data_ptr() | out.data_ptr()) & 15:
             plan[0](a, b, out, None, None, None, None, 1.0, 1.0)
             return out
-    return _gemm_slow(a, b, out_dtype, out, key)
+    return _gemm_slow(a, b, out_dtype, out, key, config)
 
 
 def _gemm_slow(a, b, out_dtype, out, plan_key, config: GemmConfig | None = None):
