@@ -139,6 +139,19 @@ def test_an_entry_past_a_wave_boundary_of_its_bucket_is_not_used(tuning_env):
     assert config_waves(GemmConfig(128, 96, 2, 1, swap_ab=True), 273, 5120) == 1  # 40 x 3 tiles, swapped
 
 
+def test_an_entry_that_pads_the_rows_much_more_than_where_it_was_tuned_is_not_used(tuning_env):
+    """A 64 x 160 swap_ab entry (the tokens along its 160-wide tiles) tuned at M = 609 computes
+    640 rows there (1.05x) and for M = 512 too (1.25x): one wave either way, but at 512 it ran
+    at 0.47x cuBLAS on the H100, so lookup leaves 512 to the heuristic."""
+    cfg = GemmConfig(64, 160, 1, 2, swap_ab=True)
+    cache.store([_entry(609, n=1600, k=6400, cfg=cfg)], H100)
+    cache.forget()
+    assert cache.m_padding(cfg, 609) == 640 / 609 and cache.m_padding(cfg, 512) == 640 / 512
+    assert cache.lookup(Problem(*PLAIN, 600, 1600, 6400)).config == cfg
+    assert cache.lookup(Problem(*PLAIN, 512, 1600, 6400)) is None
+    assert cache.m_padding(GemmConfig(128, 128, 2, 1), 700) == 768 / 700  # unswapped: tile_m
+
+
 def test_shipped_table_answers_what_the_user_cache_lacks(tuning_env):
     table_cfg, user_cfg = GemmConfig(128, 96, 2, 1), GemmConfig(128, 128, 1, 1, pingpong=True)
     cache.store([_entry(512, cfg=table_cfg), _entry(8192, cfg=table_cfg)], H100, path=cache.table_path(H100))

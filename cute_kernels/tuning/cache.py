@@ -339,10 +339,11 @@ def _state(gpu: str) -> tuple[dict, dict]:
 
 def lookup(problem: Problem) -> Entry | None:
     """The tuned entry for `problem`'s class: the user's cache first, then the shipped table.
-    None without a GPU, with CUTE_KERNELS_TUNING=0, when neither has the class, or when the
-    entry's config runs `problem` in a different number of waves than at the M it was tuned
-    at: an M bucket spans up to sqrt(2) in M, and past a wave boundary the tuned tile is no
-    longer the measured one (H100 grid, 2026-11-26: Llama-3-8B's 4096 x 4096 tuned at M = 633,
+    None without a GPU, with CUTE_KERNELS_TUNING=0, when neither has the class, when the
+    entry's config pads `problem`'s rows more than MAX_EXTRA_PADDING times as much as the M it
+    was tuned at (below), or when it runs `problem` in a different number of waves than there:
+    an M bucket spans up to sqrt(2) in M, and past a wave boundary the tuned tile is no longer
+    the measured one (H100 grid, 2026-11-26: Llama-3-8B's 4096 x 4096 tuned at M = 633,
     128 x 160 in one wave, 0.63x cuBLAS at M = 695 in two; the heuristic's pick there is two
     waves of wider tiles)."""
     from ..matmul.heuristics import config_waves
@@ -356,9 +357,25 @@ def lookup(problem: Problem) -> Entry | None:
         return None
     entry = find(problem, gpu)
     if entry is not None and problem.m != entry.problem.m and (
-            config_waves(entry.config, problem.m, problem.n) != config_waves(entry.config, entry.problem.m, problem.n)):
+            config_waves(entry.config, problem.m, problem.n) != config_waves(entry.config, entry.problem.m, problem.n)
+            or m_padding(entry.config, problem.m) > m_padding(entry.config, entry.problem.m) * MAX_EXTRA_PADDING):
         return None
     return entry
+
+
+# An entry's config pads the rows it was tuned at by some fraction; at an M of its bucket where
+# the same tiles pad more than this factor over that, the measured win does not carry over
+# (H100 grid, seed 601, 2026-11-26: 773x3072x1024 ran a 128 x 176 swap_ab entry tuned at M = 861,
+# 880 rows for 773, at 0.84x the heuristic's 128 x 160; the suite's 512x1600x6400 ran a 64 x 160
+# swap_ab entry tuned at M = 609, 640 rows for 512, at 0.47x cuBLAS).
+MAX_EXTRA_PADDING = 1.10
+
+
+def m_padding(cfg, m: int) -> float:
+    """Rows computed / rows asked for: M padded to `cfg`'s tiles along M (tile_n under
+    swap_ab, where the tokens run along the kernel's N)."""
+    t = cfg.tile_n if cfg.swap_ab else cfg.tile_m
+    return math.ceil(m / t) * t / m
 
 
 def find(problem: Problem, gpu: str) -> Entry | None:
