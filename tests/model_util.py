@@ -3,6 +3,7 @@ rule and greedy agreement by the near-tie rule."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +23,18 @@ def vary_weights(model):
 
 
 def fresh_process_results(script: str, modes, tmp_path) -> dict:
-    """{mode: what `python -c script mode out.pt` saved with torch.save}, one process each."""
+    """{mode: what `python -c script mode out.pt` saved with torch.save}, one process each.
+
+    The processes run on one CPU thread, so that no GEMM can be split over threads differently
+    in one process than in the other (the callers compare the processes' outputs bit for bit;
+    a CI run once saw last-bit differences between them on a busy 2-core machine)."""
     repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     outs = {}
     for mode in modes:
         f = tmp_path / f"{mode}.pt"
         r = subprocess.run([sys.executable, "-c", script, mode, str(f)], cwd=repo, capture_output=True, text=True,
-                           timeout=300)
+                           timeout=300, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
         outs[mode] = torch.load(f)
     return outs
