@@ -365,9 +365,9 @@ def lookup(problem: Problem) -> Entry | None:
 
 # An entry's config pads the rows it was tuned at by some fraction; at an M of its bucket where
 # the same tiles pad more than this factor over that, the measured win does not carry over
-# (H100 grid, seed 601, 2026-11-26: 773x3072x1024 ran a 128 x 176 swap_ab entry tuned at M = 861,
-# 880 rows for 773, at 0.84x the heuristic's 128 x 160; the suite's 512x1600x6400 ran a 64 x 160
-# swap_ab entry tuned at M = 609, 640 rows for 512, at 0.47x cuBLAS).
+# (H100, 2026-11-26: on grid seed 601, 773x3072x1024 ran a 128 x 176 swap_ab entry tuned at
+# M = 861, 880 rows for 773, at 0.84x the heuristic's 128 x 160; in the GEMM suite, 512x1600x6400
+# ran a 64 x 160 swap_ab entry tuned at M = 609, 640 rows for 512, at 0.47x cuBLAS).
 MAX_EXTRA_PADDING = 1.10
 
 
