@@ -303,6 +303,20 @@ def test_split_heuristic_leaves_full_problems_alone():
     assert split_config(4096, 4096, 4096, in_bytes=1) == default_config(4096, 4096, 4096, in_bytes=1)
 
 
+def test_every_pick_for_the_models_validates():
+    """Dispatch's pick (no tuning table) validates at every M up to 4096 for every (N, K) of
+    the supported models' linears, 16- and 8-bit: 769x2048x8192 (Llama-3.2-1B's down_proj)
+    once got a 272-wide 64-row swap_ab tile, past the 256 columns a tile holds."""
+    from cute_kernels.tuning import models
+
+    pairs = sorted({(lin.n, lin.k) for name in models.MODELS for lin in models.linears(name)})
+    for n, k in pairs:
+        for m in [*range(1, 300), *range(300, 4097, 3)]:
+            for in_bytes, split in ((2, True), (1, False)):
+                cfg = api._pick_config(m, n, k, in_bytes, split, None, True)
+                cfg.validate(in_bytes)
+
+
 def test_heuristic_counts_waves_of_whole_clusters():
     """A grid padded to whole clusters costs its padding: an odd tile count along M moves a
     one-wave grid to 1 x 2 clusters instead of two waves of 2 x 1; large M keeps 2 x 1 unless

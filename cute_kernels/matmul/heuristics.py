@@ -447,6 +447,8 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> Ge
     t = math.ceil(m / w)
     if t >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K):
         w = math.ceil(m / (t - 1) / 16) * 16
+        if w > NARROW_MAX_W:  # three tiles cannot hold the tokens (769x2048x8192: 272 wide)
+            return None
         t = math.ceil(m / w)
     if t % 2 == 0:
         cm, cn = 1, 2
