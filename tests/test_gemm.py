@@ -515,12 +515,14 @@ def test_every_candidate_full_epilogue(cfg):
 @pytest.mark.parametrize("cfg_name", list(SPLIT_CFGS))
 @pytest.mark.parametrize("split", [2, 3, 5])
 @pytest.mark.parametrize("shape", [(1, 1600, 1600), (8, 1600, 6400), (512, 768, 3072), (512, 768, 768),
-                                   (77, 1600, 1600), (77, 1600, 1000), (130, 520, 1000), (3, 1598, 999)])
+                                   (77, 1600, 1600), (77, 1600, 1000), (130, 520, 1000), (3, 1598, 999),
+                                   (1355, 3584, 1000), (2100, 1598, 999)])
 def test_split_k_forced(cfg_name, split, shape):
     """Forced split-K through run_gemm with the full epilogue, vs the fp32 reference.
 
     K=1000 ends in a partial k-tile; K=999 (rows not 16-byte aligned) goes through the
-    padded copy; N=1598 gives a padded workspace and output row."""
+    padded copy; N=1598 gives a padded workspace and output row. The last two shapes
+    take more than one wave of clusters: whole tiles first, the last wave's tiles split."""
     import cute_kernels as ck
     from cute_kernels.matmul.api import (
         SplitKLaunch,
@@ -654,16 +656,18 @@ def test_swiglu_linear_validates():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg_name", ["64x64pp", "128x256-c2"])
-def test_split_k_is_deterministic(cfg_name):
+@pytest.mark.parametrize("M", [96, 1800])
+def test_split_k_is_deterministic(cfg_name, M):
     """Whichever split finishes a tile, its partials add in split order: fp32 outputs are the
-    same bits on every launch (arrival order varies from launch to launch)."""
+    same bits on every launch (arrival order varies from launch to launch). M = 1800 takes
+    more than one wave, its last wave split."""
     from cute_kernels.matmul.api import run_gemm
     from cute_kernels.matmul.config import Epilogue
 
-    a = torch.randn(96, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(M, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512 if M < 1024 else 3584, 8192, device="cuda", dtype=torch.bfloat16)
     cfg = SPLIT_CFGS[cfg_name](5)
-    first = torch.empty(96, 512, device="cuda", dtype=torch.float32)
+    first = torch.empty(M, b.shape[0], device="cuda", dtype=torch.float32)
     run_gemm(a, b, first, epi=Epilogue(), config=cfg)
     _err_rule(first, (a @ b.t()).float(), a.double() @ b.double().t())
     out = torch.empty_like(first)

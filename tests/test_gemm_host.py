@@ -11,7 +11,14 @@ import re
 import pytest
 import torch
 
-from cute_kernels.matmul.config import H100_SMS, Epilogue, GemmConfig, splitk_k_tiles
+from cute_kernels.matmul.config import (
+    H100_SMS,
+    MAX_ACTIVE_CLUSTERS,
+    Epilogue,
+    GemmConfig,
+    split_tail_tiles,
+    splitk_k_tiles,
+)
 from cute_kernels.matmul.heuristics import CANDIDATES, MIN_SPLIT_K_TILES, default_config, split_config
 from cute_kernels.matmul.reference import linear_ref
 from tests.ptx_check import assert_ptxas_no_spills
@@ -21,12 +28,14 @@ api = importlib.import_module("cute_kernels.matmul.api")
 
 def _check_split_launch(a, out, cfg, ws, sem, split, acc_name):
     """What the split-K launch must hand the kernel: a workspace for every split's partial
-    tile (accumulator dtype), zeroed counters for every tile, 2 <= split <= k-tiles."""
+    of every tile it splits (accumulator dtype), zeroed counters for those tiles, 2 <= split
+    <= k-tiles."""
     assert cfg.split_k == 2  # one compiled kernel for every split count
     M, N = out.shape
     k_tiles = -(-a.shape[1] // cfg.tile_k(a.element_size()))
     assert 2 <= split <= k_tiles
-    tiles = -(-(-(-M // cfg.tile_m)) // cfg.cluster_m) * cfg.cluster_m * -(-(-(-N // cfg.tile_n)) // cfg.cluster_n) * cfg.cluster_n
+    clusters = -(-(-(-M // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-N // cfg.tile_n)) // cfg.cluster_n)
+    tiles = clusters % MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n] * cfg.cluster_m * cfg.cluster_n
     assert ws.dtype == (torch.int32 if acc_name == "Int32" else torch.float32)
     assert ws.numel() >= split * tiles * cfg.tile_m * cfg.tile_n
     assert sem.dtype == torch.int32 and sem.numel() >= tiles and not sem.any()
@@ -357,6 +366,20 @@ def test_split_ranges_partition_k(k_tiles):
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
         sizes = {e - b for b, e in ranges}
         assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+
+
+def test_split_tail_tiles():
+    """Split-K splits the tiles of the grid's last, partial wave of clusters: every tile of a
+    grid within one wave, none of whole waves (the kernel's `_split_head`)."""
+    c21 = GemmConfig(128, 256, 2, 1, split_k=3)
+    assert split_tail_tiles(c21, 512, 768) == 4 * 3  # 12 tiles, one wave: all split
+    assert split_tail_tiles(c21, 1355, 3584) == 18 * 2  # 84 clusters: 66 whole, 18 split
+    assert split_tail_tiles(c21, 128 * 2 * 66, 256) == 0  # exactly one wave of clusters
+    assert split_tail_tiles(c21, 128 * 2 * 67, 256) == 2
+    c11 = GemmConfig(64, 64, 1, 1, pingpong=True, split_k=2)
+    assert split_tail_tiles(c11, 64 * 140, 64) == 8
+    swapped = GemmConfig(128, 96, 2, 1, split_k=3, swap_ab=True)  # the kernel's view: N x M
+    assert split_tail_tiles(swapped, 1024, 273) == 4 * 3 * 2
 
 
 def test_split_k_config_validation():

@@ -1,6 +1,7 @@
 """GEMM tuning cache, lookup in dispatch, the autotuner (fake timer and build), the model table
 and the grid benchmark's draw. CPU only, nothing compiled."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -284,6 +285,38 @@ def test_candidates_all_validate_and_fit():
             assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in refinements(p, first))
 
 
+def test_the_tuner_times_the_last_wave_split_of_a_close_config(tuning_env):
+    """A config that loses unsplit because of its sparse last wave gets that wave split in
+    the second round (it is not among the `refine` fastest), and wins if the split is fastest."""
+    from cute_kernels.tuning.tune import TAIL_SPLIT_CLOSE, candidates, tune_gemm
+
+    p = Problem("bf16", "bf16", "kk", "plain", 1355, 3584, 18944)
+    slow = GemmConfig(128, 256, 1, 2)  # 77 clusters of 2: one wave and 11
+    assert slow in candidates(p)  # ranked by its split cost
+
+    def timer(problem, cfg):
+        if cfg.tile_mn == (128, 256) and cfg.cluster_mn == (1, 2):
+            return 0.5 if cfg.split_k == 6 else 0.99 * TAIL_SPLIT_CLOSE
+        return 1.0
+
+    (res,) = tune_gemm([p], timer=timer, build=_fake_build([]), log=None, refine=1)
+    assert res.config == dataclasses.replace(slow, split_k=6)
+
+
+def test_refinements_split_a_sparse_last_wave():
+    """Split-K variants for grids of more than one wave: only where the last wave of clusters
+    is at most TAIL_SPLIT_MAX_FILL full, with all its splits in one more wave."""
+    from cute_kernels.tuning.tune import refinements
+
+    p = Problem("bf16", "bf16", "kk", "plain", 1355, 3584, 18944)
+    cfg = GemmConfig(128, 256, 2, 1)  # 84 clusters: 66 whole, 18 in the last wave
+    assert {c.split_k for c in refinements(p, [cfg])} == {1, 2, 3}
+    full = Problem("bf16", "bf16", "kk", "plain", 128 * 132, 512, 4096)  # 132 clusters, two whole waves
+    assert {c.split_k for c in refinements(full, [cfg])} == {1}
+    dense = Problem("bf16", "bf16", "kk", "plain", 128 * 182, 512, 4096)  # the last wave 50 / 66 full
+    assert {c.split_k for c in refinements(dense, [cfg])} == {1}
+
+
 def test_the_swiglu_class_tunes_only_configs_its_epilogue_runs(tuning_env):
     from cute_kernels.matmul.api import swiglu_config, swiglu_fallback, tuning_class
     from cute_kernels.tuning.tune import candidates, heuristic, problems_for, refinements
@@ -316,8 +349,8 @@ def test_the_swiglu_class_tunes_only_configs_its_epilogue_runs(tuning_env):
 
 
 def test_first_round_is_the_cheapest_by_the_cost_model():
-    from cute_kernels.matmul.heuristics import model_cost
-    from cute_kernels.tuning.tune import FIRST_ROUND, candidates, heuristic
+    """Ranked by the cost model, a sparse last wave counted as its split (`_ranking_cost`)."""
+    from cute_kernels.tuning.tune import FIRST_ROUND, _ranking_cost, candidates, heuristic
 
     for m, n, k in ((627, 4096, 14336), (138, 28672, 4096), (8192, 1600, 6400), (1, 4800, 1600)):
         p = Problem("bf16", "bf16", "kk", "plain", m, n, k)
@@ -327,9 +360,9 @@ def test_first_round_is_the_cheapest_by_the_cost_model():
         first = first[:1] + [c for c in first[1:] if not c.swap_ab]
         assert first[0] == every[0] == heuristic(p)
         assert set(first) <= set(every) and len(first) == min(len(every), FIRST_ROUND + 1)
-        costs = [model_cost(m, n, k, c) for c in first[1:]]
+        costs = [_ranking_cost(p, c) for c in first[1:]]
         assert costs == sorted(costs)
-        left = [model_cost(m, n, k, c) for c in every[1:] if c not in first]
+        left = [_ranking_cost(p, c) for c in every[1:] if c not in first]
         assert not left or min(left) >= costs[-1]
     with pytest.raises(ValueError, match="limit"):
         candidates(p, -1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import torch
 
@@ -16,7 +15,7 @@ from ..runtime import KERNELS, TARGET_ARCH, check_device, env
 from ..runtime.dtypes import FP8 as _FP8
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
-from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, swap_supported, swapped_epilogue
+from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supported, swapped_epilogue
 from .heuristics import default_config, skinny_gemv, split_config, swap_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
@@ -344,10 +343,7 @@ class SplitKLaunch:
     def __call__(self, a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta):
         M, N = out.shape
         cfg = self.cfg
-        # The kernel's tile grid, padded to whole clusters.
-        tiles_m = math.ceil(math.ceil(M / cfg.tile_m) / cfg.cluster_m) * cfg.cluster_m
-        tiles_n = math.ceil(math.ceil(N / cfg.tile_n) / cfg.cluster_n) * cfg.cluster_n
-        tiles = tiles_m * tiles_n
+        tiles = max(split_tail_tiles(cfg, M, N), 1)  # the tiles the kernel splits
         ws, sem = split_workspace(out.device, self.ws_dtype, self.split * tiles * cfg.tile_m * cfg.tile_n, tiles)
         self.gemm(a, b_nk, out, bias, residual, row_scale, col_scale, alpha, beta, ws, sem, self.split)
         return out

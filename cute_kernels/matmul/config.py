@@ -35,10 +35,12 @@ class GemmConfig:
     promote (FP8 "2xAcc"): each 128-deep k-tile accumulates into a fresh register
     tile that is then added into an fp32 main accumulator, because Hopper's fp8 wgmma
     keeps fewer accumulator bits than fp32 and long K sums would lose precision.
-    split_k > 1 (split-K): the k-tiles of every output tile are dealt out in split_k
-    contiguous, balanced ranges; each (tile, range) is a work item of its own, and
-    the last of a tile's splits to finish adds the others' fp32 (int32 for int8)
-    partial sums from a workspace and runs the fused epilogue, in the same launch.
+    split_k > 1 (split-K): the k-tiles of each output tile in the persistent grid's last,
+    partial wave (every tile, when the grid fits one wave; `split_tail_tiles`) are dealt
+    out in split_k contiguous, balanced ranges; each (tile, range) is a work item of its
+    own, and the last of a tile's splits to finish adds the others' fp32 (int32 for int8)
+    partial sums from a workspace and runs the fused epilogue, in the same launch. The
+    tiles of whole waves before it run unsplit.
     The kernel is compiled once for "split or not"; the split count is a runtime value.
     swap_ab: the launch computes D^T = B A^T. The kernel's M runs along N (the weight's
     rows, 64 or 128 a tile) and its N along the tokens, so a token count M is padded to a
@@ -185,6 +187,14 @@ def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int =
     # mbarriers + alignment slack + staged epilogue vectors + what the epilogue asks for (residual slabs)
     reserved = 1024 + 1024 + epi_vector_bytes(cfg, out_bytes) + extra_smem
     return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
+
+
+def split_tail_tiles(cfg: GemmConfig, m: int, n: int) -> int:
+    """CTA tiles a split-K config splits for an m x n output in the kernel's view (N x M
+    under swap_ab): those of the persistent grid's last, partial wave of clusters, all of
+    them when the grid fits one wave, none when its waves are whole (GemmSm90._split_head)."""
+    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
+    return clusters % MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n] * cfg.cluster_m * cfg.cluster_n
 
 
 def splitk_k_tiles(k_tiles: int, split: int, index: int) -> tuple[int, int]:

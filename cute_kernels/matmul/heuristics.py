@@ -123,8 +123,10 @@ def config_waves(cfg: GemmConfig, m: int, n: int, num_sms: int = H100_SMS) -> in
     swap_ab; split-K counted, its splits being extra work items)."""
     m, n = cfg.kernel_mn(m, n)
     tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
-    clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n) * cfg.split_k
-    return math.ceil(clusters / _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms))
+    clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n)
+    per_wave = _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms)
+    head = clusters - clusters % per_wave  # whole waves run unsplit (GemmSm90._split_head)
+    return math.ceil((head + (clusters - head) * cfg.split_k) / per_wave)
 
 
 def _fits_one_wave(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS) -> bool:

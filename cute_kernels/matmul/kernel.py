@@ -105,9 +105,12 @@ class GemmSm90:
     no scheduling state is exchanged.
 
     Split-K (cfg.split_k > 1, entry point `call_split`, compiled once for any split
-    count S, a runtime argument): work item w is (tile w % tiles, split l = w // tiles);
-    split l sums k-tiles [l * kt // S, (l + 1) * kt // S) (config.splitk_k_tiles).
-    After its main loop a split either finds the other S - 1 partials published
+    count S, a runtime argument): the cluster tiles of the grid's whole waves run
+    unsplit, and each tile of the last, partial wave (every tile of a grid that fits one
+    wave) is dealt out as S work items, so the splits fill the SMs that wave would leave
+    idle (wave quantisation: 1355x3584x3584 in 128 x 256 tiles is 84 clusters of 2, one
+    wave and 18 clusters). Split l of a tile sums k-tiles [l * kt // S, (l + 1) * kt // S)
+    (config.splitk_k_tiles). After its main loop a split either finds the other S - 1 partials published
     (it is the finisher) or publishes its own raw accumulators to a global workspace
     in register order (element v of thread e at v * threads + e: coalesced) and
     counts in on the tile's counter, becoming the finisher if it is the last. The
@@ -142,7 +145,7 @@ class GemmSm90:
         # transpose is then a layout permutation at trace time instead of a torch view
         # built on the host every call (~2 us of CPU, as much as a quarter of the call).
         self.b_kn = b_kn
-        # Only whether to split is compiled in; the split count is D's runtime last extent.
+        # Only whether to split is compiled in; the split count is a runtime argument.
         self.split = cfg.split_k > 1
         self.acc_dtype = acc_dtype
         self.epi = epilogue
@@ -250,8 +253,8 @@ class GemmSm90:
         mColScale: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
-        mWs: cute.Tensor,  # (>= S * tiles * tile_m * tile_n,) accumulator dtype: the partials
-        mSem: cute.Tensor,  # (>= tiles,) int32 per-tile counters, zero between launches
+        mWs: cute.Tensor,  # (>= S * split tiles * tile_m * tile_n,) accumulator dtype: the partials
+        mSem: cute.Tensor,  # (>= split tiles,) int32 per-tile counters, zero between launches
         splits: cutlass.Int32,  # S >= 1, at most the number of k-tiles
         max_active_clusters: cutlass.Constexpr,
         stream,
@@ -310,9 +313,8 @@ class GemmSm90:
         tiles_n = cute.ceil_div(mD.shape[1], self.out_n)
         clusters_m = cute.ceil_div(tiles_m, self.cluster_mn[0])
         clusters_n = cute.ceil_div(tiles_n, self.cluster_mn[1])
-        work_items = clusters_m * clusters_n
-        if cutlass.const_expr(self.split):
-            work_items = work_items * splits
+        self.max_clusters = max_active_clusters
+        work_items = self._num_work(clusters_m, clusters_n, splits)
         num_clusters = cutlass.min(work_items, max_active_clusters)
 
         @cute.struct
@@ -525,27 +527,47 @@ class GemmSm90:
             cm = r // width
         return cm * self.cluster_mn[0] + cta_coord[0], cn * self.cluster_mn[1] + cta_coord[1]
 
+    def _split_head(self, tiles):
+        """Split-K: how many of the `tiles` cluster tiles run whole, before the split ones.
+
+        The persistent grid runs max_active_clusters clusters at a time. Whole waves of
+        cluster tiles run unsplit; only the last, partial wave's tiles are split, so the
+        splits fill the SMs that wave would leave idle (a grid of at most one wave splits
+        every tile). The host computes the same count (`split_tail_tiles`)."""
+        return tiles - tiles % self.max_clusters
+
     def _num_work(self, clusters_m, clusters_n, splits):
-        """Work items of the schedule: cluster tiles, times the split count for split-K."""
+        """Work items of the schedule: cluster tiles, the split ones counted once per split."""
         tiles = clusters_m * clusters_n
         if self.split:  # trace-time branch (plain Python helper, inlined into the kernel)
-            return tiles * splits
+            head = self._split_head(tiles)
+            return head + (tiles - head) * splits
         return tiles
 
     def _work_item(self, work, clusters_m, clusters_n, splits, k_tiles):
-        """Work item -> (tile work index, split index, first k-tile, number of k-tiles).
+        """Work item -> (tile work index, split index, first k-tile, number of k-tiles,
+        splits of this tile).
 
-        Without split-K this is (work, 0, 0, k_tiles). With it the split is the slow
-        index, so the CTAs running at one time share the K range of their A/B panels;
-        the ranges are balanced (config.splitk_k_tiles), never empty while S <= k_tiles.
+        Without split-K this is (work, 0, 0, k_tiles, 1). With it the items of the whole
+        waves come first, one a tile (`_split_head`); then each tail tile's splits, the
+        split the slow index, so the CTAs running at one time share the K range of their
+        A/B panels. The ranges are balanced (config.splitk_k_tiles), never empty while
+        S <= k_tiles.
         """
         if self.split:
             tiles = clusters_m * clusters_n
-            l_idx = work // tiles
-            k_begin = l_idx * k_tiles // splits
-            k_end = (l_idx + 1) * k_tiles // splits
-            return work - l_idx * tiles, l_idx, k_begin, k_end - k_begin
-        return work, 0, 0, k_tiles
+            head = self._split_head(tiles)
+            in_tail = work >= head
+            w = cutlass.max(work - head, cutlass.Int32(0))
+            tail = cutlass.max(tiles - head, cutlass.Int32(1))
+            l_idx = w // tail
+            tile = cutlass.select_(in_tail, head + w - l_idx * tail, work)
+            l_idx = cutlass.select_(in_tail, l_idx, cutlass.Int32(0))
+            s = cutlass.select_(in_tail, splits, cutlass.Int32(1))
+            k_begin = l_idx * k_tiles // s
+            k_end = (l_idx + 1) * k_tiles // s
+            return tile, l_idx, k_begin, k_end - k_begin, s
+        return work, 0, 0, k_tiles, 1
 
     @cute.jit
     def load(self, tma_a, mA, tma_b, mB, sA, sB, ab_pipeline, cta_layout, cta_coord, clusters_m, clusters_n, splits,
@@ -582,7 +604,7 @@ class GemmSm90:
         total = self._num_work(clusters_m, clusters_n, splits)
         work = cute.arch.block_idx()[2]
         while work < total:
-            tile_work, _split_idx, k_begin, k_count = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
+            tile_work, _split_idx, k_begin, k_count, _s = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
             tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
             tAgA_t = tAgA[(None, tm, None, 0)]
             tBgB_t = tBgB[(None, tn, None, 0)]
@@ -677,7 +699,7 @@ class GemmSm90:
         local = cutlass.Int32(0)  # index of the tile among this CTA's tiles
         tiles_done = cutlass.Int32(0)
         while work < total:
-            tile_work, split_idx, _k_begin, k_count = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
+            tile_work, split_idx, _k_begin, k_count, tile_splits = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
             mine = True
             if cutlass.const_expr(pingpong):
                 mine = local % 2 == wg_idx
@@ -715,8 +737,10 @@ class GemmSm90:
                 )
                 finish = True
                 if cutlass.const_expr(self.split):
-                    finish = self.split_fixup(acc, mWs, mSem, sFlag, tidx, wg_idx, tm, tn, split_idx, splits,
-                                              clusters_m, clusters_n, tiles_done, epi_barrier, epi_barrier_wg1)
+                    if tile_splits > 1:
+                        finish = self.split_fixup(acc, mWs, mSem, sFlag, tidx, wg_idx, tile_work, cta_coord,
+                                                  split_idx, tile_splits, clusters_m, clusters_n, tiles_done,
+                                                  epi_barrier, epi_barrier_wg1)
                 if cutlass.const_expr(self.stage_vectors):
                     vec_pipeline.consumer_wait(vec_state)
                 if finish:
@@ -790,8 +814,8 @@ class GemmSm90:
         return read_state, release_state
 
     @cute.jit
-    def split_fixup(self, acc, mWs, mSem, sFlag, tidx, wg_idx, tm, tn, split_idx, splits, clusters_m, clusters_n,
-                    tiles_done, epi_barrier, epi_barrier_wg1):
+    def split_fixup(self, acc, mWs, mSem, sFlag, tidx, wg_idx, tile_work, cta_coord, split_idx, splits, clusters_m,
+                    clusters_n, tiles_done, epi_barrier, epi_barrier_wg1):
         """Split-K: exactly one split of the tile (the finisher) adds all the partials.
 
         Returns whether this CTA (warpgroup, in ping-pong) is the finisher and runs the
@@ -807,9 +831,11 @@ class GemmSm90:
         pingpong = self.cfg.pingpong
         threads = self.threads_per_wg if pingpong else self.num_mma_threads
         e = tidx % self.threads_per_wg if pingpong else tidx  # this thread's rank in the tile
-        tiles_n = clusters_n * self.cluster_mn[1]
-        tiles = clusters_m * self.cluster_mn[0] * tiles_n
-        tile = tm * tiles_n + tn
+        # Counters and partials are indexed by the split tiles only (the tail's CTA tiles).
+        cluster_size = self.cluster_mn[0] * self.cluster_mn[1]
+        head = self._split_head(clusters_m * clusters_n)
+        tiles = (clusters_m * clusters_n - head) * cluster_size
+        tile = (tile_work - head) * cluster_size + cta_coord[0] * self.cluster_mn[1] + cta_coord[1]
         tile_elems = self.tile_mn[0] * self.tile_mn[1]
         n_acc = cute.size(acc)
         # Flags alternate between two slots per epilogue group, so a fast thread setting
@@ -1207,7 +1233,7 @@ class GemmSm90:
         work = cute.arch.block_idx()[2]
         k_tiles = cutlass.Int32(1)
         while work < total:
-            tile_work, _split, _kb, _kc = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
+            tile_work, _split, _kb, _kc, _s = self._work_item(work, clusters_m, clusters_n, splits, k_tiles)
             tm, tn = self._tile_coord(tile_work, clusters_m, clusters_n, cta_coord)
             vec_pipeline.producer_acquire(state)
             for kind, off, length in self._vector_segments():

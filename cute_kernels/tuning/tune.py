@@ -37,6 +37,11 @@ PROMOTED_TILES = ((128, 128, False), (128, 96, False), (128, 64, False), (64, 12
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2))
 GROUPS = (1, 4, 16)  # band widths tried besides GemmConfig.group
 SPLITS = (2, 3, 4, 6, 8)
+# Split the last wave only where it is at most this full: on 176 bf16 shapes of M 700-4500
+# (H100, `gemm_split_tail_probe_h100.md`) splitting it won by more than 2% at fills of
+# 0.03-0.45 (1355x3584x18944, 128 x 256: 0.406 ms in two waves, 0.263 with the last split 6
+# ways), and a tail over 0.6 of a wave has little idle time to fill.
+TAIL_SPLIT_MAX_FILL = 0.6
 
 # dtype names `tune` takes -> (op, output) as the library's linears run them: fp8 is
 # FP8Linear's per-token x per-channel scales with fast accumulation, int8 Int8Linear's
@@ -131,7 +136,6 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
     cluster wider than the tile grid; 4 x 2 clusters only for 64-row tiles, as cuBLAS runs
     them) the `limit` cheapest by the cost model (None: all of them); then the swap_ab
     configs of `swap_candidates`, which the cost model does not rank."""
-    from ..matmul.heuristics import model_cost
 
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
@@ -145,7 +149,7 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
             if cfg != first and cfg not in rest and _fits(problem, cfg):
                 rest.append(cfg)
     if limit is not None:
-        cost = {c: model_cost(problem.m, problem.n, problem.k, c, in_bytes=problem.in_bytes) for c in rest}
+        cost = {c: _ranking_cost(problem, c) for c in rest}
         rest = sorted(rest, key=cost.get)[:limit]  # stable: ties keep the table's order
     swaps = list(dict.fromkeys(swap_candidates(problem) + narrow_candidates(problem)))
     return [first] + rest + [c for c in swaps if c != first and c not in rest]
@@ -209,7 +213,9 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
 def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = H100_SMS) -> list[GemmConfig]:
     """The second round, around the fastest configs of the first: the other raster
     direction and band widths (where the tile grid is 2-D), and split-K where the output has
-    fewer tiles than SMs (every split >= MIN_SPLIT_K_TILES k-tiles, all splits in one wave)."""
+    fewer tiles than SMs (every split >= MIN_SPLIT_K_TILES k-tiles, all splits in one wave)
+    or where the grid's last wave of clusters is at most TAIL_SPLIT_MAX_FILL full (the
+    kernel then splits only that wave's tiles, all their splits in one more wave)."""
     out: list[GemmConfig] = []
     k_tiles = math.ceil(problem.k / (128 // problem.in_bytes))
     for cfg in configs:
@@ -222,13 +228,70 @@ def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = 
             variants += [dataclasses.replace(base, group=g) for g in GROUPS if g != base.group]
         tiles = tiles_m * tiles_n
         clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n)
+        per_wave = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
+        tail = clusters % per_wave
         for s in SPLITS:
-            if (tiles < num_sms and s <= MAX_SPLIT_K and s * MIN_SPLIT_K_TILES <= k_tiles
-                    and clusters * s <= MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]):
+            if s > MAX_SPLIT_K or s * MIN_SPLIT_K_TILES > k_tiles:
+                continue
+            one_wave = tiles < num_sms and clusters * s <= per_wave
+            last_wave = clusters > per_wave and 0 < tail <= TAIL_SPLIT_MAX_FILL * per_wave and tail * s <= per_wave
+            if one_wave or last_wave:
                 variants.append(dataclasses.replace(base, split_k=s))
         for v in variants:
             if v != cfg and v not in out and _fits(problem, v):
                 out.append(v)
+    return out
+
+
+# First-round configs at most this much slower than the fastest get their last-wave split
+# timed: 1355x3584x18944, 128 x 256 in 1 x 2 clusters, ran 0.407 ms in two waves (1.55x the
+# fastest unsplit config) and 0.263 ms with its last wave split 6 ways, the fastest of all
+# (H100, `gemm_split_tail_probe_h100.md`).
+TAIL_SPLIT_CLOSE = 1.6
+
+
+def _last_wave(problem: Problem, cfg: GemmConfig) -> tuple[int, int, int]:
+    """(clusters, clusters per wave, clusters in the last wave) of `cfg`'s grid for `problem`."""
+    m, n = cfg.kernel_mn(problem.m, problem.n)
+    clusters = math.ceil(math.ceil(m / cfg.tile_m) / cfg.cluster_m) * math.ceil(math.ceil(n / cfg.tile_n) / cfg.cluster_n)
+    per_wave = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
+    return clusters, per_wave, clusters % per_wave
+
+
+def _ranking_cost(problem: Problem, cfg: GemmConfig) -> float:
+    """The cost model's figure for ranking the first round, a sparse last wave counted as
+    1 / S of a wave plus TAIL_SPLIT_OVERHEAD when the config's last-wave split can run (the
+    second round times that split for configs close to the fastest)."""
+    from ..matmul.heuristics import model_cost
+
+    cost = model_cost(problem.m, problem.n, problem.k, cfg, in_bytes=problem.in_bytes)
+    split = last_wave_splits(problem, [cfg])
+    if split:
+        clusters, per_wave, _ = _last_wave(problem, cfg)
+        waves = math.ceil(clusters / per_wave)
+        cost *= (waves - 1 + 1 / split[0].split_k + TAIL_SPLIT_OVERHEAD) / waves
+    return cost
+
+
+# The modelled cost of a split last wave beyond its 1 / S of a wave (fixup, imbalance): fitted
+# on the probe above (0.3 ranked its configs best among 0-0.3).
+TAIL_SPLIT_OVERHEAD = 0.3
+
+
+def last_wave_splits(problem: Problem, configs: Iterable[GemmConfig]) -> list[GemmConfig]:
+    """For each config whose grid takes more than one wave with the last at most
+    TAIL_SPLIT_MAX_FILL full: that wave split as many ways as one more wave holds (at most
+    MAX_SPLIT_K, each split >= MIN_SPLIT_K_TILES k-tiles)."""
+    out = []
+    k_tiles = math.ceil(problem.k / (128 // problem.in_bytes))
+    for cfg in configs:
+        clusters, per_wave, tail = _last_wave(problem, cfg)
+        if clusters <= per_wave or not 0 < tail <= TAIL_SPLIT_MAX_FILL * per_wave:
+            continue
+        s = min(per_wave // tail, MAX_SPLIT_K, k_tiles // MIN_SPLIT_K_TILES)
+        v = dataclasses.replace(cfg, split_k=s)
+        if s >= 2 and v not in out and _fits(problem, v):
+            out.append(v)
     return out
 
 
@@ -492,7 +555,8 @@ def tune_gemm(
     faster by more than `margin` (a fraction); `refine` of the first round's fastest get
     their raster, band and split-K variants timed too. The first round times the heuristic's
     pick and the `first_round` configs the cost model ranks cheapest (None: every one that
-    fits). Returns one Result per tuned problem.
+    fits); the second, the `refine` fastest's variants and the last-wave splits of those
+    within TAIL_SPLIT_CLOSE of the fastest. Returns one Result per tuned problem.
     """
     problems = list(problems)
     for p in problems:
@@ -530,8 +594,12 @@ def tune_gemm(
             log(f"{_name(p)}: the heuristic's config could not be timed; nothing stored")
             continue
         if refine:
-            best = sorted(times, key=times.get)[:refine]
-            extra = [c for c in refinements(p, best) if c not in times]
+            ranked = sorted(times, key=times.get)
+            extra = [c for c in refinements(p, ranked[:refine]) if c not in times]
+            # A config that runs a sparse last wave can lose unsplit and win with that wave
+            # split: give the close ones their split too (`last_wave_splits`).
+            close = [c for c in ranked[refine:] if times[c] <= TAIL_SPLIT_CLOSE * times[ranked[0]]]
+            extra += [c for c in last_wave_splits(p, close) if c not in times and c not in extra]
             if extra:
                 ready.start(build, compile_entries(p, extra))
                 times.update(_time_all(p, extra, ready, timer, log, reference_first=False))
