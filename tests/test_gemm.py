@@ -863,6 +863,10 @@ SWAP_CFGS = {
     "128x144c21": GemmConfig(128, 144, 2, 1, swap_ab=True),  # 16-column slabs
     "128x176c12": GemmConfig(128, 176, 1, 2, swap_ab=True),
     "128x112c12pp": GemmConfig(128, 112, 1, 2, pingpong=True, swap_ab=True),
+    # 256-row tiles (heuristics.swap_256_config), 16-bit inputs only
+    "256x160c21": GemmConfig(256, 160, 2, 1, swap_ab=True),
+    "256x144c12": GemmConfig(256, 144, 1, 2, swap_ab=True),  # 16-column slabs
+    "256x96c21s2": GemmConfig(256, 96, 2, 1, split_k=2, swap_ab=True),
     # 64-row tiles, few tokens (heuristics.narrow_swap_config)
     "64x16c11": GemmConfig(64, 16, 1, 1, swap_ab=True),
     "64x16c11s4": GemmConfig(64, 16, 1, 1, split_k=4, swap_ab=True),
@@ -874,7 +878,7 @@ SWAP_CFGS = {
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
-                                      "64x16c11", "64x48c12", "64x208c12"])
+                                      "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -890,6 +894,30 @@ def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     if report:
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report
+
+
+def test_swap_256_picks():
+    """256-row swap_ab tiles where they fill whole waves that 128-row tiles leave sparse
+    (16-bit, 640-4096 rows, N >= 2048), at least 1% under the pick they replace by the model;
+    not at equal cost, not with more than four waves, never for 8-bit inputs."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import pick_cost, swap_256_config
+
+    def pick(m, n, k, in_bytes=2):
+        c = api._pick_config(m, n, k, in_bytes, in_bytes == 2, None, True)
+        return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.swap_ab)
+
+    assert pick(1355, 3584, 3584) == (256, 160, 2, 1, True)  # 14 x 9 tiles: one wave of 63 clusters
+    assert pick(1065, 4096, 14336) == (256, 144, 2, 1, True)
+    assert pick(1931, 3584, 3584)[0] == 128  # 256 x 112 costs what 128 x 224 swapped does
+    assert pick(1809, 768, 3072)[0] != 256 and pick(300, 4096, 4096)[0] != 256 and pick(8192, 4096, 4096)[1] != 144
+    assert pick(1355, 3584, 3584, in_bytes=1)[0] != 256
+    assert swap_256_config(1211, 128256, 8192, api._pick_config(1211, 128256, 8192, 2, True, None, True)) is None
+    cur = GemmConfig(128, 160, 1, 2, pingpong=True)
+    new = swap_256_config(1355, 3584, 3584, cur)
+    assert pick_cost(1355, 3584, 3584, new) < 0.99 * pick_cost(1355, 3584, 3584, cur)
+    with pytest.raises(ValueError, match="256-row swap_ab"):
+        GemmConfig(256, 160, 2, 1, swap_ab=True).validate(in_bytes=1)
 
 
 def test_narrow_swap_picks():

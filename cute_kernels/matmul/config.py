@@ -92,13 +92,15 @@ class GemmConfig:
         if self.swap_ab:
             # The swapped kernel's N is the token count: any multiple of 16 pads it least
             # (16-column epilogue slabs where 32 does not divide the tile).
-            if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128)):
-                raise ValueError(f"swap_ab takes a 64- or 128-row tile and tile_n in 16..256, a multiple of 16, "
+            if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128, 256)):
+                raise ValueError(f"swap_ab takes a 64-, 128- or 256-row tile and tile_n in 16..256, a multiple of 16, "
                                  f"got {self.tile_mn}")
         elif self.tile_n not in (64, 96, 128, 160, 192, 256):
             raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
         if self.tile_m == 256 and self.tile_n > 192:
             raise ValueError("a 256-row tile needs tile_n <= 192 (register budget)")
+        if self.swap_ab and self.tile_m == 256 and (in_bytes != 2 or self.pingpong):
+            raise ValueError("a 256-row swap_ab tile is built for 16-bit inputs, cooperative")
         for c in (self.cluster_m, self.cluster_n):
             if c not in (1, 2, 4):
                 raise ValueError(f"cluster dims must be 1, 2 or 4, got {self.cluster_mn}")

@@ -526,3 +526,63 @@ def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None
 
 _SWAP_SPLIT_MIN_K_TILES = 16
 _SWAP_SPLIT_LONG_K_TILES = 128
+
+
+# 256-row swap_ab tiles (16-bit inputs): 256 weight rows a tile and 96-192 tokens, in steps of
+# 16, so a mid-size token count fills whole waves where 128-row tiles leave a sparse one:
+# cuBLAS runs such tiles there (its kernel names on the H100: nvjet 256x152 in 2 x 1 at
+# 1355x3584x3584, 192x176 at 2100x2048x2048). H100, 2026-11-26, same run, vs cuBLAS, dispatch
+# pick -> the 256-row pick below (`gemm_swap256_probe_h100.md`): 1355x3584x3584 0.67x -> 0.93x
+# (256 x 160 in 2 x 1, one wave of 63 clusters), 1355x4096x14336 0.75x -> 1.01x, 1057x4096x14336
+# 0.56x -> 0.95x, 1150x5120x5120 0.74x -> 1.03x, 1722x2048x8192 0.61x -> 0.97x. Taken where
+# the model (waves x tile area x (K + epilogue) / efficiency) puts it at least 1% under the
+# pick it would replace: at equal cost it lost (1931x3584x3584, 256 x 112 vs 128 x 224 swapped,
+# both two waves of the same area: 0.0748 vs 0.0686 ms), and with narrow weights (N = 768:
+# 3 weight tiles) it is never cheaper.
+SWAP_256_M = (640, 4096)
+SWAP_256_MIN_N = 2048
+SWAP_256_MIN_K = 1024
+_SWAP_256_WIDTHS = tuple(range(96, 193, 16))
+_SWAP_128_EFFICIENCY = 0.97  # a 128-row swap_ab tile, relative to 128 x 256 (none was fitted)
+# Under 128 tokens a 256-row tile's warpgroups each run 128 x W wgmmas, narrower than a 128-row
+# tile's 64 x 2W of the same area (1931x3584x3584 above).
+_SWAP_256_NARROW_EFFICIENCY = 0.95
+_SWAP_256_MARGIN = 0.99
+# Only where the 256-row grid takes at most this many waves: wave quantisation is what it
+# fixes; on vocabulary-sized N (38-54 waves) it won or lost within 6% (1730x128256x2048 1.09x,
+# 1211x128256x8192 0.94x).
+_SWAP_256_MAX_WAVES = 4
+
+
+def pick_cost(m: int, n: int, k: int, cfg: GemmConfig, num_sms: int = H100_SMS) -> float:
+    """The tile model's cost of any unsplit config, swap_ab included: waves of its grid in the
+    kernel's view x tile area x (K + unhidden epilogue) / efficiency."""
+    if cfg.swap_ab:
+        eff = _SWAP_128_EFFICIENCY if cfg.tile_m < 256 else 1.0 if cfg.tile_n >= 128 else _SWAP_256_NARROW_EFFICIENCY
+    else:
+        eff = _efficiency(cfg.tile_m, cfg.tile_n, cfg.pingpong)
+    return config_waves(cfg, m, n, num_sms) * cfg.tile_m * cfg.tile_n * (k + _EPILOGUE_K[cfg.pingpong]) / eff
+
+
+def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """A 256-row swap_ab config for a 16-bit M x N x K problem where the model puts it at least
+    1% under `current` (the pick it would replace), else None. Of the widths (multiples of 32
+    at K < 2048: the epilogue's 32-column slabs), the fewest waves x width, the wider on a tie,
+    the cluster sharing the token tile between two weight tiles (2 x 1) first."""
+    if not (SWAP_256_M[0] <= m <= SWAP_256_M[1] and n >= SWAP_256_MIN_N and k >= SWAP_256_MIN_K) \
+            or current.split_k > 1:
+        return None
+    best, best_key = None, None
+    for w in _SWAP_256_WIDTHS:
+        if w % 32 and k < _SWAP_SLAB16_MIN_K:
+            continue
+        for cm, cn in ((2, 1), (1, 2)):
+            cfg = GemmConfig(256, w, cm, cn, swap_ab=True)
+            key = (config_waves(cfg, m, n, num_sms) * w, -w, cn)
+            if best_key is None or key < best_key:
+                best, best_key = cfg, key
+    if config_waves(best, m, n, num_sms) > _SWAP_256_MAX_WAVES:
+        return None
+    if pick_cost(m, n, k, best, num_sms) < _SWAP_256_MARGIN * pick_cost(m, n, k, current, num_sms):
+        return best
+    return None

@@ -151,7 +151,7 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
     if limit is not None:
         cost = {c: _ranking_cost(problem, c) for c in rest}
         rest = sorted(rest, key=cost.get)[:limit]  # stable: ties keep the table's order
-    swaps = list(dict.fromkeys(swap_candidates(problem) + narrow_candidates(problem)))
+    swaps = list(dict.fromkeys(swap_candidates(problem) + narrow_candidates(problem) + swap_256_candidates(problem)))
     return [first] + rest + [c for c in swaps if c != first and c not in rest]
 
 
@@ -178,6 +178,25 @@ def swap_candidates(problem: Problem) -> list[GemmConfig]:
         for cm, cn, pp in SWAP_CLUSTERS:
             cfg = GemmConfig(128, w, cm, cn, pingpong=pp, swap_ab=True)
             if cfg not in out and _fits(problem, cfg):
+                out.append(cfg)
+    return out
+
+
+def swap_256_candidates(problem: Problem) -> list[GemmConfig]:
+    """256-row swap_ab configs for 16-bit problems in the range `heuristics.swap_256_config`
+    covers: the three widths of fewest waves x width (the wider on a tie), each in 2 x 1 and
+    1 x 2 clusters."""
+    from ..matmul.heuristics import _SWAP_256_WIDTHS, SWAP_256_M, SWAP_256_MIN_N, config_waves
+
+    if (problem.promoted or problem.in_bytes != 2 or not SWAP_256_M[0] <= problem.m <= SWAP_256_M[1]
+            or problem.n < SWAP_256_MIN_N or not _swappable(problem)):
+        return []
+    cost = lambda w: (config_waves(GemmConfig(256, w, 2, 1, swap_ab=True), problem.m, problem.n) * w, -w)  # noqa: E731
+    out = []
+    for w in sorted(_SWAP_256_WIDTHS, key=cost)[:3]:
+        for cm, cn in ((2, 1), (1, 2)):
+            cfg = GemmConfig(256, w, cm, cn, swap_ab=True)
+            if _fits(problem, cfg):
                 out.append(cfg)
     return out
 
