@@ -898,7 +898,7 @@ def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
 
 def test_swap_256_picks():
     """256-row swap_ab tiles where they fill whole waves that 128-row tiles leave sparse
-    (16-bit, 640-4096 rows, N >= 2048), at least 1% under the pick they replace by the model;
+    (16-bit, 640-4096 rows, N >= 1024), at least 1% under the pick they replace by the model;
     not at equal cost, not with more than four waves, never for 8-bit inputs."""
     from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import pick_cost, swap_256_config
@@ -910,6 +910,8 @@ def test_swap_256_picks():
     assert pick(1355, 3584, 3584) == (256, 160, 2, 1, True)  # 14 x 9 tiles: one wave of 63 clusters
     assert pick(1065, 4096, 14336) == (256, 144, 2, 1, True)
     assert pick(1931, 3584, 3584)[0] == 128  # 256 x 112 costs what 128 x 224 swapped does
+    assert pick(2900, 1024, 4096) == (256, 96, 2, 1, True)  # GPT-2 medium's down_proj: 4 weight tiles
+    assert pick(781, 4800, 1600)[:2] == (256, 144)  # a 16-column-slab width at K < 2048
     assert pick(1809, 768, 3072)[0] != 256 and pick(300, 4096, 4096)[0] != 256 and pick(8192, 4096, 4096)[1] != 144
     assert pick(1355, 3584, 3584, in_bytes=1)[0] != 256
     assert swap_256_config(1211, 128256, 8192, api._pick_config(1211, 128256, 8192, 2, True, None, True)) is None

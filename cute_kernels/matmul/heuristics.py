@@ -537,10 +537,13 @@ _SWAP_SPLIT_LONG_K_TILES = 128
 # 0.56x -> 0.95x, 1150x5120x5120 0.74x -> 1.03x, 1722x2048x8192 0.61x -> 0.97x. Taken where
 # the model (waves x tile area x (K + epilogue) / efficiency) puts it at least 1% under the
 # pick it would replace: at equal cost it lost (1931x3584x3584, 256 x 112 vs 128 x 224 swapped,
-# both two waves of the same area: 0.0748 vs 0.0686 ms), and with narrow weights (N = 768:
-# 3 weight tiles) it is never cheaper.
+# both two waves of the same area: 0.0748 vs 0.0686 ms), and with N = 768 (three weight
+# tiles) it lost (1809x768x3072 0.56x).
 SWAP_256_M = (640, 4096)
-SWAP_256_MIN_N = 2048
+# From GPT-2 medium's 1024 weight rows on (four 256-row tiles): H100, vs cuBLAS, the pick then
+# -> the 256-row one, 1900x1024x1024 0.71x -> 0.82x, 2900x1024x4096 0.60x -> 0.93x,
+# 2900x1280x1280 0.79x -> 0.94x; on 40 held-out shapes 1.16x the old picks (`gemm_swap256_narrow_h100.md`).
+SWAP_256_MIN_N = 1024
 SWAP_256_MIN_K = 1024
 _SWAP_256_WIDTHS = tuple(range(96, 193, 16))
 _SWAP_128_EFFICIENCY = 0.97  # a 128-row swap_ab tile, relative to 128 x 256 (none was fitted)
