@@ -43,7 +43,7 @@ class GemmConfig:
     tiles of whole waves before it run unsplit.
     The kernel is compiled once for "split or not"; the split count is a runtime value.
     swap_ab: the launch computes D^T = B A^T. The kernel's M runs along N (the weight's
-    rows, 64 or 128 a tile) and its N along the tokens, so a token count M is padded to a
+    rows, 64, 128 or 256 a tile) and its N along the tokens, so a token count M is padded to a
     multiple of tile_n (16..256 in steps of 16) instead of 64 / 128 rows: M = 273 runs as
     3 x 96 = 288 rather than 3 x 128 = 384. D is stored M-major (transposed stmatrix, or
     M-major per-warp boxes for 32-bit outputs; TMA). Epilogues without bias, residual or

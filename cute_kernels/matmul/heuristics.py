@@ -531,7 +531,7 @@ _SWAP_SPLIT_LONG_K_TILES = 128
 # 256-row swap_ab tiles (16-bit inputs): 256 weight rows a tile and 96-192 tokens, in steps of
 # 16, so a mid-size token count fills whole waves where 128-row tiles leave a sparse one:
 # cuBLAS runs such tiles there (its kernel names on the H100: nvjet 256x152 in 2 x 1 at
-# 1355x3584x3584, 192x176 at 2100x2048x2048). H100, 2026-11-26, same run, vs cuBLAS, dispatch
+# 1355x3584x3584, 192x176 at 2100x2048x2048). H100, 2026-11-27, same run, vs cuBLAS, dispatch
 # pick -> the 256-row pick below (`gemm_swap256_probe_h100.md`): 1355x3584x3584 0.67x -> 0.93x
 # (256 x 160 in 2 x 1, one wave of 63 clusters), 1355x4096x14336 0.75x -> 1.01x, 1057x4096x14336
 # 0.56x -> 0.95x, 1150x5120x5120 0.74x -> 1.03x, 1722x2048x8192 0.61x -> 0.97x. Taken where
