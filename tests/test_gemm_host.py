@@ -380,6 +380,12 @@ def test_split_tail_tiles():
     assert split_tail_tiles(c11, 64 * 140, 64) == 8
     swapped = GemmConfig(128, 96, 2, 1, split_k=3, swap_ab=True)  # the kernel's view: N x M
     assert split_tail_tiles(swapped, 1024, 273) == 4 * 3 * 2
+    # Waves count the whole waves once and the tail's splits as work items.
+    from cute_kernels.matmul.heuristics import config_waves
+
+    assert config_waves(c21, 1355, 3584) == 2  # 66 whole + 18 x 3 splits
+    assert config_waves(GemmConfig(128, 256, 2, 1, split_k=4), 1355, 3584) == 3  # 66 + 72
+    assert config_waves(c21, 512, 768) == 1  # 6 clusters x 3
 
 
 def test_split_k_config_validation():
