@@ -191,12 +191,19 @@ def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int =
     return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
 
 
+def grid_clusters(cfg: GemmConfig, m: int, n: int) -> tuple[int, int]:
+    """(clusters, clusters resident at once) of the persistent grid for an m x n output in
+    the kernel's view (N x M under swap_ab), the tile grid padded to whole clusters."""
+    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
+    return clusters, MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
+
+
 def split_tail_tiles(cfg: GemmConfig, m: int, n: int) -> int:
     """CTA tiles a split-K config splits for an m x n output in the kernel's view (N x M
     under swap_ab): those of the persistent grid's last, partial wave of clusters, all of
     them when the grid fits one wave, none when its waves are whole (GemmSm90._split_head)."""
-    clusters = -(-(-(-m // cfg.tile_m)) // cfg.cluster_m) * -(-(-(-n // cfg.tile_n)) // cfg.cluster_n)
-    return clusters % MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n] * cfg.cluster_m * cfg.cluster_n
+    clusters, per_wave = grid_clusters(cfg, m, n)
+    return clusters % per_wave * cfg.cluster_m * cfg.cluster_n
 
 
 def splitk_k_tiles(k_tiles: int, split: int, index: int) -> tuple[int, int]:

@@ -567,23 +567,24 @@ def pick_cost(m: int, n: int, k: int, cfg: GemmConfig, num_sms: int = H100_SMS) 
     return config_waves(cfg, m, n, num_sms) * cfg.tile_m * cfg.tile_n * (k + _EPILOGUE_K[cfg.pingpong]) / eff
 
 
+def swap_256_ranked(m: int, n: int, *, num_sms: int = H100_SMS) -> list[GemmConfig]:
+    """Every 256-row swap_ab width in 2 x 1 and 1 x 2 clusters, best first: the fewest waves x
+    width, the wider on a tie, the cluster sharing the token tile between two weight tiles
+    (2 x 1) first."""
+    configs = [GemmConfig(256, w, cm, cn, swap_ab=True) for w in _SWAP_256_WIDTHS for cm, cn in ((2, 1), (1, 2))]
+    return sorted(configs, key=lambda c: (config_waves(c, m, n, num_sms) * c.tile_n, -c.tile_n, c.cluster_n))
+
+
 def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """A 256-row swap_ab config for a 16-bit M x N x K problem where the model puts it at least
-    1% under `current` (the pick it would replace), else None. Of the widths, the fewest waves
-    x width, the wider on a tie, the cluster sharing the token tile between two weight tiles
-    (2 x 1) first. Unlike 128-row tiles, 256-row ones at K < 2048 ran widths of 16-column
+    1% under `current` (the pick it would replace), else None: the first of `swap_256_ranked`.
+    Unlike 128-row tiles, 256-row ones at K < 2048 ran widths of 16-column
     epilogue slabs as fast as their neighbours (H100: 1084x4096x1024 256 x 144 0.0172 ms,
     256 x 160 0.0191; 781x4800x1600 256 x 144 0.0237, 256 x 160 0.0267)."""
     if not (SWAP_256_M[0] <= m <= SWAP_256_M[1] and n >= SWAP_256_MIN_N and k >= SWAP_256_MIN_K) \
             or current.split_k > 1:
         return None
-    best, best_key = None, None
-    for w in _SWAP_256_WIDTHS:
-        for cm, cn in ((2, 1), (1, 2)):
-            cfg = GemmConfig(256, w, cm, cn, swap_ab=True)
-            key = (config_waves(cfg, m, n, num_sms) * w, -w, cn)
-            if best_key is None or key < best_key:
-                best, best_key = cfg, key
+    best = swap_256_ranked(m, n, num_sms=num_sms)[0]
     if config_waves(best, m, n, num_sms) > _SWAP_256_MAX_WAVES:
         return None
     if pick_cost(m, n, k, best, num_sms) < _SWAP_256_MARGIN * pick_cost(m, n, k, current, num_sms):

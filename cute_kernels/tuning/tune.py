@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from ..matmul.config import H100_SMS, MAX_ACTIVE_CLUSTERS, Epilogue, GemmConfig
+from ..matmul.config import H100_SMS, MAX_ACTIVE_CLUSTERS, Epilogue, GemmConfig, grid_clusters
 from ..matmul.heuristics import MAX_SPLIT_K, MIN_SPLIT_K_TILES
 from . import cache
 from .cache import Entry, Problem
@@ -186,14 +186,14 @@ def swap_256_candidates(problem: Problem) -> list[GemmConfig]:
     """256-row swap_ab configs for 16-bit problems in the range `heuristics.swap_256_config`
     covers: the three widths of fewest waves x width (the wider on a tie), each in 2 x 1 and
     1 x 2 clusters."""
-    from ..matmul.heuristics import _SWAP_256_WIDTHS, SWAP_256_M, SWAP_256_MIN_N, config_waves
+    from ..matmul.heuristics import SWAP_256_M, SWAP_256_MIN_N, swap_256_ranked
 
     if (problem.promoted or problem.in_bytes != 2 or not SWAP_256_M[0] <= problem.m <= SWAP_256_M[1]
             or problem.n < SWAP_256_MIN_N or not _swappable(problem)):
         return []
-    cost = lambda w: (config_waves(GemmConfig(256, w, 2, 1, swap_ab=True), problem.m, problem.n) * w, -w)  # noqa: E731
+    widths = [c.tile_n for c in swap_256_ranked(problem.m, problem.n) if c.cluster_mn == (2, 1)][:3]
     out = []
-    for w in sorted(_SWAP_256_WIDTHS, key=cost)[:3]:
+    for w in widths:
         for cm, cn in ((2, 1), (1, 2)):
             cfg = GemmConfig(256, w, cm, cn, swap_ab=True)
             if _fits(problem, cfg):
@@ -271,9 +271,7 @@ TAIL_SPLIT_CLOSE = 1.6
 
 def _last_wave(problem: Problem, cfg: GemmConfig) -> tuple[int, int, int]:
     """(clusters, clusters per wave, clusters in the last wave) of `cfg`'s grid for `problem`."""
-    m, n = cfg.kernel_mn(problem.m, problem.n)
-    clusters = math.ceil(math.ceil(m / cfg.tile_m) / cfg.cluster_m) * math.ceil(math.ceil(n / cfg.tile_n) / cfg.cluster_n)
-    per_wave = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
+    clusters, per_wave = grid_clusters(cfg, *cfg.kernel_mn(problem.m, problem.n))
     return clusters, per_wave, clusters % per_wave
 
 
