@@ -222,6 +222,16 @@ def test_split_k_compile_key(gemm_keys):
 def test_config_validation_and_heuristic():
     with pytest.raises(ValueError):
         GemmConfig(96, 256).validate()
+    # stages: None (as many as fit, up to MAX_AB_STAGES) or a depth that fits
+    from cute_kernels.matmul.config import MAX_AB_STAGES, stages_that_fit
+
+    assert GemmConfig(64, 32, swap_ab=True).ab_stages(2, 2) == MAX_AB_STAGES
+    assert GemmConfig(64, 32, swap_ab=True, stages=16).ab_stages(2, 2) == 16
+    assert GemmConfig(128, 256, stages=3).ab_stages(2, 2) == 3
+    with pytest.raises(ValueError, match="stages"):
+        GemmConfig(64, 32, swap_ab=True, stages=1).validate()
+    with pytest.raises(ValueError, match="fits"):
+        GemmConfig(128, 256, stages=stages_that_fit(GemmConfig(128, 256), 2, 2) + 1).validate()
     with pytest.raises(ValueError):
         GemmConfig(256, 256).validate()
     for cfg in CANDIDATES:
@@ -873,12 +883,16 @@ SWAP_CFGS = {
     "64x48c12": GemmConfig(64, 48, 1, 2, swap_ab=True),
     "64x112c41": GemmConfig(64, 112, 4, 1, swap_ab=True),
     "64x208c12": GemmConfig(64, 208, 1, 2, swap_ab=True),
+    # deep A/B rings (heuristics.deep_ring): 12 and 16 stages
+    "64x32c12d12": GemmConfig(64, 32, 1, 2, swap_ab=True, stages=12),
+    "64x16c11s3d16": GemmConfig(64, 16, 1, 1, split_k=3, swap_ab=True, stages=16),
 }
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
-                                      "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12"])
+                                      "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
+                                      "64x32c12d12", "64x16c11s3d16"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -923,8 +937,10 @@ def test_swap_256_picks():
 
 
 def test_narrow_swap_picks():
-    """The 64-row swap_ab heuristic: one token tile at M <= 128 (split-K where the grid is tiny),
-    above that the most token tiles one wave holds, the weight multicast to an even count."""
+    """The 64-row swap_ab heuristic: at 17-128 tokens two half-width token tiles in a 1 x 2
+    cluster (K split to fill the wave where long), except small short-K weights; above that the
+    most token tiles one wave holds, the weight multicast to an even count; deep A/B rings where
+    each weight tile is read once per cluster (16-bit)."""
     from cute_kernels.matmul.heuristics import swap_config
 
     def pick(m, n, k):
@@ -933,8 +949,18 @@ def test_narrow_swap_picks():
 
     assert pick(15, 57344, 8192) == (64, 16, 1, 1, 1)
     assert pick(9, 1024, 4096) == (64, 16, 1, 1, 5)  # 16 tiles: splits fill the wave
-    assert pick(26, 1600, 1600) == (64, 16, 1, 1, 1)  # 25 k-tiles: no split; two token tiles
-    assert pick(71, 768, 768) == (64, 16, 1, 1, 1)  # 12 weight tiles: five token tiles
+    assert pick(26, 1600, 1600) == (64, 16, 1, 2, 1)  # 25 weight tiles: paired, 25 k-tiles: unsplit
+    assert pick(37, 4096, 4096) == (64, 32, 1, 2, 1)
+    assert pick(56, 1280, 5120) == (64, 32, 1, 2, 3)  # 20 weight tiles x 2 x 3 splits: 120 CTAs
+    assert pick(87, 768, 3072) == (64, 48, 1, 2, 1)  # 12 weight tiles, 48 k-tiles: paired, unsplit
+    assert pick(71, 768, 768) == (64, 16, 1, 1, 1)  # 12 weight tiles, short K: five token tiles
+    assert pick(36, 768, 768) == (64, 16, 1, 1, 1)
+    assert swap_config(37, 4096, 4096).stages == 12 and swap_config(15, 57344, 8192).stages == 12
+    assert swap_config(71, 768, 768).stages is None  # unclustered token tiles re-read the weight
+    assert swap_config(37, 4096, 4096, in_bytes=1) == GemmConfig(64, 32, 1, 1, swap_ab=True)  # 8-bit: not measured
+    # Every width in more than 4 waves: widths weighed by per-tile efficiency; else waves x width.
+    assert pick(516, 57344, 8192) == (128, 176, 2, 1, 1)
+    assert pick(192, 57344, 8192) == (128, 96, 1, 2, 1)
     assert pick(137, 4096, 4096) == (64, 80, 1, 2, 1)
     assert pick(257, 2048, 2048) == (64, 96, 4, 1, 1)  # not four tiles of 80 re-reading the weight
     assert pick(400, 3072, 3072) == (64, 208, 1, 2, 1)

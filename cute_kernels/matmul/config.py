@@ -48,6 +48,8 @@ class GemmConfig:
     3 x 96 = 288 rather than 3 x 128 = 384. D is stored M-major (transposed stmatrix, or
     M-major per-warp boxes for 32-bit outputs; TMA). Epilogues without bias, residual or
     SwiGLU (`swap_supported`).
+    stages: depth of the A/B shared-memory ring; None takes as many as fit, up to
+    MAX_AB_STAGES (block-scaled FP8 at most 8: its scales ride in the stages).
     """
 
     tile_m: int = 128
@@ -60,6 +62,7 @@ class GemmConfig:
     promote: bool = False
     split_k: int = 1
     swap_ab: bool = False
+    stages: int | None = None
 
     @property
     def tile_mn(self) -> tuple[int, int]:
@@ -114,8 +117,11 @@ class GemmConfig:
             raise ValueError("group must be >= 1")
         if not isinstance(self.split_k, int) or self.split_k < 1:
             raise ValueError(f"split_k must be an int >= 1, got {self.split_k!r}")
-        if _ab_stages(self, in_bytes, out_bytes) < 2:
-            raise ValueError(f"{self} leaves fewer than 2 pipeline stages in shared memory")
+        if self.stages is not None and (not isinstance(self.stages, int) or self.stages < 2):
+            raise ValueError(f"stages must be None or an int >= 2, got {self.stages!r}")
+        fit = stages_that_fit(self, in_bytes, out_bytes)
+        if fit < (self.stages or 2):
+            raise ValueError(f"{self} fits {fit} pipeline stages in shared memory, needs {self.stages or 2}")
 
 
 def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
@@ -148,9 +154,12 @@ def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
 
 
 def block_scale_smem_bytes(cfg: GemmConfig) -> int:
-    """Shared memory of block scales staged with every A/B stage (up to 8 stages): scale_a
-    for the tile's rows and a 16-byte box of scale_b in a 128-byte slot, fp32."""
-    return 8 * 4 * (cfg.tile_m + 32)
+    """Shared memory of block scales staged with every A/B stage (up to BLOCK_SCALE_STAGES
+    stages): scale_a for the tile's rows and a 16-byte box of scale_b in a 128-byte slot, fp32."""
+    return BLOCK_SCALE_STAGES * 4 * (cfg.tile_m + 32)
+
+
+BLOCK_SCALE_STAGES = 8
 
 
 def epi_vector_slots(cfg: GemmConfig) -> int:
@@ -181,14 +190,24 @@ def residual_smem_bytes(cfg: GemmConfig, out_bytes: int) -> int:
     return em * en * out_bytes * RES_SLOTS * (2 if cfg.pingpong else 1) + 64
 
 
+MAX_AB_STAGES = 8
+# A 16-bit residual's TMA slabs may take A/B stages beyond this many (kernel.py).
+RES_TMA_MIN_STAGES = 8
+
+
 def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:
+    return min(cfg.stages or MAX_AB_STAGES, stages_that_fit(cfg, in_bytes, out_bytes, extra_smem))
+
+
+def stages_that_fit(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:
+    """A/B stages that shared memory holds beside the epilogue's buffers, whatever `cfg.stages`."""
     tk = cfg.tile_k(in_bytes)
     per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
     em, en = epi_tile(cfg, out_bytes)
     epi = em * en * out_bytes * epi_buffers(cfg, out_bytes)
     # mbarriers + alignment slack + staged epilogue vectors + what the epilogue asks for (residual slabs)
     reserved = 1024 + 1024 + epi_vector_bytes(cfg, out_bytes) + extra_smem
-    return min(8, (SM90_SMEM_BYTES - epi - reserved) // per_stage)
+    return (SM90_SMEM_BYTES - epi - reserved) // per_stage
 
 
 def grid_clusters(cfg: GemmConfig, m: int, n: int) -> tuple[int, int]:

@@ -8,9 +8,10 @@ how a config compiles, and the tuning cache's source hash does not cover it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
-from .config import H100_SMS, MAX_ACTIVE_CLUSTERS, GemmConfig
+from .config import H100_SMS, MAX_AB_STAGES, MAX_ACTIVE_CLUSTERS, GemmConfig, stages_that_fit
 
 CANDIDATES: tuple[GemmConfig, ...] = (
     GemmConfig(128, 256, 2, 1),
@@ -424,11 +425,52 @@ def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
     return not (swappable and m >= 2 and k >= 1024 and wide)
 
 
-def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:
     """The 64-row swap_ab config for an M x N x K problem (module notes above), or None where
-    M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave."""
+    M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave. 16-bit inputs
+    (in_bytes = 2; k is costed as 16-bit either way) pair token tiles in 1 x 2 clusters at
+    17-128 tokens and take deep A/B rings where every weight tile is read once (`deep_ring`)."""
+    cfg = _narrow_swap_config(m, n, k, num_sms, in_bytes == 2)
+    if cfg is None or in_bytes != 2 or math.ceil(m / cfg.tile_n) > cfg.cluster_n:
+        return cfg
+    return deep_ring(cfg)
+
+
+def deep_ring(cfg: GemmConfig, in_bytes: int = 2, out_bytes: int = 2) -> GemmConfig:
+    """`cfg` with the deepest A/B ring that fits, up to DEEP_AB_STAGES, where that is deeper
+    than the default."""
+    fit = min(DEEP_AB_STAGES, stages_that_fit(cfg, in_bytes, out_bytes))
+    return dataclasses.replace(cfg, stages=fit) if fit > MAX_AB_STAGES else cfg
+
+
+# 17-128 tokens against at most 66 weight tiles (16-bit): two token tiles of half the tokens
+# in a 1 x 2 cluster (each CTA loads half the weight tile and multicasts it: twice the SMs
+# stream the weights, each weight byte leaves HBM once), with the deepest ring that fits, and
+# K split so the grid fills a wave where it has 64+ k-tiles. Same run on the H100 over 62
+# shapes of 20-158 tokens (`gemm_narrow_depth_probe_h100.md`): deep rings against the default
+# 8 stages, same config: 1.09-1.11x in 1 x 2 / 4 x 1 clusters, 1.04x unclustered with one token
+# tile; unclustered configs whose token tiles re-read a weight tile lost up to 10%
+# (122x3584x18944, 64 x 64: 0.0596 -> 0.0658 ms). 104x768x3072: split 4 lost 8% to unsplit
+# 48 k-tiles. On 44 held-out shapes (`gemm_narrow_depth_ab_h100.md`) the paired tiles won
+# 3.4% geomean and lost 3-6% on weights of fewer than 20 tiles with short K (36x768x768,
+# 44x1024x1024, 114x1024x1024), where the unclustered rule runs 3-8 token tiles on more SMs:
+# those keep it.
+_PAIRED_MIN_M = 17
+_PAIRED_MIN_WT = 20
+_PAIRED_SHORT_WT_MIN_K_TILES = 48
+DEEP_AB_STAGES = 12
+_PAIRED_SPLIT_MIN_K_TILES = 64
+
+
+def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> GemmConfig | None:
     wt = math.ceil(n / 64)  # weight tiles: the swapped kernel's M
     k_tiles = math.ceil(k / 64)
+    if (paired and _PAIRED_MIN_M <= m <= 128 and 2 * wt <= num_sms
+            and (wt >= _PAIRED_MIN_WT or k_tiles >= _PAIRED_SHORT_WT_MIN_K_TILES)):
+        split = 1
+        if k_tiles >= _PAIRED_SPLIT_MIN_K_TILES:
+            split = min(num_sms // (2 * wt), k_tiles // _NARROW_SPLIT_K_TILES, _NARROW_MAX_SPLIT)
+        return GemmConfig(64, math.ceil(m / 32) * 16, 1, 2, split_k=max(split, 1), swap_ab=True)
     if m <= 128:
         split = 1
         if 4 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_MIN_K_TILES:
@@ -477,7 +519,7 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
         return None
     k = k * in_bytes // 2
     if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
-        narrow = narrow_swap_config(m, n, k, num_sms=num_sms)
+        narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes)
         if narrow is not None and (m <= 128 or math.ceil(m / narrow.tile_n) * narrow.tile_n < math.ceil(m / 128) * 128):
             return narrow
     # Above 1024 rows the rule was measured on 16-bit inputs only, and holds from K = 2048.
@@ -488,6 +530,23 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     return _wide_swap_config(m, n, k, num_sms)
 
 
+# Where every width takes more than this many waves, the last wave's quantisation matters less
+# than what a tile does per loaded byte (a narrow tile re-reads the weight panel for fewer
+# tokens): widths are costed waves x width / `_swap_width_efficiency`. 516x57344x8192 (17
+# waves, Llama-3-70B's gate_up) ran 128 x 112 at 0.57x cuBLAS (H100 grid, seed 1010), where
+# waves x width rated it 2% under 128 x 176. Same run on 22 such shapes of M 129-2048 against
+# 8192+ weight rows: 1.14x the unweighted picks, 0.875x -> 0.996x cuBLAS
+# (`gemm_swap_waves_ab_h100.md`); where some width fits in 4 waves, weighting lost
+# (192x57344x8192 -9%, 1318x10240x8192 -4%).
+_SWAP_FEW_WAVES = 4
+
+
+def _swap_width_efficiency(w: int) -> float:
+    """Per-tile throughput of a 128 x w swap_ab tile relative to 192+ wide ones, on the scale
+    of _TILE_EFFICIENCY's 128-row tiles (96: 0.85, 160: 0.95)."""
+    return min(1.0, 0.7 + w / 640)
+
+
 def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
     padded = math.ceil(m / 128) * 128
     limit = padded - 1 if m > _SWAP_LOOSE_PAD_M else _SWAP_MAX_PAD * padded
@@ -495,7 +554,7 @@ def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None
     # Or no more padding than 128-row tiles and fewer waves than the unswapped pick:
     # 845x4096x1024 in four 224-wide tiles, one wave, 0.92x cuBLAS; 128 x 128 in two waves 0.67x.
     waves = config_waves(default_config(m, n, k, num_sms=num_sms), m, n, num_sms)
-    best = None
+    options = []  # (waves, w, cm, cn) of every width that pads M little enough
     for w in _SWAP_WIDTHS:
         if (w % 32 and k < _SWAP_SLAB16_MIN_K) or (m > _SWAP_LOOSE_PAD_M and w < _SWAP_LARGE_M_MIN_W):
             continue
@@ -503,7 +562,11 @@ def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None
         cm, cn = (1, 2) if tiles_n % 2 == 0 else (2, 1)
         if tiles_n * w > limit and not (tiles_n * w <= padded and _waves(tiles_m, tiles_n, cm, cn, num_sms) < waves):
             continue
-        cost = _waves(tiles_m, tiles_n, cm, cn, num_sms) * w
+        options.append((_waves(tiles_m, tiles_n, cm, cn, num_sms), w, cm, cn))
+    many = bool(options) and min(o[0] for o in options) > _SWAP_FEW_WAVES
+    best = None
+    for w_waves, w, cm, cn in options:
+        cost = w_waves * w / (_swap_width_efficiency(w) if many else 1.0)
         if best is None or cost <= best[0]:
             best = (cost, w, cm, cn)
     if best is None:

@@ -22,8 +22,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .config import (
+    BLOCK_SCALE_STAGES,
     EPI_STAGES,
     RES_SLOTS,
+    RES_TMA_MIN_STAGES,
     SM90_SMEM_BYTES,
     VEC_STAGES,
     Epilogue,  # noqa: F401  (public here: the kernel's compile-time epilogue)
@@ -190,6 +192,10 @@ class GemmSm90:
         self.epi_tile = epi_tile(self.cfg, out_bytes)
         scale_bytes = block_scale_smem_bytes(self.cfg) if self.epi.block_scaled else 0
         self.ab_stages = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes)
+        if self.epi.block_scaled and self.ab_stages > BLOCK_SCALE_STAGES:
+            if self.cfg.stages is not None:
+                raise ValueError(f"{self.cfg}: block-scaled FP8 stages its scales in at most {BLOCK_SCALE_STAGES} stages")
+            self.ab_stages = BLOCK_SCALE_STAGES
         # A 16-bit residual is TMA-loaded slab by slab into RES_SLOTS smem buffers per
         # epilogue warpgroup and read there at the accumulator coordinates, where the tile
         # has the shared memory to spare (128 x 160, 64 x 64: no A/B stage lost) and does
@@ -201,7 +207,7 @@ class GemmSm90:
         stages_with_slabs = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes + slab_bytes)
         big_pingpong = self.cfg.pingpong and self.tile_mn[0] * self.tile_mn[1] > 128 * 160
         self.res_tma = (self.epi.residual and out_bytes == 2 and not self.split
-                        and (big_pingpong or stages_with_slabs == self.ab_stages))
+                        and (big_pingpong or stages_with_slabs >= min(self.ab_stages, RES_TMA_MIN_STAGES)))
         if self.res_tma:
             self.ab_stages = stages_with_slabs
         self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)

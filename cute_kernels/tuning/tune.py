@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from ..matmul.config import H100_SMS, MAX_ACTIVE_CLUSTERS, Epilogue, GemmConfig, grid_clusters
-from ..matmul.heuristics import MAX_SPLIT_K, MIN_SPLIT_K_TILES
+from ..matmul.heuristics import MAX_SPLIT_K, MIN_SPLIT_K_TILES, deep_ring
 from . import cache
 from .cache import Entry, Problem
 
@@ -56,11 +56,13 @@ DTYPES = {
 def label(cfg: GemmConfig) -> str:
     """{tile_m}x{tile_n}c{cluster_m}{cluster_n}, then n for raster along N, g<group>, P for
     ping-pong, s<split> for split-K, +2x for promoted accumulation, T for swap_ab (the
-    tile and cluster then in the swapped kernel's terms: tile_m along N)."""
+    tile and cluster then in the swapped kernel's terms: tile_m along N), d<stages> for a set
+    A/B ring depth."""
     group = "" if cfg.group == GemmConfig.group else f"g{cfg.group}"
     split = f"s{cfg.split_k}" if cfg.split_k > 1 else ""
     return (f"{cfg.tile_m}x{cfg.tile_n}c{cfg.cluster_m}{cfg.cluster_n}{'' if cfg.raster_m else 'n'}{group}"
-            f"{'P' if cfg.pingpong else ''}{split}{'+2x' if cfg.promote else ''}{'T' if cfg.swap_ab else ''}")
+            f"{'P' if cfg.pingpong else ''}{split}{'+2x' if cfg.promote else ''}{'T' if cfg.swap_ab else ''}"
+            f"{'' if cfg.stages is None else f'd{cfg.stages}'}")
 
 
 def heuristic(problem: Problem) -> GemmConfig:
@@ -212,7 +214,8 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
             or not _swappable(problem)):
         return []
     m = problem.m
-    pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2)  # 8-bit K as swap_config costs it
+    # 8-bit K as swap_config costs it
+    pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2, in_bytes=problem.in_bytes)
     t0 = math.ceil(m / pick.tile_n) if pick is not None else math.ceil(m / NARROW_MAX_W)
     out = [dataclasses.replace(pick, split_k=1)] if pick is not None else []
     for t in (t0 - 1, t0, t0 + 1):
@@ -234,7 +237,8 @@ def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = 
     direction and band widths (where the tile grid is 2-D), and split-K where the output has
     fewer tiles than SMs (every split >= MIN_SPLIT_K_TILES k-tiles, all splits in one wave)
     or where the grid's last wave of clusters is at most TAIL_SPLIT_MAX_FILL full (the
-    kernel then splits only that wave's tiles, all their splits in one more wave)."""
+    kernel then splits only that wave's tiles, all their splits in one more wave); the other
+    A/B ring depth (default or deepest, `heuristics.deep_ring`) where more than 8 stages fit."""
     out: list[GemmConfig] = []
     k_tiles = math.ceil(problem.k / (128 // problem.in_bytes))
     for cfg in configs:
@@ -245,6 +249,11 @@ def refinements(problem: Problem, configs: Iterable[GemmConfig], num_sms: int = 
         if tiles_m > 1 and tiles_n > 1:
             variants.append(dataclasses.replace(base, raster_m=not base.raster_m))
             variants += [dataclasses.replace(base, group=g) for g in GROUPS if g != base.group]
+        # The A/B ring's depth, where more than the default 8 stages fit (small swap_ab tiles).
+        # (Block-scaled FP8 stages its scales in at most 8.)
+        if problem.op != "fp8-block":
+            deep = deep_ring(base, problem.in_bytes, problem.out_bytes)
+            variants.append(deep if base.stages is None else dataclasses.replace(base, stages=None))
         tiles = tiles_m * tiles_n
         clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n)
         per_wave = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
