@@ -391,6 +391,12 @@ _NARROW_REREAD_W = 96
 _NARROW_REREAD_N = 2048
 _NARROW_REREAD_K = 4096
 _NARROW_C41_MIN_K = 2048
+# Under 20 weight tiles (GPT-2's 768 rows), token tiles wider than 96 lost to 128-row tiles: same
+# run on the H100 (`gemm_narrow_band_probe_h100.md`), vs cuBLAS, 64-row swap_ab -> the 128-row
+# pick: 1671x768x768 64 x 160 0.73x -> 128 x 96 in 2 x 2 0.92x, 1671x768x3072 0.66x -> 1.11x,
+# 2081x768x768 64 x 192 0.77x -> 128 x 128 ping-pong 0.84x, 2081x768x3072 0.61x -> 0.86x.
+_NARROW_SMALL_WT = 20
+_NARROW_SMALL_WT_MAX_W = 96
 # At most 128 tokens: one token tile, K split where the grid fills under a quarter of a wave
 # with 48+ k-tiles (up to 3/4 of a wave, each split 12+ k-tiles long), or in two under half a
 # wave with 128+: 9x1024x4096 (16 tiles) 0.78x -> 1.07x cuBLAS in 5 splits, 25x1280x5120 0.82x
@@ -486,7 +492,7 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
     if t < 1:
         return None
     w = math.ceil(m / t / 16) * 16
-    if w > NARROW_MAX_W:
+    if w > NARROW_MAX_W or (wt < _NARROW_SMALL_WT and w > _NARROW_SMALL_WT_MAX_W):
         return None
     t = math.ceil(m / w)
     if t >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K):
