@@ -957,7 +957,8 @@ def test_narrow_swap_picks():
     assert pick(36, 768, 768) == (64, 16, 1, 1, 1)
     # Under 20 weight tiles, token tiles at most 96 wide: wider ones leave it to 128-row tiles.
     assert pick(1043, 768, 768) == (64, 96, 1, 1, 1) and pick(1671, 768, 3072) is None
-    assert swap_config(37, 4096, 4096).stages == 12 and swap_config(15, 57344, 8192).stages == 12
+    assert swap_config(37, 4096, 4096).stages == 12 and swap_config(20, 57344, 8192).stages == 12
+    assert swap_config(15, 57344, 8192).stages is None  # decode-sized: the default ring
     assert swap_config(71, 768, 768).stages is None  # unclustered token tiles re-read the weight
     assert swap_config(37, 4096, 4096, in_bytes=1) == GemmConfig(64, 32, 1, 1, swap_ab=True)  # 8-bit: not measured
     # Every width in more than 4 waves: widths weighed by per-tile efficiency; else waves x width.

@@ -435,9 +435,11 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_by
     """The 64-row swap_ab config for an M x N x K problem (module notes above), or None where
     M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave. 16-bit inputs
     (in_bytes = 2; k is costed as 16-bit either way) pair token tiles in 1 x 2 clusters at
-    17-128 tokens and take deep A/B rings where every weight tile is read once (`deep_ring`)."""
+    17-128 tokens and, from 17 tokens, take deep A/B rings where every weight tile is read
+    once per cluster (`deep_ring`)."""
     cfg = _narrow_swap_config(m, n, k, num_sms, in_bytes == 2)
-    if cfg is None or in_bytes != 2 or math.ceil(m / cfg.tile_n) > cfg.cluster_n:
+    # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8).
+    if cfg is None or in_bytes != 2 or m < _PAIRED_MIN_M or math.ceil(m / cfg.tile_n) > cfg.cluster_n:
         return cfg
     return deep_ring(cfg)
 
