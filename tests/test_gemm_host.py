@@ -885,7 +885,8 @@ def test_tune_gemm_config_labels_round_trip():
     from cute_kernels.matmul.heuristics import CANDIDATES
 
     cfgs = list(CANDIDATES) + [GemmConfig(128, 256, 1, 2, raster_m=False), GemmConfig(128, 256, 2, 1, group=16),
-                               dataclasses.replace(CANDIDATES[0], split_k=3)]
+                               dataclasses.replace(CANDIDATES[0], split_k=3), GemmConfig(128, 128, promote=True),
+                               GemmConfig(64, 32, 1, 2, split_k=2, swap_ab=True, stages=12)]
     for c in cfgs:
         assert parse_label(_label(c)) == c
     with pytest.raises(ValueError, match="not a config label"):
