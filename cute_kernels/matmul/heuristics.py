@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .config import H100_SMS, MAX_AB_STAGES, MAX_ACTIVE_CLUSTERS, GemmConfig, stages_that_fit
+from .config import H100_SMS, MAX_AB_STAGES, MAX_ACTIVE_CLUSTERS, GemmConfig, grid_clusters, stages_that_fit
 
 CANDIDATES: tuple[GemmConfig, ...] = (
     GemmConfig(128, 256, 2, 1),
@@ -122,9 +122,7 @@ def _waves(tiles_m: int, tiles_n: int, cm: int, cn: int, num_sms: int = H100_SMS
 def config_waves(cfg: GemmConfig, m: int, n: int, num_sms: int = H100_SMS) -> int:
     """Waves of `cfg`'s persistent grid for an M x N output (the swapped kernel's view under
     swap_ab; split-K counted, its splits being extra work items)."""
-    m, n = cfg.kernel_mn(m, n)
-    tiles_m, tiles_n = math.ceil(m / cfg.tile_m), math.ceil(n / cfg.tile_n)
-    clusters = math.ceil(tiles_m / cfg.cluster_m) * math.ceil(tiles_n / cfg.cluster_n)
+    clusters, _ = grid_clusters(cfg, *cfg.kernel_mn(m, n))
     per_wave = _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms)
     head = clusters - clusters % per_wave  # whole waves run unsplit (GemmSm90._split_head)
     return math.ceil((head + (clusters - head) * cfg.split_k) / per_wave)
@@ -478,7 +476,7 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
         split = 1
         if k_tiles >= _PAIRED_SPLIT_MIN_K_TILES:
             split = min(num_sms // (2 * wt), k_tiles // _NARROW_SPLIT_K_TILES, _NARROW_MAX_SPLIT)
-        return GemmConfig(64, math.ceil(m / 32) * 16, 1, 2, split_k=max(split, 1), swap_ab=True)
+        return GemmConfig(64, math.ceil(m / 32) * 16, 1, 2, split_k=split, swap_ab=True)
     if m <= 128:
         split = 1
         if 4 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_MIN_K_TILES:
