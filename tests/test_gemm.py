@@ -924,7 +924,6 @@ def test_swap_256_picks():
     assert pick(1355, 3584, 3584) == (256, 160, 2, 1, True)  # 14 x 9 tiles: one wave of 63 clusters
     assert pick(1065, 4096, 14336) == (256, 144, 2, 1, True)
     assert pick(1931, 3584, 3584)[0] == 128  # 256 x 112 costs what 128 x 224 swapped does
-    assert pick(2900, 1024, 4096) == (256, 96, 2, 1, True)  # GPT-2 medium's down_proj: 4 weight tiles
     assert pick(781, 4800, 1600)[:2] == (256, 144)  # a 16-column-slab width at K < 2048
     assert pick(1809, 768, 3072)[0] != 256 and pick(300, 4096, 4096)[0] != 256 and pick(8192, 4096, 4096)[1] != 144
     assert pick(1355, 3584, 3584, in_bytes=1)[0] != 256
@@ -934,6 +933,34 @@ def test_swap_256_picks():
     assert pick_cost(1355, 3584, 3584, new) < 0.99 * pick_cost(1355, 3584, 3584, cur)
     with pytest.raises(ValueError, match="256-row swap_ab"):
         GemmConfig(256, 160, 2, 1, swap_ab=True).validate(in_bytes=1)
+
+
+def test_wave_swap_picks():
+    """One wave of 128-row swap_ab tiles in 2 x 1 clusters on a narrow weight (768 <= N < 2048)
+    at 1400-4096 tokens, the narrowest width in steps of 32 that fits; with K >= 4096 under
+    2000 tokens only where the pick it replaces takes two waves or more; 16-bit only."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import config_waves, wave_swap_config
+
+    def pick(m, n, k, in_bytes=2):
+        return api._pick_config(m, n, k, in_bytes, in_bytes == 2, None, True)
+
+    assert pick(2081, 768, 768) == GemmConfig(128, 96, 2, 1, swap_ab=True)  # 6 x 22 tiles: 132 CTAs
+    assert pick(2900, 1024, 4096) == GemmConfig(128, 192, 2, 1, swap_ab=True)
+    assert pick(2081, 1600, 1600) == GemmConfig(128, 256, 2, 1, swap_ab=True)  # 14 x 9 (224: 14 x 10 = 140)
+    for m, n, k in ((2081, 768, 768), (3444, 1024, 1024), (1500, 1600, 6400), (4096, 768, 3072)):
+        cfg = pick(m, n, k)
+        if cfg.swap_ab and cfg.tile_m == 128:
+            assert config_waves(cfg, m, n) == 1 and cfg.tile_n % 32 == 0 and cfg.cluster_mn == (2, 1)
+    assert pick(1300, 1600, 1600).tile_m != 128 or not pick(1300, 1600, 1600).swap_ab  # under 1400 tokens
+    assert not pick(2081, 2304, 768).swap_ab or pick(2081, 2304, 768).tile_m != 128 or \
+        wave_swap_config(2081, 2304, 768, pick(2081, 2304, 768)) is None  # N >= 2048: not a narrow weight
+    one_wave = GemmConfig(128, 128, 2, 2, pingpong=True)
+    assert wave_swap_config(1444, 1280, 5120, one_wave) is None  # long K, few tokens, a one-wave pick
+    two_waves = GemmConfig(128, 96, 1, 1)
+    assert config_waves(two_waves, 1831, 1600) == 2
+    assert wave_swap_config(1831, 1600, 6400, two_waves) == GemmConfig(128, 224, 2, 1, swap_ab=True)
+    assert pick(2081, 768, 768, in_bytes=1).tile_n != 96 or not pick(2081, 768, 768, in_bytes=1).swap_ab
 
 
 def test_narrow_swap_picks():

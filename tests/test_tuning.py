@@ -387,6 +387,24 @@ def test_swap_candidates():
         Problem("bf16", "bf16", "kk", "residual", 273, 5120, 5120).check(GemmConfig(128, 96, 2, 1, swap_ab=True))
 
 
+def test_wave_swap_candidates():
+    """On a narrow weight from 1024 tokens the tuner also times one wave of 128-row swap_ab
+    tiles: the three narrowest widths that fit in 2 x 1 clusters (steps of 32 under K = 2048)
+    and the narrowest in 1 x 2; none for 8-bit inputs or N >= 2048."""
+    from cute_kernels.matmul.heuristics import config_waves
+    from cute_kernels.tuning.tune import candidates, wave_swap_candidates
+
+    p = Problem("bf16", "bf16", "kk", "plain", 2081, 1024, 1024)
+    got = wave_swap_candidates(p)
+    assert [(c.tile_n, c.cluster_mn) for c in got] == [(160, (2, 1)), (192, (2, 1)), (224, (2, 1)), (160, (1, 2))]
+    assert all(c.swap_ab and c.tile_m == 128 and config_waves(c, 2081, 1024) == 1 for c in got)
+    assert set(got) <= set(candidates(p))
+    assert {c.tile_n for c in wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 2081, 1024, 4096))} >= {144}
+    assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 900, 1024, 1024)) == []
+    assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 2081, 4096, 1024)) == []
+    assert wave_swap_candidates(Problem("int8", "bf16", "kk", "vector", 2081, 1024, 1024)) == []
+
+
 def test_compile_entries_are_the_keys_dispatch_builds(gemm_keys, recorded_builds):
     """The tuner builds ahead exactly the kernel that dispatch asks the cache for."""
     from cute_kernels.matmul.api import get_kernel

@@ -16,7 +16,7 @@ from ..runtime.dtypes import FP8 as _FP8
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supported, swapped_epilogue
-from .heuristics import default_config, skinny_gemv, split_config, swap_256_config, swap_config
+from .heuristics import default_config, skinny_gemv, split_config, swap_256_config, swap_config, wave_swap_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
@@ -153,9 +153,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     tile its tuning never met pads M less (below), else the
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
-    (heuristics.split_config); for 16-bit inputs a 256-row swap_ab tile replaces that pick
-    where modelled cheaper (heuristics.swap_256_config). Memoised: a dispatch pays the lookup
-    once per shape."""
+    (heuristics.split_config); for 16-bit inputs one wave of 128-row swap_ab tiles replaces
+    that pick on a narrow weight at 1400-4096 tokens (heuristics.wave_swap_config), else a
+    256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config). Memoised: a
+    dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes) if swappable else None
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)
@@ -175,7 +176,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     else:
         pick = default_config(M, N, K, in_bytes=in_bytes)
     if swappable and in_bytes == 2:
-        return swap_256_config(M, N, K, pick) or pick
+        return wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick) or pick
     return pick
 
 

@@ -509,6 +509,42 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
     return GemmConfig(64, w, cm, cn, swap_ab=True)
 
 
+# Narrow weights (fewer than SWAP_MIN_N rows: the GPT-2 family) at 1400-4096 tokens: one wave of
+# 128-row swap_ab tiles in 2 x 1 clusters, the narrowest width in steps of 32 that fits, as cuBLAS
+# runs there (its kernel names on the H100: 128 x 88-304 token tiles in 120-132 CTAs, e.g.
+# 128x216 at 2081x1600x1600). Same run on the H100 (`gemm_swap_wave_h100.md`), 31 probe shapes
+# of 1400-3500 tokens against weights of 768-1600 rows: 29 picks change, 1.095x (min 0.978x),
+# 0.832x -> 0.906x cuBLAS (2081x1024x4096 0.73x -> 0.94x, 2331x1024x4096 0.67x -> 0.97x). On a
+# held-out draw of 34 shapes (a later run) the rule without the long-K guard below changed 29
+# picks, 1.035x, min 0.764x; with it 26, 1.062x, min 0.942x (0.885x -> 0.927x cuBLAS). Below
+# 1400 tokens the one-wave tiles lost to 64-row ones (1302x1600x6400 0.74x, 767x1280x5120
+# 0.79x); 1 x 2 clusters, which pad an odd weight-tile count with a whole row of CTAs, lost
+# where 2 x 1 fits no wave; widths of 16 mod 32 lost at K = 5120 (1671x1280x5120 128 x 144:
+# 0.89x the pick). The long-K guard: with K >= 4096 under 2000 tokens the rule replaces only a
+# pick of two or more waves; one wave of unswapped ping-pong tiles in 2 x 2 clusters won there
+# (1444x1280x5120 128 x 128: 0.0299 ms vs 0.0392 swapped), two waves of 128 x 96 lost
+# (1831x1600x6400 0.1000 vs 0.0633).
+WAVE_SWAP_M = (1400, 4096)
+_WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
+_WAVE_SWAP_LONG_K = 4096
+_WAVE_SWAP_LONG_K_MIN_M = 2000
+
+
+def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The one-wave 128-row swap_ab config for a 16-bit M x N x K problem with a narrow weight
+    (notes above) to replace `current` (the pick it would replace), or None outside that range
+    or where no width fits one wave."""
+    if not (WAVE_SWAP_M[0] <= m <= WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K):
+        return None
+    if k >= _WAVE_SWAP_LONG_K and m < _WAVE_SWAP_LONG_K_MIN_M and config_waves(current, m, n, num_sms) < 2:
+        return None
+    for w in _WAVE_SWAP_WIDTHS:
+        cfg = GemmConfig(128, w, 2, 1, swap_ab=True)
+        if config_waves(cfg, m, n, num_sms) == 1:
+            return cfg
+    return None
+
+
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
