@@ -952,15 +952,14 @@ def test_wave_swap_picks():
         cfg = pick(m, n, k)
         if cfg.swap_ab and cfg.tile_m == 128:
             assert config_waves(cfg, m, n) == 1 and cfg.tile_n % 32 == 0 and cfg.cluster_mn == (2, 1)
-    assert pick(1300, 1600, 1600).tile_m != 128 or not pick(1300, 1600, 1600).swap_ab  # under 1400 tokens
-    assert not pick(2081, 2304, 768).swap_ab or pick(2081, 2304, 768).tile_m != 128 or \
-        wave_swap_config(2081, 2304, 768, pick(2081, 2304, 768)) is None  # N >= 2048: not a narrow weight
+    assert wave_swap_config(1300, 1600, 1600, pick(1300, 1600, 1600)) is None  # under 1400 tokens
+    assert wave_swap_config(2081, 2304, 768, pick(2081, 2304, 768)) is None  # N >= 2048: not a narrow weight
     one_wave = GemmConfig(128, 128, 2, 2, pingpong=True)
     assert wave_swap_config(1444, 1280, 5120, one_wave) is None  # long K, few tokens, a one-wave pick
     two_waves = GemmConfig(128, 96, 1, 1)
     assert config_waves(two_waves, 1831, 1600) == 2
     assert wave_swap_config(1831, 1600, 6400, two_waves) == GemmConfig(128, 224, 2, 1, swap_ab=True)
-    assert pick(2081, 768, 768, in_bytes=1).tile_n != 96 or not pick(2081, 768, 768, in_bytes=1).swap_ab
+    assert pick(2081, 768, 768, in_bytes=1) != GemmConfig(128, 96, 2, 1, swap_ab=True)  # 16-bit only
 
 
 def test_narrow_swap_picks():

@@ -521,9 +521,9 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
 # 0.79x); 1 x 2 clusters, which pad an odd weight-tile count with a whole row of CTAs, lost
 # where 2 x 1 fits no wave; widths of 16 mod 32 lost at K = 5120 (1671x1280x5120 128 x 144:
 # 0.89x the pick). The long-K guard: with K >= 4096 under 2000 tokens the rule replaces only a
-# pick of two or more waves; one wave of unswapped ping-pong tiles in 2 x 2 clusters won there
-# (1444x1280x5120 128 x 128: 0.0299 ms vs 0.0392 swapped), two waves of 128 x 96 lost
-# (1831x1600x6400 0.1000 vs 0.0633).
+# pick of two or more waves: one wave of unswapped ping-pong tiles in 2 x 2 clusters beat the
+# swapped tiles there (1444x1280x5120 128 x 128: 0.0299 ms vs 0.0392), two waves of unswapped
+# 128 x 96 tiles did not (1831x1600x6400 0.1000 ms vs 0.0633).
 WAVE_SWAP_M = (1400, 4096)
 _WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
 _WAVE_SWAP_LONG_K = 4096
