@@ -538,11 +538,16 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
         return None
     if k >= _WAVE_SWAP_LONG_K and m < _WAVE_SWAP_LONG_K_MIN_M and config_waves(current, m, n, num_sms) < 2:
         return None
-    for w in _WAVE_SWAP_WIDTHS:
-        cfg = GemmConfig(128, w, 2, 1, swap_ab=True)
-        if config_waves(cfg, m, n, num_sms) == 1:
-            return cfg
-    return None
+    fits = one_wave_swaps(m, n, _WAVE_SWAP_WIDTHS, num_sms=num_sms)
+    return fits[0] if fits else None
+
+
+def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *,
+                   num_sms: int = H100_SMS) -> list[GemmConfig]:
+    """The 128-row swap_ab configs of `widths` (in their order) in `cluster` whose grid runs an
+    M x N problem in one wave."""
+    configs = (GemmConfig(128, w, *cluster, swap_ab=True) for w in widths)
+    return [c for c in configs if config_waves(c, m, n, num_sms) == 1]
 
 
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:

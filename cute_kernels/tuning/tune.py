@@ -208,20 +208,15 @@ def wave_swap_candidates(problem: Problem) -> list[GemmConfig]:
     """One wave of 128-row swap_ab tiles on a narrow weight (`heuristics.wave_swap_config`),
     from 1024 tokens: the three narrowest widths whose grid fits one wave in 2 x 1 clusters
     (steps of 16 from K = 2048, else 32), and the narrowest in 1 x 2."""
-    from ..matmul.heuristics import NARROW_MIN_K, NARROW_MIN_N, SWAP_MIN_N, WAVE_SWAP_M, config_waves
+    from ..matmul.heuristics import NARROW_MIN_K, NARROW_MIN_N, SWAP_MIN_N, WAVE_SWAP_M, one_wave_swaps
 
     if (problem.promoted or problem.in_bytes != 2 or not 1024 <= problem.m <= WAVE_SWAP_M[1]
             or not NARROW_MIN_N <= problem.n < SWAP_MIN_N or problem.k < NARROW_MIN_K or not _swappable(problem)):
         return []
-    step = 16 if problem.k >= 2048 else 32
-    out = {(2, 1): [], (1, 2): []}
-    for w in range(96, 257, step):
-        for cm, cn in out:
-            cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
-            if len(out[(cm, cn)]) < (3 if cm == 2 else 1) and config_waves(cfg, problem.m, problem.n) == 1 \
-                    and _fits(problem, cfg):
-                out[(cm, cn)].append(cfg)
-    return out[(2, 1)] + out[(1, 2)]
+    widths = range(96, 257, 16 if problem.k >= 2048 else 32)
+    fitting = lambda cluster: [c for c in one_wave_swaps(problem.m, problem.n, widths, cluster)  # noqa: E731
+                               if _fits(problem, c)]
+    return fitting((2, 1))[:3] + fitting((1, 2))[:1]
 
 
 def narrow_candidates(problem: Problem) -> list[GemmConfig]:
