@@ -40,6 +40,25 @@ def test_attention_compiles_for_sm90a(tmp_path, head_dim, wg, causal):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("head_dim,seqlen_q,ratio", [(64, 4096, 8), (64, 1024, 4), (128, 1024, 8)])
+def test_gqa_packed_attention_compiles_for_sm90a(tmp_path, head_dim, seqlen_q, ratio):
+    """GQA packing: Q and O move as 5-D TMA boxes ((heads, positions), D, KV head, batch),
+    no spills, no serialized wgmmas."""
+    from cute_kernels.attention.api import _compile
+    from cute_kernels.attention.config import prefill_config
+    from tests.test_gemm import _ptxas_report
+
+    cfg = dataclasses.replace(prefill_config(head_dim, seqlen_q, ratio, True), pack_gqa=ratio)
+    assert cfg.tma_o
+    _compile(torch.bfloat16, cfg, True, False, False, False, keep_dir=str(tmp_path))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    assert "cp.async.bulk.tensor.5d.shared::cta.global" in ptx and "cp.async.bulk.tensor.5d.global.shared::cta" in ptx
+    report = _ptxas_report(ptx_path)
+    assert not report or ("0 bytes spill stores" in report and not re.search(r"\(C751\d\)", report)), report
+
+
+@pytest.mark.compile
 def test_causal_key_range_per_warpgroup_compiles_both_ways(tmp_path):
     """wg_key_range (on by default) and off: both build clean for the 192-row causal tile."""
     from cute_kernels.attention.api import _compile
@@ -94,7 +113,7 @@ def test_validation_on_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads", [(12, 12), (32, 8), (12, 1)])
+@pytest.mark.parametrize("heads", [(12, 12), (32, 8), (16, 2), (12, 1)])
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 17), (128, 128), (1000, 1000), (4097, 4097), (64, 1000), (1000, 64)])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
@@ -107,6 +126,8 @@ def test_flash_attn_matches_reference(causal, heads, seqlens, head_dim):
     (64, dict(stages=5)), (128, dict(stages=3, tma_o=False)), (64, dict(tma_o=False)), (128, dict(tma_o=False)),
     (128, dict(n_block=160)), (128, dict(n_block=176, tma_o=False)), (128, dict(n_block=192, tma_o=False)),
     (64, dict(n_block=176)),
+    # GQA packing off at D = 64 (the pick packs (32, 8)'s 4 heads), on at D = 128; 2 warpgroups.
+    (64, dict(pack_gqa=1)), (128, dict(pack_gqa=4)), (64, dict(num_mma_wg=2, pingpong=False)),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attn_other_configs(head_dim, overrides, causal):
@@ -128,7 +149,7 @@ def _check_flash_attn(causal, heads, seqlens, head_dim, overrides=None):
     if overrides is None:
         out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
     else:
-        cfg = dataclasses.replace(api.prefill_config(head_dim, sq), **overrides)
+        cfg = dataclasses.replace(api.prefill_config(head_dim, sq, hq // hkv, causal), **overrides)
         splits = api._resolve_splits(None, 2, hq, sq, sk)
         out, lse = api._run(q, k, v, causal, None, num_splits=splits, config=cfg)
     ref, ref_lse = flash_attn_ref(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
@@ -338,6 +359,12 @@ def test_prefill_config_choices():
     # O through shared memory and TMA where its slots fit: not at D = 256.
     assert [prefill_config(D, 1024).tma_o for D in (64, 96, 128, 256)] == [True, True, True, False]
     assert prefill_config(64, 4096).tma_o
+    # GQA packing at D = 64: the ratio where a warpgroup's 64 rows hold whole positions.
+    assert [prefill_config(64, 1024, r).pack_gqa for r in (1, 2, 3, 4, 8, 16, 32)] == [1, 2, 1, 4, 8, 16, 1]
+    assert prefill_config(128, 1024, 8).pack_gqa == 1
+    # Three warpgroups at D = 64 below 2048 rows only for causal or packed tiles, without ping-pong.
+    assert [prefill_config(64, 1024, r, c).num_mma_wg for r, c in ((1, False), (1, True), (8, False))] == [2, 3, 3]
+    assert not prefill_config(64, 1024, 8).pingpong and prefill_config(64, 2048, 8).pingpong
 
 
 def test_unsupported_head_dim_is_a_value_error():
@@ -362,6 +389,7 @@ def test_validate_rejects_configs_that_cannot_work():
         (PrefillConfig(64, n_block=96), "n_block"),
         (PrefillConfig(64, exps_before_pv_wait=65), "exps_before_pv_wait"),
         (PrefillConfig(64, stages=0), "stages"),
+        (PrefillConfig(64, pack_gqa=3), "pack_gqa"),
         (DecodeConfig(96, vec=1), "divides a warp"),  # 12 threads a row
         (DecodeConfig(64, vec=3), "divides a warp"),
         (DecodeConfig(64, threads=100), "multiple of 32"),
@@ -879,7 +907,9 @@ def test_fp8_prefill_config():
     from cute_kernels.attention.config import PrefillConfig, prefill_config, prefill_config_fp8
 
     assert prefill_config_fp8(128, 4096).n_block == 224 and prefill_config_fp8(128, 1024).n_block == 128
-    assert prefill_config_fp8(64, 4096) == prefill_config(64, 4096)
+    # D = 64: the 16-bit pick with its 4 K/V stages (the 2-stage 192-row tiles were timed on bf16 only).
+    assert prefill_config_fp8(64, 4096) == dataclasses.replace(prefill_config(64, 4096), stages=4)
+    assert prefill_config(64, 4096).stages == 2 and prefill_config(64, 1024, 1, True).stages == 4
     PrefillConfig(128, n_block=224).validate(in_bytes=1)
     with pytest.raises(ValueError, match="n_block must be one of"):
         PrefillConfig(128, n_block=224).validate()

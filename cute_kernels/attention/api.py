@@ -7,6 +7,8 @@ the compile cache, launch on the current stream.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..runtime import KERNELS, TARGET_ARCH, check_device, env, num_sms
@@ -373,15 +375,20 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
     if out.numel():
         lens_k, lens_q = seqlens_k is not None, seqlens_q is not None
         split_kv = splits > 1
-        fn = _kernel(q.dtype, config or prefill_config(D, Sq), bool(causal), lens_k, lens_q, split_kv)
-        scale = softmax_scale_log2(D, softmax_scale)
         ratio = Hq // k.shape[2]
+        # GQA packing needs one row per (position, head) of a single query length, unsplit.
+        packable = not (lens_q or split_kv)
+        cfg = config or prefill_config(D, Sq, ratio if packable else 1, bool(causal))
+        if cfg.pack_gqa > 1 and (not packable or cfg.pack_gqa != ratio):
+            cfg = replace(cfg, pack_gqa=1)
+        fn = _kernel(q.dtype, cfg, bool(causal), lens_k, lens_q, split_kv)
+        scale = softmax_scale_log2(D, softmax_scale)
         # Persistent CTAs remove the per-tile launch/prologue/epilogue bubbles, which
         # dominate short tiles; long causal tiles balance better under the hardware's
         # dynamic CTA scheduler (one CTA per tile, longest first). Same-run A/B on the
         # H100 (docs/attention.md): persistent wins every non-causal shape and causal S <= 1024.
         sms = num_sms(q.device.index or 0) if (not causal or k.shape[1] <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30
-        group = heads_per_group(k.shape[1], D, ratio)
+        group = heads_per_group(k.shape[1], D, ratio // cfg.pack_gqa)
         if split_kv:
             o_parts = torch.empty((splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
             lse_parts = torch.empty((splits, B, Hq, Sq), dtype=torch.float32, device=q.device)
@@ -549,7 +556,8 @@ def _invariant_plan(invariant: bool, num_splits, seqlen_q: int, head_dim: int):
     split-KV: where splits go, and whether they merge in a cluster, follows the batch and head
     counts) and, for one query row, the SIMT decode kernel's per-head-dim config (the
     tensor-core kernel and the many-wave configs are picked by the CTA count). The prefill
-    kernel's config already depends on the head dim and the query length only."""
+    kernel's config already depends on the head dim, the query length, the GQA ratio and the
+    mask only (GQA packing changes which rows share a tile, not what any row computes)."""
     if not invariant:
         return num_splits, None
     if num_splits not in (None, 1):

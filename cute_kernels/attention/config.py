@@ -51,7 +51,12 @@ class PrefillConfig:
     every warpgroup runs the tile's block count. tma_o: each consumer warpgroup writes its
     64 x D block of O to its own shared-memory slot (stmatrix) and one thread stores it with
     TMA, instead of 4-byte global stores from the registers (full 64-row blocks only; split-KV
-    partials are fp32 and keep the register stores).
+    partials are fp32 and keep the register stores). pack_gqa: query heads per KV head folded
+    into a tile's rows (as FlashAttention-4's pack_gqa): tile row r is query position
+    r // pack_gqa of head h_kv * pack_gqa + r % pack_gqa, so one tile's K/V blocks serve every
+    query head of its KV head, a sequence's rows fill the tiles with one ragged tile per KV
+    head instead of one per query head, and a causal tile spans m_block / pack_gqa positions.
+    1: off (the host turns it off for per-sequence query lengths and split-KV).
     """
 
     head_dim: int
@@ -62,6 +67,7 @@ class PrefillConfig:
     exps_before_pv_wait: int | None = None
     wg_key_range: bool = True
     tma_o: bool = False
+    pack_gqa: int = 1
 
     ROWS_PER_WG = 64  # a consumer warpgroup's query rows (the wgmma M): not a field
 
@@ -103,6 +109,11 @@ class PrefillConfig:
         if acc > limit:
             raise ValueError(f"{self}: the O and S accumulators take {acc} registers a thread, over the {limit} "
                              f"that {self.num_mma_wg} consumer warpgroups leave (D = 256 needs n_block = 64 and 2 of them)")
+        # The TMA boxes of Q (m_block rows) and of each warpgroup's O slot (64 rows) take whole
+        # query positions: pack_gqa heads per position.
+        if self.pack_gqa not in (1, 2, 4, 8, 16):
+            raise ValueError(f"pack_gqa must be 1, 2, 4, 8 or 16 (a divisor of a warpgroup's 64 rows), "
+                             f"got {self.pack_gqa}")
         if self.exps_before_pv_wait is not None and not 0 <= self.exps_before_pv_wait <= self.n_block // 2:
             raise ValueError(f"exps_before_pv_wait must be None or 0..{self.n_block // 2} (a thread's scores per "
                              f"block), got {self.exps_before_pv_wait}")
@@ -114,15 +125,35 @@ class PrefillConfig:
 # Consumer warpgroups per CTA (64 query rows each). At D = 64 the softmax's exp2s take as
 # many cycles as the two GEMMs, and a third warpgroup (192-row tiles, as FlashAttention-3
 # uses) keeps the tensor cores busier: same-run A/B on the H100, S = 4096: +8% (+4%
-# causal); S = 1024: -1% (-9% causal: 1024 rows make 5.3 tiles of 192, and causal tiles
-# balance worse). So three only from THREE_WG_MIN_SQ query rows on.
+# causal). Below THREE_WG_MIN_SQ query rows, three only where the tiles still balance:
+# causal, or GQA-packed rows (ab_attention_pack64_h100.md: S 512-1024, against two
+# warpgroups, causal MHA +4-5%, packed GQA 8 +3-7%, causal +7-11%; non-causal MHA -5%,
+# where 1024 rows make 5.3 tiles of 192). These short-query 3-warpgroup tiles run without
+# ping-pong, as measured.
 THREE_WG_MIN_SQ = 2048
 
 
-def prefill_config(head_dim: int, seqlen_q: int) -> PrefillConfig:
-    """The prefill kernel's config for a head dim and query length."""
+def prefill_config(head_dim: int, seqlen_q: int, qheads_per_kvhead: int = 1, causal: bool = False) -> PrefillConfig:
+    """The prefill kernel's config for a head dim, query length, GQA ratio and mask.
+
+    GQA packing (pack_gqa) at D = 64 only: same-run A/B on the H100 over the widened suite's
+    GQA 8 shapes (ab_attention_pack64_h100.md, ab_attention_pack128_h100.md): D = 64 packed
+    1.014x geomean (S 2048-4096 +2-7%), D = 128 0.985x (causal S 512-1024 -5% to -7%)."""
     check_head_dim(head_dim)
-    return _prefill_config(head_dim, seqlen_q >= THREE_WG_MIN_SQ)
+    pack = gqa_pack(qheads_per_kvhead) if head_dim == 64 else 1
+    cfg = _prefill_config(head_dim, seqlen_q >= THREE_WG_MIN_SQ)
+    if head_dim == 64 and cfg.num_mma_wg == 2 and (causal or pack > 1):
+        cfg = replace(cfg, num_mma_wg=3)
+    if pack > 1:
+        cfg = replace(cfg, pack_gqa=pack)
+    cfg.validate()
+    return cfg
+
+
+def gqa_pack(qheads_per_kvhead: int) -> int:
+    """pack_gqa for a GQA ratio: the ratio itself where a warpgroup's 64 rows hold whole query
+    positions (2, 4, 8, 16), else 1."""
+    return qheads_per_kvhead if qheads_per_kvhead in (2, 4, 8, 16) else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,8 +175,12 @@ def _prefill_config(head_dim: int, long_q: bool) -> PrefillConfig:
         # non-causal -1%); D = 128 moved +-2% either way with 4, 8 or 32 and keeps the wait
         # after all of them.
         exps_before_pv_wait=32 if head_dim == 64 else None,
-        # stages: the default (4 at D = 64, 2 above). One more stage (5 / 3) measured 0.992x
-        # geomean over the suite's prefill cases on the H100 (docs/tried-and-not-kept.md).
+        # K/V stages: 4 at D = 64 below 2048 query rows, 2 elsewhere. One more (5 / 3)
+        # measured 0.992x geomean over the suite's prefill cases on the H100
+        # (docs/tried-and-not-kept.md). The 192-row tiles from 2048 rows take 2, as
+        # FlashAttention-4's do: ab_attention_sched64_h100.md, 16 shapes S 2048-16384, each
+        # +0.2% to +3.3% over 4 stages (3: -0.5% to +3.8%).
+        stages=2 if head_dim == 64 and long_q else None,
     )
     # O through shared memory and TMA wherever its slots fit (all but D = 256, whose Q and
     # K/V ring leave no 64 KB): same-run A/B on the H100 over the widened suite's D = 128
@@ -164,6 +199,8 @@ def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
     (against 128-key blocks): 4x32x4096 +5-7%, 2x32/4x8192 +6-10%, causal +1-3%; causal
     16x32/8x1024 -9%, whose tiles see too few blocks to amortize the wider ones."""
     cfg = prefill_config(head_dim, seqlen_q)
+    if head_dim == 64:  # 4 K/V stages: the 2-stage 16-bit pick was not measured on e4m3
+        cfg = replace(cfg, stages=4)
     if head_dim == 128 and seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ:
         cfg = replace(cfg, n_block=224)
     cfg.validate(in_bytes=1)

@@ -2,7 +2,8 @@
 
     O[b, i, h] = softmax(scale * Q[b, i, h] K[b, :, h_kv]^T + mask) V[b, :, h_kv]
 
-A tile is a 128-row block of queries of one (batch, head); CTAs are persistent (one per
+A tile is a 128- or 192-row block of queries of one (batch, head), or of one (batch, KV
+head) with its query heads packed into the rows; CTAs are persistent (one per
 SM, looping over tiles; see `_tiles`) or, with a grid of one CTA per tile, plain. Causal
 masking is aligned bottom-right (query i sees keys j <= i + Sk - Sq), as FlashAttention
 does; key blocks that are fully masked are never loaded.
@@ -79,6 +80,10 @@ class FlashAttnFwdSm90:
     rest (waits on and releases each K/V stage, takes its turns), so the producer's ring
     and the round robin see the same sequence from every warpgroup.
 
+    GQA packing (`pack_gqa`): a tile's rows are (query position, query head) pairs of one KV
+    head, head fastest; Q and O move as 5-D TMA boxes ((heads, positions), D, KV head,
+    batch), and the causal limit and LSE index take the row's position and head.
+
     Split-KV (`split_kv`, for grids too small to fill the GPU, e.g. decode): grid z is
     batch x splits, each CTA takes a balanced range of the query block's key blocks and
     writes its own normalised fp32 O and LSE; api.combine_splits merges them.
@@ -104,6 +109,10 @@ class FlashAttnFwdSm90:
         # Split-KV partials are fp32 rows of the split's own O: they keep the register stores.
         self.tma_o = cfg.tma_o and not split_kv
         self.wg_key_range = cfg.wg_key_range
+        # GQA packing: a tile's rows are (query position, query head of one KV head) pairs,
+        # head fastest; positions are rows // pack. Split-KV partials keep one row per head.
+        self.pack = cfg.pack_gqa
+        assert self.pack == 1 or not split_kv
         # Split-KV (decode): the key blocks of a query block are dealt out to `splits`
         # CTAs (the runtime leading extent of mO); each writes its own normalised fp32 O
         # and LSE, and api.py's combine step merges them with LSE weights.
@@ -116,6 +125,34 @@ class FlashAttnFwdSm90:
     def _permute(t: cute.Tensor, order) -> cute.Tensor:
         layout = cute.make_layout(tuple(t.shape[i] for i in order), stride=tuple(t.stride[i] for i in order))
         return cute.make_tensor(t.iterator, layout)
+
+    def _pack_rows(self, t: cute.Tensor) -> cute.Tensor:
+        """(s, d, h_q, b) -> ((pack, s), d, h_kv, b): row (i, s) is position s of query head
+        h_kv * pack + i (with pack = 1, unchanged)."""
+        if cutlass.const_expr(self.pack == 1):
+            return t
+        p = self.pack
+        layout = cute.make_layout(((p, t.shape[0]), t.shape[1], t.shape[2] // p, t.shape[3]),
+                                  stride=((t.stride[2], t.stride[0]), t.stride[1], t.stride[2] * p, t.stride[3]))
+        return cute.make_tensor(t.iterator, layout)
+
+    def _row_tiler(self, rows: int):
+        """The TMA tile of `rows` packed rows by D: whole positions of `pack` heads each."""
+        if cutlass.const_expr(self.pack == 1):
+            return (rows, self.head_dim)
+        return ((self.pack, rows // self.pack), self.head_dim)
+
+    def _pos(self, row):
+        """The query position of a (packed) tile row."""
+        if cutlass.const_expr(self.pack == 1):
+            return row
+        return row // self.pack
+
+    def _head(self, h, row):
+        """The query head of a (packed) tile row of the tile's head h."""
+        if cutlass.const_expr(self.pack == 1):
+            return h
+        return h * self.pack + row % self.pack
 
     @cute.jit
     def __call__(
@@ -141,7 +178,7 @@ class FlashAttnFwdSm90:
         # ((b, h_kv, d, s_k), keys contiguous). P stays in registers: see _p_fragment_view.
         self.fp8 = dtype.width == 8
         # Views the TMA helpers want: (rows, d, head, batch); V transposed to (d, s_k, ...).
-        q = self._permute(mQ, (1, 3, 2, 0))
+        q = self._pack_rows(self._permute(mQ, (1, 3, 2, 0)))
         k = self._permute(mK, (1, 3, 2, 0))
         vt = self._permute(mV, (2, 3, 1, 0) if self.fp8 else (3, 1, 2, 0))
         D, mb, nb = self.head_dim, self.m_block, self.n_block
@@ -159,7 +196,7 @@ class FlashAttnFwdSm90:
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (mb, nb, D), dtype, self.stages)
         sV_layout = sm90_utils.make_smem_layout_b(v_major, (mb, D, nb), dtype, self.stages)
         tma_q, tQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), q, cute.slice_(sQ_layout, (None, None, 0)), (mb, D))
+            cpasync.CopyBulkTensorTileG2SOp(), q, cute.slice_(sQ_layout, (None, None, 0)), self._row_tiler(mb))
         tma_k, tK = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), k, cute.slice_(sK_layout, (None, None, 0)), (nb, D))
         tma_v, tVt = cpasync.make_tiled_tma_atom(
@@ -174,8 +211,8 @@ class FlashAttnFwdSm90:
                 cutlass.Float32, (1, 1, 1), tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM,
             )
             tma_o, tO = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), self._permute(mO, (1, 3, 2, 0)),
-                cute.slice_(sO_layout, (None, None, 0)), (64, D))
+                cpasync.CopyBulkTensorTileS2GOp(), self._pack_rows(self._permute(mO, (1, 3, 2, 0))),
+                cute.slice_(sO_layout, (None, None, 0)), self._row_tiler(64))
         o_elems = cute.cosize(sO_layout) if self.tma_o else 8  # no O slots: a placeholder
 
         @cute.struct
@@ -192,7 +229,7 @@ class FlashAttnFwdSm90:
         bz = mQ.shape[0]
         if cutlass.const_expr(self.split_kv):
             bz = mQ.shape[0] * mO.shape[0]
-        num_tiles = cute.ceil_div(mQ.shape[1], mb) * mQ.shape[2] * bz
+        num_tiles = cute.ceil_div(mQ.shape[1] * self.pack, mb) * (mQ.shape[2] // self.pack) * bz
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tVt, tma_o, tO, mO, mLSE, mSeqlensK, mSeqlensQ, mScales, scale_log2,
@@ -266,7 +303,8 @@ class FlashAttnFwdSm90:
         n_heads, s_q_max, n_bz, splits = mO.shape[2], mO.shape[1], mO.shape[0], 1
         if cutlass.const_expr(self.split_kv):  # mO: (splits, b, s_q, h_q, d)
             n_heads, s_q_max, n_bz, splits = mO.shape[3], mO.shape[2], mO.shape[0] * mO.shape[1], mO.shape[0]
-        n_m = cute.ceil_div(s_q_max, self.m_block)
+        n_heads = n_heads // self.pack  # packed: a tile's head is a KV head
+        n_m = cute.ceil_div(s_q_max * self.pack, self.m_block)
         n_hz = n_heads * n_bz
         return (cute.arch.block_idx()[0], cute.arch.grid_dim()[0], n_m * n_hz, n_m, n_heads, n_hz, heads_per_group,
                 s_q_max, splits)
@@ -321,8 +359,8 @@ class FlashAttnFwdSm90:
     def _n_blocks(self, m_idx, s_q, s_k):
         """Key blocks this query block attends to (causal: up to the diagonal, bottom-right)."""
         n_end = s_k
-        if cutlass.const_expr(self.causal):
-            n_end = cutlass.min(s_k, (m_idx + 1) * self.m_block + s_k - s_q)
+        if cutlass.const_expr(self.causal):  # the tile's last position + 1, shifted
+            n_end = cutlass.min(s_k, self._pos((m_idx + 1) * self.m_block - 1) + 1 + s_k - s_q)
         return cutlass.max(cute.ceil_div(n_end, self.n_block), 0)
 
     @cute.jit
@@ -343,7 +381,7 @@ class FlashAttnFwdSm90:
                 cutlass.min(t, tiles[2] - 1), tiles, mSeqlensK, mSeqlensQ, tK.shape[0])
             if t >= tiles[2]:
                 n_blocks = 0
-            h_kv = h // qheads_per_kvhead
+            h_kv = h if cutlass.const_expr(self.pack > 1) else h // qheads_per_kvhead
             gQ = cute.local_tile(tQ[(None, None, h, b)], (self.m_block, self.head_dim), (m_idx, 0))
             gK = cute.local_tile(tK[(None, None, h_kv, b)], (self.n_block, self.head_dim), (None, 0))
             gV = cute.local_tile(tVt[(None, None, h_kv, b)], (self.head_dim, self.n_block), (0, None))
@@ -421,7 +459,7 @@ class FlashAttnFwdSm90:
             sl2 = scale_log2
             v_scale = cutlass.Float32(1.0)
             if cutlass.const_expr(self.fp8):
-                h_kv = h // qheads_per_kvhead
+                h_kv = h if cutlass.const_expr(self.pack > 1) else h // qheads_per_kvhead
                 sl2 = scale_log2 * mScales[b, h_kv, 0]
                 v_scale = mScales[b, h_kv, 1]
             # A 64xN wgmma accumulator holds, per thread, rows r and r+8 of its quad:
@@ -437,9 +475,9 @@ class FlashAttnFwdSm90:
             wrow0 = row0 + 64 * wg_idx
             n_mine = n_blocks
             if cutlass.const_expr(self.causal and self.wg_key_range and self.num_mma_wg > 1):
-                end = cutlass.min(s_k, wrow0 + 64 + causal_shift)
+                end = cutlass.min(s_k, self._pos(wrow0 + 63) + 1 + causal_shift)
                 n_mine = cutlass.max(cutlass.min(cute.ceil_div(end, self.n_block) - j_begin, n_blocks), 0)
-                if wrow0 >= s_q:
+                if wrow0 >= s_q * self.pack:
                     n_mine = 0
             if n_blocks > 0:
                 if cutlass.const_expr(self.pingpong):
@@ -541,11 +579,11 @@ class FlashAttnFwdSm90:
                     f = inv[v % 2]  # word v holds columns (2c, 2c + 1) of row half v % 2
                     rO32[v] = _cvt_pair(acc_o[2 * v] * f, acc_o[2 * v + 1] * f, self.o_dtype)
                 if cutlass.const_expr(self.tma_o):
-                    if wrow0 + 64 <= s_q:
+                    if wrow0 + 64 <= s_q * self.pack:
                         self._store_o_tma(rO, o_mma, sO, tma_o, tO, tidx, wg_idx, m_idx, h, b)
                     else:
                         self._store_o_rows(rO, tOcO, mO, b, h, row0, s_q)
-                elif row0 + self.m_block <= s_q:
+                elif row0 + self.m_block <= s_q and cutlass.const_expr(self.pack == 1):
                     # A full tile: each thread's column pairs go out as 4-byte stores.
                     gO = cute.local_tile(mO[b, None, h, None], (self.m_block, self.head_dim), (m_idx, 0))
                     cute.autovec_copy(rO, pv_mma.get_slice(tidx).partition_C(gO))
@@ -555,7 +593,7 @@ class FlashAttnFwdSm90:
             if c0 == 0:  # one thread of each quad writes its two rows' LSE
                 for half in cutlass.range_constexpr(2):
                     lrow = row0 + r0 + 8 * half
-                    if lrow < s_q:
+                    if lrow < s_q * self.pack:
                         log2_sum = cute.math.log2(cutlass.max(sums[half], cutlass.Float32(1e-30)), fastmath=True)
                         if cutlass.const_expr(self.fp8):
                             log2_sum = log2_sum - _P_SHIFT
@@ -564,7 +602,7 @@ class FlashAttnFwdSm90:
                         if cutlass.const_expr(self.split_kv):
                             mLSE[split, b, h, lrow] = lse
                         else:
-                            mLSE[b, h, lrow] = lse
+                            mLSE[b, self._head(h, lrow), self._pos(lrow)] = lse
         if cutlass.const_expr(self.tma_o):
             if tidx % 128 == 0:  # the slots must outlive the last stores' reads
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -574,8 +612,9 @@ class FlashAttnFwdSm90:
         """This thread's values of O, element by element, in rows before s_q only (a ragged tile)."""
         for v in cutlass.range_constexpr(cute.size(rO)):
             r_o, c_o = tOcO[v]
-            if row0 + r_o < s_q:
-                mO[b, row0 + r_o, h, c_o] = rO[v]
+            row = row0 + r_o
+            if row < s_q * self.pack:
+                mO[b, self._pos(row), self._head(h, row), c_o] = rO[v]
 
     @cute.jit
     def _store_o_tma(self, rO, o_mma, sO, tma_o, tO, tidx, wg_idx, m_idx, h, b):
@@ -641,13 +680,13 @@ class FlashAttnFwdSm90:
         """
         limit0 = s_k
         if cutlass.const_expr(self.causal):
-            limit0 = cutlass.min(s_k, wrow0 + causal_shift + 1)
+            limit0 = cutlass.min(s_k, self._pos(wrow0) + causal_shift + 1)
         if col0 + self.n_block > limit0:
             for v in cutlass.range_constexpr(cute.size(acc_s)):
                 r, c = tScS[v]
                 limit = s_k
                 if cutlass.const_expr(self.causal):
-                    limit = cutlass.min(s_k, row0 + r + causal_shift + 1)
+                    limit = cutlass.min(s_k, self._pos(row0 + r) + causal_shift + 1)
                 acc_s[v] = cutlass.select_(col0 + c < limit, acc_s[v], -cutlass.Float32.inf)
 
     @cute.jit
