@@ -94,7 +94,9 @@ class GemmConfig:
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
         if self.swap_ab:
             # The swapped kernel's N is the token count: any multiple of 16 pads it least
-            # (16-column epilogue slabs where 32 does not divide the tile).
+            # (16-column epilogue slabs where 32 does not divide the tile). Widths of 8 mod 16
+            # (cuBLAS runs 88-136 there) compile, with 8-column slabs, and are not enabled: none
+            # has been checked on a GPU.
             if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128, 256)):
                 raise ValueError(f"swap_ab takes a 64-, 128- or 256-row tile and tile_n in 16..256, a multiple of 16, "
                                  f"got {self.tile_mn}")
@@ -136,10 +138,11 @@ def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
     (its 16 accumulator rows of one M-step), so warps never wait for each other in the
     epilogue; 16 x 16 where 32 does not divide a swap_ab tile's width.
     """
+    width = 32 if cfg.tile_n % 32 == 0 else 16 if cfg.tile_n % 16 == 0 else 8
     if out_bytes == 4:
-        return (16, min(32 if cfg.tile_n % 32 == 0 else 16, cfg.tile_n))
+        return (16, min(width, cfg.tile_n))
     rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 128
-    return (rows, min(32 if cfg.tile_n % 32 == 0 else 16, cfg.tile_n))
+    return (rows, min(width, cfg.tile_n))
 
 
 EPI_STAGES = 2

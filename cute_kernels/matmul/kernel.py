@@ -290,9 +290,11 @@ class GemmSm90:
             LayoutEnum.from_tensor(mD),
         )
 
-        a_smem = cute.slice_(self.a_smem_staged, (None, None, 0))
-        b_smem = cute.slice_(self.b_smem_staged, (None, None, 0))
-        c_smem = cute.slice_(self.c_smem_staged, (None, None, 0))
+        # One stage's layout by dropping the stage mode: cute.slice_ of a swizzled staged layout
+        # with an odd number of 8-row atoms (tile_n 72, 88, 104, ...) aborts the DSL.
+        a_smem = cute.select(self.a_smem_staged, mode=[0, 1])
+        b_smem = cute.select(self.b_smem_staged, mode=[0, 1])
+        c_smem = cute.select(self.c_smem_staged, mode=[0, 1])
         # Each operand is multicast to the CTAs of the cluster that share it.
         tma_a, tA = cpasync.make_tiled_tma_atom(
             self._load_op(self.cluster_mn[1]), mA, a_smem, (self.tile_mnk[0], self.tile_mnk[2]),
@@ -489,8 +491,8 @@ class GemmSm90:
             )
 
     def _make_ab_pipeline(self, barrier_ptr, cta_layout, a_smem_staged, b_smem_staged):
-        a_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem_staged, (None, None, 0)))
-        b_bytes = cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
+        a_bytes = cute.size_in_bytes(self.a_dtype, cute.select(a_smem_staged, mode=[0, 1]))
+        b_bytes = cute.size_in_bytes(self.b_dtype, cute.select(b_smem_staged, mode=[0, 1]))
         # A stage is read by this CTA's consumer warps and, through multicast, by the
         # peers in its cluster row and column: each of their warps arrives once.
         # In ping-pong mode only the owning warpgroup reads a stage.
