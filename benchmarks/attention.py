@@ -2,6 +2,7 @@
 
     python -m benchmarks.attention [--quick] [--no-write] [--decode]
     python -m benchmarks.attention --wide [--head-dims 64,128] [--seqlens 512,...] [--gqa 1,4,8] [--merge]
+        [--providers cute,cudnn,fa4]
 
 Providers: ours (`cute`), SDPA with the
 cuDNN backend (`cudnn`) and the flash backend (`sdpa_flash`), the Triton baseline, and
@@ -83,6 +84,9 @@ def _sdpa(backend):
     return fn
 
 
+PROVIDER_NAMES = ("cute", "cudnn", "sdpa_flash", "triton", "fa4")
+
+
 def providers():
     out = {}
     try:
@@ -133,15 +137,16 @@ def _run_one(name, fn, q, k, v, causal, ref, timed=True):
         return None, None
 
 
-def run_prefill(shapes=PREFILL, rounds: int = PREFILL_ROUNDS):
-    """shapes: (B, H, S, D), or (B, Hq, Hkv, S, D) for grouped-query attention.
+def run_prefill(shapes=PREFILL, rounds: int = PREFILL_ROUNDS, only: tuple[str, ...] | None = None):
+    """shapes: (B, H, S, D), or (B, Hq, Hkv, S, D) for grouped-query attention; only: the
+    providers to time (None: all).
 
     Each case checks every provider once, then times them in `rounds` rounds, the order
     reversed every other round (A B C, C B A, ...), so that a clock or temperature drift over
     the case weighs on every provider alike; a row's ms is the median over the rounds."""
     from cute_kernels.attention.reference import flash_attn_ref
 
-    fns, rows = providers(), []
+    fns, rows = {k: v for k, v in providers().items() if only is None or k in only}, []
     for shape in shapes:
         B, H, Hkv, S, D = shape if len(shape) == 5 else (shape[0], shape[1], shape[1], *shape[2:])
         heads = f"{H}" if Hkv == H else f"{H}/{Hkv}"
@@ -333,6 +338,10 @@ def main(argv=None):
     p.add_argument("--fp8", action="store_true", help="flash_attn_fp8 against our bf16 and cuDNN (attention_fp8_<gpu>.*)")
     p.add_argument("--gqa", type=int_list, default=None,
                    help="with --wide: comma-separated query heads per KV head, from 1,4,8")
+    p.add_argument("--providers", type=lambda s: tuple(x for x in s.split(",") if x), default=None,
+                   help="with --wide: comma-separated providers to time, from cute,cudnn,sdpa_flash,triton,fa4 "
+                        "(default all; cute,cudnn,fa4 give speedup_vs_best_peer in less time; the summary's "
+                        "ratios to the others then cover only the cases that timed them)")
     p.add_argument("--merge", action="store_true",
                    help="with --wide: keep the rows of other cases already in attention_wide_<gpu>.json (same GPU "
                         "name) and summarize them all, so the suite can run in parts (e.g. one head dim each)")
@@ -343,6 +352,9 @@ def main(argv=None):
         raise SystemExit("error: --wide is a prefill suite of its own: not with --decode or --quick")
     if args.merge and not args.wide:
         raise SystemExit("error: --merge adds to the --wide suite's results")
+    if args.providers is not None and (not args.wide or not set(args.providers) <= set(PROVIDER_NAMES)
+                                       or "cute" not in args.providers):
+        raise SystemExit(f"error: --providers selects, for --wide, cute and any of {', '.join(PROVIDER_NAMES[1:])}")
     if not (args.wide or args.fp8) and (args.head_dims or args.seqlens or args.gqa):
         raise SystemExit("error: --head-dims, --seqlens and --gqa select shapes of --wide or --fp8")
     try:
@@ -355,7 +367,7 @@ def main(argv=None):
     if args.fp8:
         rows = run_fp8(args.head_dims or WIDE_HEAD_DIMS, args.seqlens or FP8_SEQLENS, args.gqa or (1, 8))
     elif args.wide:
-        rows = run_prefill(shapes)
+        rows = run_prefill(shapes, only=args.providers)
     elif args.decode:
         rows = run_decode(decode)
     else:

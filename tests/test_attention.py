@@ -873,6 +873,17 @@ def test_wide_suite_shapes_and_best_peer():
     assert s["min_speedup_vs_best_peer[prefill]"] == pytest.approx(0.9)
 
 
+def test_attention_suite_provider_selection_is_checked_on_cpu():
+    """--providers: for --wide only, names from the suite's providers, ours among them;
+    rejected before any device query."""
+    from benchmarks.attention import main
+
+    for argv in (["--providers", "cute,fa4"], ["--wide", "--providers", "cudnn,fa4"],
+                 ["--wide", "--providers", "cute,cublas"]):
+        with pytest.raises(SystemExit, match="--providers"):
+            main(argv)
+
+
 # ----------------------------------------------------------------------------- FP8 forward
 
 
