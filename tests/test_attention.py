@@ -996,19 +996,24 @@ def test_fp8_attention_matches_reference(head_dim, causal, heads, seqlens):
     assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-2
 
 
-def test_fp8_vt_matches_reference_interpreted(monkeypatch):
+def test_fp8_vt_matches_reference_interpreted():
     """The FP8 kernel's V^T (Triton, interpreted on the CPU): keys permuted per 32-block, zero
-    padding, any input strides (a K/V-interleaved buffer)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from cute_kernels.attention.fp8_vt import vt_fp8
-    from cute_kernels.attention.reference import FP8_KEY_PERM, vt_fp8_ref
+    padding, any input strides (a K/V-interleaved buffer). In a child process: kernels decorated
+    while TRITON_INTERPRET is set stay interpreted for the life of the process."""
+    from tests.test_gemm_host import _run_interpreted
 
-    assert sorted(FP8_KEY_PERM) == list(range(32))
-    kv = torch.randn(2, 77, 2, 3, 64).to(torch.float8_e4m3fn)
-    v = kv[:, :, 1]
-    out = vt_fp8(v)
-    ref = vt_fp8_ref(v)
-    assert out.shape == ref.shape == (2, 3, 64, 96)
-    assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
-    pad = [k for k in range(64, 96) if 64 + FP8_KEY_PERM[k - 64] >= 77]  # slots of keys past Sk = 77
-    assert len(pad) == 19 and (out.view(torch.uint8)[..., pad] == 0).all()
+    _run_interpreted("""
+import torch
+from cute_kernels.attention.fp8_vt import vt_fp8
+from cute_kernels.attention.reference import FP8_KEY_PERM, vt_fp8_ref
+assert sorted(FP8_KEY_PERM) == list(range(32))
+kv = torch.randn(2, 77, 2, 3, 64).to(torch.float8_e4m3fn)
+v = kv[:, :, 1]
+out = vt_fp8(v)
+ref = vt_fp8_ref(v)
+assert out.shape == ref.shape == (2, 3, 64, 96)
+assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+pad = [k for k in range(64, 96) if 64 + FP8_KEY_PERM[k - 64] >= 77]  # slots of keys past Sk = 77
+assert len(pad) == 19 and (out.view(torch.uint8)[..., pad] == 0).all()
+print("OK")
+""")
