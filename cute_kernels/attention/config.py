@@ -141,13 +141,7 @@ def prefill_config(head_dim: int, seqlen_q: int, qheads_per_kvhead: int = 1, cau
     1.014x geomean (S 2048-4096 +2-7%), D = 128 0.985x (causal S 512-1024 -5% to -7%)."""
     check_head_dim(head_dim)
     pack = gqa_pack(qheads_per_kvhead) if head_dim == 64 else 1
-    cfg = _prefill_config(head_dim, seqlen_q >= THREE_WG_MIN_SQ)
-    if head_dim == 64 and cfg.num_mma_wg == 2 and (causal or pack > 1):
-        cfg = replace(cfg, num_mma_wg=3)
-    if pack > 1:
-        cfg = replace(cfg, pack_gqa=pack)
-    cfg.validate()
-    return cfg
+    return _prefill_config(head_dim, seqlen_q >= THREE_WG_MIN_SQ, pack, bool(causal))
 
 
 def gqa_pack(qheads_per_kvhead: int) -> int:
@@ -157,18 +151,22 @@ def gqa_pack(qheads_per_kvhead: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _prefill_config(head_dim: int, long_q: bool) -> PrefillConfig:
-    num_mma_wg = 3 if head_dim == 64 and long_q else 2
+def _prefill_config(head_dim: int, long_q: bool, pack: int, causal: bool) -> PrefillConfig:
+    # Three consumer warpgroups at D = 64: from THREE_WG_MIN_SQ rows, and below for causal or
+    # packed tiles (see THREE_WG_MIN_SQ).
+    num_mma_wg = 3 if head_dim == 64 and (long_q or causal or pack > 1) else 2
     cfg = PrefillConfig(
         head_dim,
         num_mma_wg=num_mma_wg,
+        pack_gqa=pack,
         # 64-key blocks at D = 256: see validate (a warpgroup's O is 64 x 256 fp32).
         n_block=64 if head_dim == 256 else 128,
         # Ping-pong turns between the consumer warpgroups, except at D = 64 with two of them:
         # there the turn barriers cost more than the overlap buys (same-run A/B on the H100:
         # 16x12x1024x64 359 -> 369 TFLOP/s, causal 250 -> 257, 8x25x1024x64 348 -> 360,
         # causal 239 -> 249; D = 128 and three warpgroups were even or mixed, so they keep it).
-        pingpong=not (head_dim == 64 and num_mma_wg == 2),
+        # The short-query 3-warpgroup tiles at D = 64 run without it too, as measured.
+        pingpong=head_dim != 64 or long_q,
         # D = 64 issues 32 of its 64 exp2s a thread before the P V wait and interleaves the
         # rest with O's rescale. Same-run A/B on the H100 (two runs, bit-identical outputs):
         # +1.8% geomean over the suite's six D = 64 shapes (causal S = 1024 +3%, 8x25x1024
@@ -198,10 +196,16 @@ def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
     blocks at D = 128 from FP8_WIDE_BLOCK_MIN_SQ query rows on. Same-run A/B on the H100
     (against 128-key blocks): 4x32x4096 +5-7%, 2x32/4x8192 +6-10%, causal +1-3%; causal
     16x32/8x1024 -9%, whose tiles see too few blocks to amortize the wider ones."""
-    cfg = prefill_config(head_dim, seqlen_q)
+    check_head_dim(head_dim)
+    return _prefill_config_fp8(head_dim, seqlen_q >= THREE_WG_MIN_SQ, seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ)
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_config_fp8(head_dim: int, long_q: bool, wide_block: bool) -> PrefillConfig:
+    cfg = _prefill_config(head_dim, long_q, 1, False)
     if head_dim == 64:  # 4 K/V stages: the 2-stage 16-bit pick was not measured on e4m3
         cfg = replace(cfg, stages=4)
-    if head_dim == 128 and seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ:
+    if head_dim == 128 and wide_block:
         cfg = replace(cfg, n_block=224)
     cfg.validate(in_bytes=1)
     return cfg
