@@ -2,11 +2,13 @@
 
     python -m benchmarks.ab_attention [--option wg_key_range] [--reps 2] [--out DIR]
     python -m benchmarks.ab_attention --set tma_o=True --set n_block=176 [--wide] [--head-dims 128]
+    python -m benchmarks.ab_attention --group 24MB --group 1 --wide --seqlens 512,1024 --causal-only
 
 For each case, times the config `prefill_config` picks (provider `cute`) against variants of
 it: `--option` flips a boolean field, each `--set FIELD=VALUE[,FIELD=VALUE]` is one variant
 (provider `cute FIELD=VALUE`; a variant that is the pick itself or fails `validate` for a
-case is left out of that case). cuDNN's SDPA runs for reference. Cases: Llama-style GQA
+case is left out of that case); each `--group G` runs the pick with another tile order
+(provider `cute group=G`): G heads per tile-order group, or G MB of K/V a group (`8MB`). cuDNN's SDPA runs for reference. Cases: Llama-style GQA
 shapes, causal and not, head dim 64 and 128, plus a ragged MHA one; `--wide`: the widened
 suite's shapes (benchmarks.attention.wide_shapes, GQA 1 and 8). All CUDA-graph timed with L2
 rotation (runtime.timing), `--reps` repetitions, every other one in reverse order, median kept; each variant's max
@@ -54,11 +56,38 @@ def parse_set(spec: str) -> dict:
     return out
 
 
+def parse_group(spec: str) -> tuple[str, int]:
+    """'8MB' -> ('bytes', 8 << 20); '1' -> ('heads', 1)."""
+    spec = spec.strip()
+    try:
+        if spec.upper().endswith("MB"):
+            n = int(spec[:-2])
+            kind = "bytes"
+        else:
+            n = int(spec)
+            kind = "heads"
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"--group takes a head count (1) or megabytes of K/V (8MB), got {spec!r}")
+    return kind, n << 20 if kind == "bytes" else n
+
+
+def _group_heads(spec: str, cfg, Sk: int, ratio: int) -> int:
+    from cute_kernels.attention.api import heads_per_group
+
+    kind, n = parse_group(spec)
+    if kind == "heads":
+        return n
+    return heads_per_group(Sk, cfg.head_dim, ratio // cfg.pack_gqa, group_bytes=n)
+
+
 def _case(B, S, Hq, Hk, D, causal) -> str:
     return f"{B}x{S}x{Hq}/{Hk}x{D}{' causal' if causal else ''}"
 
 
-def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = (), cases=CASES):
+def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = (), cases=CASES,
+        groups: list[str] = ()):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -80,10 +109,10 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
             ms = time_ms(lambda _i: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True))
         rows.append(Row(case, "cudnn", ms, flops / ms / 1e9, 100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"]))
         base = prefill_config(D, S, Hq // Hk, causal)
-        variants = {"cute": base}
+        variants = {"cute": (base, None)}
         if option:
             flipped = not getattr(base, option)
-            variants[f"cute {option}={flipped}"] = dataclasses.replace(base, **{option: flipped})
+            variants[f"cute {option}={flipped}"] = (dataclasses.replace(base, **{option: flipped}), None)
         for spec in sets:
             cfg = dataclasses.replace(base, **parse_set(spec))
             try:
@@ -91,7 +120,9 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
             except ValueError:
                 continue
             if cfg != base:
-                variants[f"cute {spec}"] = cfg
+                variants[f"cute {spec}"] = (cfg, None)
+        for spec in groups:
+            variants[f"cute group={spec}"] = (base, _group_heads(spec, base, S, Hq // Hk))
         times: dict[str, list[float]] = {name: [] for name in variants}
         errs = {}
         names = list(variants)
@@ -99,17 +130,18 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
             # Every other repetition runs the variants in reverse: a kernel's time moves with
             # its place in the run (benchmarks.attention's notes), so no variant keeps the first.
             for name in names if rep % 2 == 0 else names[::-1]:
-                cfg = variants[name]
-                out, _ = _run(q, k, v, causal, None, config=cfg)
+                cfg, group = variants[name]
+                out, _ = _run(q, k, v, causal, None, config=cfg, tile_group=group)
                 errs[name] = (out.float() - ref.float()).abs().max().item()
-                times[name].append(time_ms(lambda _i, cfg=cfg: _run(q, k, v, causal, None, config=cfg)))
+                times[name].append(time_ms(lambda _i, cfg=cfg, g=group: _run(q, k, v, causal, None, config=cfg,
+                                                                                tile_group=g)))
         med = {name: statistics.median(ts) for name, ts in times.items()}
         for name in variants:
             ms = med[name]
             rows.append(Row(case, name, ms, flops / ms / 1e9,
                             100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"],
                             extra={"times_ms": times[name], "max_err_vs_cudnn": errs[name],
-                                   "config": str(variants[name])}))
+                                   "config": str(variants[name][0]), "tile_group": variants[name][1]}))
             if name != "cute":
                 gains.setdefault(name, {})[case] = med["cute"] / ms
     t = {(r.case, r.provider): r.ms for r in rows}
@@ -126,6 +158,9 @@ def main(argv=None) -> int:
                    help="a boolean PrefillConfig field to flip (default wg_key_range when no --set is given)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="one variant: PrefillConfig fields set on top of the pick (repeatable)")
+    p.add_argument("--group", dest="groups", action="append", default=[], metavar="G",
+                   help="one variant: the pick in another tile order, G heads per group (1) or G MB of K/V (8MB) "
+                        "(repeatable)")
     p.add_argument("--wide", action="store_true", help="the widened suite's shapes (GQA 1 and 8) instead of CASES")
     p.add_argument("--head-dims", default="64,128", help="with --wide: comma-separated head dims")
     p.add_argument("--seqlens", default=None, help="with --wide: comma-separated sequence lengths (default all)")
@@ -139,21 +174,24 @@ def main(argv=None) -> int:
     try:
         for spec in args.sets:
             parse_set(spec)
+        for spec in args.groups:
+            parse_group(spec)
         head_dims = tuple(int(x) for x in args.head_dims.split(","))
         seqlens = tuple(int(x) for x in args.seqlens.split(",")) if args.seqlens else None
     except ValueError as e:
         p.error(str(e))
-    option = args.option or (None if args.sets else "wg_key_range")
+    option = args.option or (None if args.sets or args.groups else "wg_key_range")
     require_hopper("benchmarks.ab_attention")
     if args.out:
         import os
 
         os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
     cases = wide_cases(head_dims, seqlens, (True,) if args.causal_only else (False, True)) if args.wide else CASES
-    rows, summary = run(option, args.reps, args.sets, cases)
+    rows, summary = run(option, args.reps, args.sets, cases, args.groups)
     print(format_table(rows, baseline="cudnn"))
     name = args.name or option or "variants"
     flags = (f"--option {option} " if option else "") + "".join(f"--set {s} " for s in args.sets) + \
+        "".join(f"--group {g} " for g in args.groups) + \
         (f"--wide --head-dims {args.head_dims} " if args.wide else "") + \
         (f"--seqlens {args.seqlens} " if args.wide and args.seqlens else "") + ("--causal-only " if args.causal_only else "")
     notes = (f"`python -m benchmarks.ab_attention {flags}--reps {args.reps}`: the shipped prefill config (`cute`) "

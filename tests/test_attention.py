@@ -365,6 +365,38 @@ def test_prefill_config_choices():
     # Three warpgroups at D = 64 below 2048 rows only for causal or packed tiles, without ping-pong.
     assert [prefill_config(64, 1024, r, c).num_mma_wg for r, c in ((1, False), (1, True), (8, False))] == [2, 3, 3]
     assert not prefill_config(64, 1024, 8).pingpong and prefill_config(64, 2048, 8).pingpong
+    # A warpgroup's own key range only where its 64 rows can end a block early (192-row
+    # tiles, 64-key blocks at D = 256, FP8's 224-key blocks).
+    assert [prefill_config(D, 1024, 1, True).wg_key_range for D in (64, 96, 128, 256)] == [True, False, False, True]
+    assert prefill_config(128, 4096, 8, True).wg_key_range is False
+    from cute_kernels.attention.config import prefill_config_fp8
+
+    assert prefill_config_fp8(128, 4096).wg_key_range and not prefill_config_fp8(128, 1024).wg_key_range
+
+
+def test_prefill_tile_group():
+    """Persistent causal: one head's query blocks back to back for 128-row tiles, 8 MB groups
+    for 192-row tiles; otherwise 24 MB of K/V a group."""
+    from cute_kernels.attention.api import CAUSAL_GROUP_BYTES, L2_GROUP_BYTES, heads_per_group, prefill_tile_group
+    from cute_kernels.attention.config import prefill_config
+
+    d128, d64 = prefill_config(128, 512, 1, True), prefill_config(64, 512, 1, True)
+    assert prefill_tile_group(d128, True, True, 512, 1) == 1
+    assert prefill_tile_group(d64, True, True, 512, 1) == CAUSAL_GROUP_BYTES // (2 * 512 * 64 * 2) == 64
+    assert prefill_tile_group(d128, True, False, 4096, 1) == L2_GROUP_BYTES // (2 * 4096 * 128 * 2)
+    assert prefill_tile_group(d128, False, True, 512, 1) == heads_per_group(512, 128, 1) == 96
+    packed = prefill_config(64, 512, 8, True)  # a packed tile's head is a KV head
+    assert packed.pack_gqa == 8 and prefill_tile_group(packed, True, True, 512, 8) == 64
+    assert heads_per_group(512, 64, 1, group_bytes=1) == 1
+
+
+def test_ab_attention_group_specs():
+    from benchmarks.ab_attention import parse_group
+
+    assert parse_group("8MB") == ("bytes", 8 << 20) and parse_group("1") == ("heads", 1)
+    for bad in ("0", "x", "-2MB", "MB"):
+        with pytest.raises(ValueError, match="--group"):
+            parse_group(bad)
 
 
 def test_unsupported_head_dim_is_a_value_error():

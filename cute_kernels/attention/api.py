@@ -358,15 +358,47 @@ L2_GROUP_BYTES = 24 << 20
 PERSISTENT_CAUSAL_MAX_SK = 1024
 
 
-def heads_per_group(seqlen_k: int, head_dim: int, qheads_per_kvhead: int, itemsize: int = 2) -> int:
-    """(batch, query head) pairs per tile-order group: their K/V fit in L2_GROUP_BYTES."""
+# Persistent causal tiles (Sk <= PERSISTENT_CAUSAL_MAX_SK) of three consumer warpgroups walk
+# smaller groups: their K/V is re-read by the head's later (shorter) tiles, and with 24 MB
+# groups those came too late for L2 (32 x 32 x 512 x 64 causal on the H100, ncu: 247 MB read
+# from DRAM where Q, K and V are 201 MB; 8 MB groups: 205 MB, 158 -> 147 us).
+CAUSAL_GROUP_BYTES = 8 << 20
+
+
+def heads_per_group(seqlen_k: int, head_dim: int, qheads_per_kvhead: int, itemsize: int = 2,
+                    group_bytes: int | None = None) -> int:
+    """(batch, query head) pairs per tile-order group: their K/V fit in group_bytes
+    (default L2_GROUP_BYTES)."""
     kv_bytes = 2 * max(seqlen_k, 1) * head_dim * itemsize
-    return max(1, L2_GROUP_BYTES * qheads_per_kvhead // kv_bytes)
+    return max(1, (group_bytes or L2_GROUP_BYTES) * qheads_per_kvhead // kv_bytes)
+
+
+def prefill_tile_group(cfg: PrefillConfig, causal: bool, persistent: bool, seqlen_k: int, qheads_per_kvhead: int) -> int:
+    """The tile-order group (heads_per_group) of a 16-bit prefill launch.
+
+    Persistent causal: the static schedule deals round k's tiles forwards and round k + 1's
+    backwards, so with the longest tiles first a CTA's two rounds add up to about the same
+    work when the tile lengths in a pair of rounds descend evenly. 128-row tiles (two
+    warpgroups) take one head's query blocks back to back (group 1): their lengths fall one
+    key block per tile, every pair of rounds balances while 2 x SMs is a multiple of the
+    blocks per head, and the head's K/V is shared by tiles in flight together. 192-row tiles
+    (three warpgroups) are not linear in work (the last one of a 512-row sequence has one idle
+    warpgroup) and take CAUSAL_GROUP_BYTES groups. Same-run A/B on the H100 over 16 causal
+    shapes with S <= 1024 (docs/attention.md): D = 128, group 1 against 24 MB groups 1.00x to
+    1.11x (32 x 512 MHA 0.889x -> 0.954x cuDNN); D = 64, 8 MB 0.97x to 1.09x (GPT-2 XL's
+    8 x 25 x 1024 0.902x -> 0.982x)."""
+    ratio = qheads_per_kvhead // cfg.pack_gqa
+    if causal and persistent:
+        if cfg.num_mma_wg == 2:
+            return 1
+        return heads_per_group(seqlen_k, cfg.head_dim, ratio, group_bytes=CAUSAL_GROUP_BYTES)
+    return heads_per_group(seqlen_k, cfg.head_dim, ratio)
 
 
 def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_splits=1,
-         config: PrefillConfig | None = None):
-    """config: build this kernel config instead of prefill_config's pick."""
+         config: PrefillConfig | None = None, tile_group: int | None = None):
+    """config: build this kernel config instead of prefill_config's pick; tile_group: heads
+    per tile-order group instead of prefill_tile_group's (benchmarks.ab_attention)."""
 
     B, Sq, Hq, D = q.shape
     splits = num_splits
@@ -387,8 +419,9 @@ def _run(q, k, v, causal, softmax_scale, seqlens_k=None, seqlens_q=None, num_spl
         # dominate short tiles; long causal tiles balance better under the hardware's
         # dynamic CTA scheduler (one CTA per tile, longest first). Same-run A/B on the
         # H100 (docs/attention.md): persistent wins every non-causal shape and causal S <= 1024.
-        sms = num_sms(q.device.index or 0) if (not causal or k.shape[1] <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30
-        group = heads_per_group(k.shape[1], D, ratio // cfg.pack_gqa)
+        persistent = not causal or k.shape[1] <= PERSISTENT_CAUSAL_MAX_SK
+        sms = num_sms(q.device.index or 0) if persistent else 1 << 30
+        group = tile_group or prefill_tile_group(cfg, bool(causal), persistent, k.shape[1], ratio)
         if split_kv:
             o_parts = torch.empty((splits, B, Sq, Hq, D), dtype=torch.float32, device=q.device)
             lse_parts = torch.empty((splits, B, Hq, Sq), dtype=torch.float32, device=q.device)

@@ -187,8 +187,19 @@ def _prefill_config(head_dim: int, long_q: bool, pack: int, causal: bool) -> Pre
     with_o = replace(cfg, tma_o=True)
     if with_o.smem_bytes() <= SM90_SMEM_BYTES:
         cfg = with_o
+    cfg = replace(cfg, wg_key_range=key_range_pays(cfg))
     cfg.validate()
     return cfg
+
+
+def key_range_pays(cfg: PrefillConfig) -> bool:
+    """wg_key_range where a warpgroup's 64 rows can end a key block before the tile's last
+    row does: n_block != m_block. With 128-row tiles of 128-key blocks (D = 96/128; the
+    diagonal aligned, as in prefill) every warpgroup runs the tile's block count anyway, and
+    the per-warpgroup count cost the main loop its uniform registers: ptxas built the wgmma
+    descriptors in vector registers (32 R2UR a 128-key block at D = 128 causal, 720 -> 650
+    SASS instructions in the loop without it)."""
+    return cfg.n_block != cfg.m_block
 
 
 def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
@@ -207,6 +218,7 @@ def _prefill_config_fp8(head_dim: int, long_q: bool, wide_block: bool) -> Prefil
         cfg = replace(cfg, stages=4)
     if head_dim == 128 and wide_block:
         cfg = replace(cfg, n_block=224)
+    cfg = replace(cfg, wg_key_range=key_range_pays(cfg))
     cfg.validate(in_bytes=1)
     return cfg
 
