@@ -390,6 +390,29 @@ def test_prefill_tile_group():
     assert heads_per_group(512, 64, 1, group_bytes=1) == 1
 
 
+def test_softmax_scale_must_be_positive():
+    """The kernels take the running max on unscaled scores: a scale <= 0 would be a silent
+    wrong answer, so it is refused up front."""
+    from cute_kernels.attention.config import softmax_scale_log2
+
+    assert softmax_scale_log2(64, None) == pytest.approx(math.log2(math.e) / 8)
+    assert softmax_scale_log2(64, 0.5) == pytest.approx(0.5 * math.log2(math.e))
+    for bad in (0.0, -0.125, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            softmax_scale_log2(64, bad)
+    with pytest.raises(TypeError, match="softmax_scale"):
+        softmax_scale_log2(64, "0.1x")
+    import cute_kernels as ck
+
+    # The public ops refuse it up front (before any device work: these are CPU tensors).
+    q = torch.randn(1, 4, 2, 64)
+    for call in (lambda: ck.flash_attn(q, q, q, softmax_scale=-1.0),
+                 lambda: ck.flash_attn_varlen(q[0], q[0], q[0], torch.tensor([0, 4]), torch.tensor([0, 4]), 4, 4,
+                                              softmax_scale=0.0)):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            call()
+
+
 def test_ab_attention_group_specs():
     from benchmarks.ab_attention import parse_group
 

@@ -22,6 +22,7 @@ from .config import (  # noqa: F401  (HEAD_DIMS: public here)
     DecodeMmaConfig,
     PrefillConfig,
     check_head_dim,
+    check_softmax_scale,
     decode_config,
     decode_mma_config,
     prefill_config,
@@ -485,6 +486,7 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
     product (wgmma reads 8-bit operands K-major only) by one pass per call (fp8_vt.vt_fp8,
     its keys permuted per 32 to match P's register order).
     """
+    softmax_scale = check_softmax_scale(softmax_scale)
     e4m3 = torch.float8_e4m3fn
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor):
@@ -540,6 +542,7 @@ def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     count (`_invariant_plan`; num_splits must be None or 1).
     Returns O [B, Sq, Hq, D] (and the fp32 log-sum-exp [B, Hq, Sq] with return_lse).
     """
+    softmax_scale = check_softmax_scale(softmax_scale)
     _validate(q, k, v)
     num_splits, config = _invariant_plan(invariant, num_splits, q.shape[1], q.shape[3])
     if q.shape[1] == 1:  # one query row sees every key, causal or not (bottom-right alignment)
@@ -624,6 +627,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v
     only constants before its own wait (inference/'s GEMVs prefetch their weights), slower
     otherwise (decode.py's docstring has the figures). invariant: as in `flash_attn`.
     """
+    softmax_scale = check_softmax_scale(softmax_scale)
     _validate(q, k_cache, v_cache)
     num_splits, config = _invariant_plan(invariant, num_splits, q.shape[1], q.shape[3])
     B, Smax = k_cache.shape[:2]
@@ -691,6 +695,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{n} must be a 3-D packed tensor [total, H, D]")
+    softmax_scale = check_softmax_scale(softmax_scale)
     lq, lk = _lengths(cu_seqlens_q, "cu_seqlens_q"), _lengths(cu_seqlens_k, "cu_seqlens_k")
     if lq.numel() != lk.numel():
         raise ValueError("cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")

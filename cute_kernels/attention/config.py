@@ -392,6 +392,21 @@ def decode_mma_config(head_dim: int) -> DecodeMmaConfig:
 _LOG2_E = 1.4426950408889634
 
 
+def check_softmax_scale(softmax_scale) -> float | None:
+    """None, or the scale as a float; the kernels take the running max on unscaled scores, so
+    the scale must be positive (and finite)."""
+    if softmax_scale is None:
+        return None
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}") from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale!r}")
+    return scale
+
+
 def softmax_scale_log2(head_dim: int, softmax_scale: float | None) -> float:
     """The kernels' softmax runs in base 2: scores are scaled by softmax_scale * log2(e)."""
+    softmax_scale = check_softmax_scale(softmax_scale)
     return (softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)) * _LOG2_E

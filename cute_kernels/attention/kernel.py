@@ -719,11 +719,13 @@ class FlashAttnFwdSm90:
         mx1 = cute.arch.fmax(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=1))
         mx1 = cute.arch.fmax(mx1, cute.arch.shuffle_sync_bfly(mx1, offset=2))
         # Rows with every key masked so far keep max -inf: use 0 as the reference so
-        # exp2(-inf - 0) = 0 rather than NaN.
+        # exp2(-inf - 0) = 0 rather than NaN. The reference is then finite, so an old max of
+        # -inf rescales by exp2(-inf) = 0 with no test of its own (scale_log2 > 0: the host
+        # rejects other scales).
         ref0 = cutlass.select_(mx0 == neg_inf, cutlass.Float32(0.0), mx0 * scale_log2)
         ref1 = cutlass.select_(mx1 == neg_inf, cutlass.Float32(0.0), mx1 * scale_log2)
-        c0 = cutlass.select_(m0 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m0 * scale_log2 - ref0, fastmath=True))
-        c1 = cutlass.select_(m1 == neg_inf, cutlass.Float32(0.0), cute.math.exp2(m1 * scale_log2 - ref1, fastmath=True))
+        c0 = cute.math.exp2(m0 * scale_log2 - ref0, fastmath=True)
+        c1 = cute.math.exp2(m1 * scale_log2 - ref1, fastmath=True)
         if cutlass.const_expr(self.fp8):
             ref0, ref1 = ref0 - _P_SHIFT, ref1 - _P_SHIFT
         return mx0, mx1, ref0, ref1, c0, c1
