@@ -250,6 +250,60 @@ def test_the_tuner_stores_the_fastest_candidate_and_skips_tuned_classes(tuning_e
     assert tune_gemm([p], timer=timer, build=_fake_build([]), log=None, force=True)[0].config == best
 
 
+def test_second_rounds_time_after_every_first_round_with_the_reference_first_again(tuning_env):
+    """A problem's second round compiles while the later problems time their first; when it
+    is timed, the heuristic's config (the reference output) runs first again, then the first
+    round's fastest beside the new candidates."""
+    from cute_kernels.tuning.tune import candidates, heuristic, tune_gemm
+
+    ps = [Problem("bf16", "bf16", "kk", "vector", m, 4800, 1600) for m in (2100, 700)]
+    calls = []
+
+    def timer(problem, cfg):
+        calls.append((problem, cfg))
+        return 1.0 + 0.001 * (len(calls) % 7)
+
+    res = tune_gemm(ps, timer=timer, build=_fake_build([]), log=None, refine=2)
+    assert [r.problem for r in res] == ps
+    firsts = {p: candidates(p) for p in ps}
+    n1 = sum(len(f) for f in firsts.values())
+    # Both first rounds come before any second-round config.
+    assert set(calls[:n1]) == {(p, c) for p in ps for c in firsts[p]}
+    for p in ps:
+        again = [c for q, c in calls[n1:] if q == p]
+        assert again[0] == heuristic(p) and any(c not in firsts[p] for c in again)
+
+
+def test_builds_asked_for_while_one_runs_go_into_one_batch():
+    import threading
+    import time
+
+    from cute_kernels.tuning.tune import _Ready
+
+    batches, gate, started = [], threading.Event(), threading.Event()
+
+    def build(entries, on_ready):
+        batches.append([k for k, _ in entries])
+        started.set()
+        if len(batches) == 1:
+            gate.wait(5)
+        for k, _ in entries:
+            on_ready(k, "cached")
+
+    ready = _Ready()
+    ready.start(build, [("a", None), ("b", None)])
+    assert started.wait(5)
+    for k in ("c", "d", "c", "a"):  # queued while the first batch builds; "a" is built or queued already
+        ready.start(build, [(k, None)])
+    gate.set()
+    for k in "abcd":
+        assert ready.wait_any([k]) == [(k, "cached")]
+    deadline = time.time() + 5
+    while ready._builder is not None and time.time() < deadline:
+        time.sleep(0.01)
+    assert batches == [["a", "b"], ["c", "d"]]
+
+
 def test_the_tuner_keeps_the_heuristic_unless_beaten_by_the_margin(tuning_env):
     from cute_kernels.tuning.tune import heuristic, tune_gemm
 

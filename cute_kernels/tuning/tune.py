@@ -3,9 +3,10 @@ tuning cache (tuning.cache), where dispatch finds it before the heuristics.
 
 Per problem: the heuristic's own pick, then every tile / consumer mode / cluster shape
 that validates and fits the problem (`candidates`), then for the fastest few their raster
-direction, band width and split-K variants (`refinements`). All candidates compile ahead
-in parallel worker processes (`cute_kernels.precompile`) while the ones already built are
-timed (CUDA-graph replays, median, L2-rotated inputs: runtime.timing), after a warm-up
+direction, band width and split-K variants (`refinements`), timed once every problem's
+first round is: a problem's second round compiles while the later problems time their
+first. All candidates compile ahead in parallel worker processes
+(`cute_kernels.precompile`; what is asked for while a batch builds goes into the next) while the ones already built are timed (CUDA-graph replays, median, L2-rotated inputs: runtime.timing), after a warm-up
 that keeps the first candidate from being timed on a cold GPU. Each candidate's output is
 checked against the heuristic's. A candidate is stored only if it beats the heuristic by
 `margin`; otherwise the heuristic itself is stored, so the class is not tuned again.
@@ -511,11 +512,18 @@ class Result:
 
 
 class _Ready:
-    """Compile keys whose kernels can be loaded, filled by the build threads."""
+    """Compile keys whose kernels can be loaded, filled by one build thread at a time.
+
+    Each build runs its own pool of worker processes (`precompile`), so the batches are
+    built one after another, and everything queued while one builds goes into the next: the
+    second rounds that the problems ask for while the first round compiles become one batch
+    (one pool) instead of a pool per problem."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._status: dict = {}
+        self._queue: list = []
+        self._builder: threading.Thread | None = None
 
     def mark(self, key, status: str) -> None:
         with self._cond:
@@ -532,18 +540,29 @@ class _Ready:
                 self._cond.wait()
 
     def start(self, build, entries) -> None:
-        def run():
+        with self._cond:
+            self._queue.extend(entries)
+            if self._builder is None:
+                self._builder = threading.Thread(target=self._run, args=(build,), daemon=True)
+                self._builder.start()
+
+    def _run(self, build) -> None:
+        while True:
+            with self._cond:
+                batch = _dedupe(e for e in self._queue if e[0] not in self._status)
+                self._queue = []
+                if not batch:
+                    self._builder = None
+                    return
             try:
-                build(entries, self.mark)
+                build(batch, self.mark)
             except Exception:  # noqa: BLE001 - a broken build pool: each kernel then compiles when timed
                 pass
-            for key, _ in entries:  # anything the build did not report is tried in process
+            for key, _ in batch:  # anything the build did not report is tried in process
                 with self._cond:
                     if key not in self._status:
                         self._status[key] = "in process"
                         self._cond.notify_all()
-
-        threading.Thread(target=run, daemon=True).start()
 
 
 def _time_all(problem, configs, ready: _Ready, timer, log, reference_first: bool = True) -> dict:
@@ -598,7 +617,9 @@ def tune_gemm(
     their raster, band and split-K variants timed too. The first round times the heuristic's
     pick and the `first_round` configs the cost model ranks cheapest (None: every one that
     fits); the second, the `refine` fastest's variants and the last-wave splits of those
-    within TAIL_SPLIT_CLOSE of the fastest. Returns one Result per tuned problem.
+    within TAIL_SPLIT_CLOSE of the fastest, after every problem's first round, with the
+    heuristic's pick (the reference output again) and the `refine` fastest timed once more.
+    Returns one Result per tuned problem.
     """
     problems = list(problems)
     for p in problems:
@@ -628,23 +649,37 @@ def tune_gemm(
     ready = _Ready()
     # Every first-round kernel of every problem starts building now; timing follows the builds.
     ready.start(build, _dedupe(e for p in todo for e in compile_entries(p, first[p])))
-    results = []
+    # Two passes, so that a problem's second round compiles while later problems time their
+    # first: timing each second round right after its own first waited on its compiles with
+    # the GPU idle, problem after problem.
+    rounds = []
     for p in todo:
         heur = first[p][0]
         times = _time_all(p, first[p], ready, timer, log)
         if heur not in times:
             log(f"{_name(p)}: the heuristic's config could not be timed; nothing stored")
             continue
+        extra, top = [], []
         if refine:
             ranked = sorted(times, key=times.get)
-            extra = [c for c in refinements(p, ranked[:refine]) if c not in times]
+            top = ranked[:refine]
+            extra = [c for c in refinements(p, top) if c not in times]
             # A config that runs a sparse last wave can lose unsplit and win with that wave
             # split: give the close ones their split too (`last_wave_splits`).
             close = [c for c in ranked[refine:] if times[c] <= TAIL_SPLIT_CLOSE * times[ranked[0]]]
             extra += [c for c in last_wave_splits(p, close) if c not in times and c not in extra]
             if extra:
                 ready.start(build, compile_entries(p, extra))
-                times.update(_time_all(p, extra, ready, timer, log, reference_first=False))
+        rounds.append((p, heur, times, top, extra))
+    results = []
+    for p, heur, times, top, extra in rounds:
+        if extra:
+            # The timer has moved on to other problems' inputs: the heuristic's config is the
+            # reference again, and the first round's fastest are timed again beside the
+            # second round, so that every contender of the final pick ran in this pass.
+            again = _time_all(p, list(dict.fromkeys([heur, *top, *extra])), ready, timer, log)
+            if heur in again:
+                times.update(again)
         win = min(times, key=times.get)
         if not times[win] < times[heur] * (1 - margin):
             win = heur
