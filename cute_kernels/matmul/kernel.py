@@ -1178,7 +1178,12 @@ class GemmSm90:
     def _make_r2s_copy(self, tiled_mma):
         atom_r2s = sm90_utils.get_smem_store_op(self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype)
         if cutlass.const_expr(self.c_dtype.width == 16):
-            atom_c = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype)
+            # stmatrix x4 covers 16 accumulator columns of a warp's 16 rows; an 8-column slab
+            # (swap_ab widths of 8 mod 16) takes x2.
+            n_mat = 4 if self.epi_tile[1] % 16 == 0 else 2
+            atom_c = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), n_mat),
+                                         self.c_dtype)
+            atom_r2s = atom_c
         else:
             atom_c = atom_r2s
         return cute.make_tiled_copy_S(atom_r2s, cute.make_tiled_copy_C_atom(atom_c, tiled_mma))
