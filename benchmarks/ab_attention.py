@@ -8,11 +8,13 @@ For each case, times the config `prefill_config` picks (provider `cute`) against
 it: `--option` flips a boolean field, each `--set FIELD=VALUE[,FIELD=VALUE]` is one variant
 (provider `cute FIELD=VALUE`; a variant that is the pick itself or fails `validate` for a
 case is left out of that case); each `--group G` runs the pick with another tile order
-(provider `cute group=G`): G heads per tile-order group, or G MB of K/V a group (`8MB`). cuDNN's SDPA runs for reference. Cases: Llama-style GQA
-shapes, causal and not, head dim 64 and 128, plus a ragged MHA one; `--wide`: the widened
-suite's shapes (benchmarks.attention.wide_shapes, GQA 1 and 8). All CUDA-graph timed with L2
-rotation (runtime.timing), `--reps` repetitions, every other one in reverse order, median kept; each variant's max
-error against cuDNN's output is recorded with its row. Writes ab_attention_<name>_<gpu>.{json,md}.
+(provider `cute group=G`): G heads per tile-order group, or G MB of K/V a group (`8MB`).
+cuDNN's SDPA runs for reference. Cases: Llama-style GQA shapes, causal and not, head dim 64
+and 128, plus a ragged MHA one; `--wide`: the widened suite's shapes
+(benchmarks.attention.wide_shapes, GQA 1 and 8). All CUDA-graph timed with L2 rotation
+(runtime.timing), `--reps` repetitions, every other one in reverse order, median kept; each
+variant's max error against cuDNN's output is recorded with its row. Writes
+ab_attention_<name>_<gpu>.{json,md}.
 """
 
 from __future__ import annotations

@@ -290,11 +290,11 @@ def test_builds_asked_for_while_one_runs_go_into_one_batch():
         for k, _ in entries:
             on_ready(k, "cached")
 
-    ready = _Ready()
-    ready.start(build, [("a", None), ("b", None)])
+    ready = _Ready(build)
+    ready.start([("a", None), ("b", None)])
     assert started.wait(5)
     for k in ("c", "d", "c", "a"):  # queued while the first batch builds; "a" is built or queued already
-        ready.start(build, [(k, None)])
+        ready.start([(k, None)])
     gate.set()
     for k in "abcd":
         assert ready.wait_any([k]) == [(k, "cached")]

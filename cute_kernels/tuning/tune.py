@@ -5,8 +5,9 @@ Per problem: the heuristic's own pick, then every tile / consumer mode / cluster
 that validates and fits the problem (`candidates`), then for the fastest few their raster
 direction, band width and split-K variants (`refinements`), timed once every problem's
 first round is: a problem's second round compiles while the later problems time their
-first. All candidates compile ahead in parallel worker processes
-(`cute_kernels.precompile`; what is asked for while a batch builds goes into the next) while the ones already built are timed (CUDA-graph replays, median, L2-rotated inputs: runtime.timing), after a warm-up
+first. All candidates compile ahead in parallel worker processes (`cute_kernels.precompile`;
+what is asked for while a batch builds goes into the next) while the ones already built are
+timed (CUDA-graph replays, median, L2-rotated inputs: runtime.timing), after a warm-up
 that keeps the first candidate from being timed on a cold GPU. Each candidate's output is
 checked against the heuristic's. A candidate is stored only if it beats the heuristic by
 `margin`; otherwise the heuristic itself is stored, so the class is not tuned again.
@@ -517,9 +518,10 @@ class _Ready:
     Each build runs its own pool of worker processes (`precompile`), so the batches are
     built one after another, and everything queued while one builds goes into the next: the
     second rounds that the problems ask for while the first round compiles become one batch
-    (one pool) instead of a pool per problem."""
+    (one pool) instead of a pool per problem. build(entries, on_ready) is the one builder."""
 
-    def __init__(self):
+    def __init__(self, build):
+        self._build = build
         self._cond = threading.Condition()
         self._status: dict = {}
         self._queue: list = []
@@ -539,14 +541,14 @@ class _Ready:
                     return done
                 self._cond.wait()
 
-    def start(self, build, entries) -> None:
+    def start(self, entries) -> None:
         with self._cond:
             self._queue.extend(entries)
             if self._builder is None:
-                self._builder = threading.Thread(target=self._run, args=(build,), daemon=True)
+                self._builder = threading.Thread(target=self._run, daemon=True)
                 self._builder.start()
 
-    def _run(self, build) -> None:
+    def _run(self) -> None:
         while True:
             with self._cond:
                 batch = _dedupe(e for e in self._queue if e[0] not in self._status)
@@ -555,7 +557,7 @@ class _Ready:
                     self._builder = None
                     return
             try:
-                build(batch, self.mark)
+                self._build(batch, self.mark)
             except Exception:  # noqa: BLE001 - a broken build pool: each kernel then compiles when timed
                 pass
             for key, _ in batch:  # anything the build did not report is tried in process
@@ -646,9 +648,9 @@ def tune_gemm(
         log("tune: every problem's class is tuned already (force=True tunes again)")
         return []
     first = {p: candidates(p, first_round) for p in todo}
-    ready = _Ready()
+    ready = _Ready(build)
     # Every first-round kernel of every problem starts building now; timing follows the builds.
-    ready.start(build, _dedupe(e for p in todo for e in compile_entries(p, first[p])))
+    ready.start(_dedupe(e for p in todo for e in compile_entries(p, first[p])))
     # Two passes, so that a problem's second round compiles while later problems time their
     # first: timing each second round right after its own first waited on its compiles with
     # the GPU idle, problem after problem.
@@ -669,7 +671,7 @@ def tune_gemm(
             close = [c for c in ranked[refine:] if times[c] <= TAIL_SPLIT_CLOSE * times[ranked[0]]]
             extra += [c for c in last_wave_splits(p, close) if c not in times and c not in extra]
             if extra:
-                ready.start(build, compile_entries(p, extra))
+                ready.start(compile_entries(p, extra))
         rounds.append((p, heur, times, top, extra))
     results = []
     for p, heur, times, top, extra in rounds:
