@@ -872,6 +872,9 @@ SWAP_CFGS = {
     "128x96c21s3": GemmConfig(128, 96, 2, 1, split_k=3, swap_ab=True),
     "128x144c21": GemmConfig(128, 144, 2, 1, swap_ab=True),  # 16-column slabs
     "128x176c12": GemmConfig(128, 176, 1, 2, swap_ab=True),
+    "128x88c21": GemmConfig(128, 88, 2, 1, swap_ab=True),  # 8-column slabs (stmatrix x2)
+    "128x232c12": GemmConfig(128, 232, 1, 2, swap_ab=True),  # 8-column slabs
+    "64x104c12": GemmConfig(64, 104, 1, 2, swap_ab=True),  # 8-column slabs
     "128x112c12pp": GemmConfig(128, 112, 1, 2, pingpong=True, swap_ab=True),
     # 256-row tiles (heuristics.swap_256_config), 16-bit inputs only
     "256x160c21": GemmConfig(256, 160, 2, 1, swap_ab=True),
@@ -892,7 +895,7 @@ SWAP_CFGS = {
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
-                                      "64x32c12d12", "64x16c11s3d16"])
+                                      "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -903,7 +906,8 @@ def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
                                            Epilogue(activation="gelu_tanh", alpha=True))
     _compile(a_dt, b_dt, torch.bfloat16, am, bm, cfg, epi, "Float32", keep_dir=str(tmp_path))
     ptx = open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
-    assert "stmatrix.sync.aligned.m8n8.x4.trans" in ptx
+    # 8-column slabs (widths of 8 mod 16) store with x2: x4's footprint is 16 columns
+    assert f"stmatrix.sync.aligned.m8n8.{'x2' if cfg.tile_n % 16 else 'x4'}.trans" in ptx
     report = _ptxas_report(glob.glob(str(tmp_path / "*.ptx"))[0])
     if report:
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
@@ -960,6 +964,14 @@ def test_wave_swap_picks():
     assert config_waves(two_waves, 1831, 1600) == 2
     assert wave_swap_config(1831, 1600, 6400, two_waves) == GemmConfig(128, 224, 2, 1, swap_ab=True)
     assert pick(2081, 768, 768, in_bytes=1) != GemmConfig(128, 96, 2, 1, swap_ab=True)  # 16-bit only
+    # Weights of up to 1024 rows from 700 tokens (WAVE_SWAP_NARROW): steps of 16 from 64, over
+    # picks in clusters of at most 2 CTAs only.
+    assert pick(1313, 1024, 1024) == GemmConfig(128, 96, 2, 1, swap_ab=True)  # over unswapped 128 x 96
+    assert pick(861, 1024, 4096) == GemmConfig(128, 64, 2, 1, swap_ab=True)  # over split-K
+    assert wave_swap_config(1025, 1024, 1024, GemmConfig(128, 96, 1, 1)) == GemmConfig(128, 80, 2, 1, swap_ab=True)
+    assert wave_swap_config(1218, 1024, 1024, GemmConfig(128, 96, 2, 2)) is None  # a 2 x 2 pick stays
+    assert wave_swap_config(650, 1024, 1024, GemmConfig(128, 96, 1, 1)) is None  # under 700 tokens
+    assert wave_swap_config(1025, 1280, 1280, GemmConfig(128, 96, 1, 1)) is None  # 1280 rows: not in the band
 
 
 def test_narrow_swap_picks():

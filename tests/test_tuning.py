@@ -428,11 +428,11 @@ def test_swap_candidates():
     from cute_kernels.tuning.tune import candidates, swap_candidates
 
     at = lambda m, epi="plain", op="bf16", out="bf16": swap_candidates(Problem(op, out, "kk", epi, m, 5120, 5120))  # noqa: E731
-    assert {c.tile_n for c in at(273)} == {144, 96, 160} and all(c.swap_ab and c.tile_m == 128 for c in at(273))
+    assert {c.tile_n for c in at(273)} == {144, 96, 72} and all(c.swap_ab and c.tile_m == 128 for c in at(273))
     assert at(512) == at(40) == at(4253) == []  # no less padding, or outside 64..SWAP_MAX_M
-    assert {c.tile_n for c in at(102)} == {112}  # 102 rows: 112 where 128-row tiles compute 128
+    assert {c.tile_n for c in at(102)} == {104, 112, 120}  # 102 rows: 104-120 where 128-row tiles compute 128
     assert at(273, "vector") == at(273, "residual") == [] and at(273, out="fp32") == []
-    assert {c.tile_n for c in at(273, op="int8", out="int32")} == {144, 96, 160}  # int8_mm's raw int32 swaps
+    assert {c.tile_n for c in at(273, op="int8", out="int32")} == {144, 96, 72}  # int8_mm's raw int32 swaps
     p = Problem("bf16", "bf16", "kk", "plain", 273, 5120, 5120)
     assert set(at(273)) <= set(candidates(p))
     for c in at(273):
@@ -454,7 +454,11 @@ def test_wave_swap_candidates():
     assert all(c.swap_ab and c.tile_m == 128 and config_waves(c, 2081, 1024) == 1 for c in got)
     assert set(got) <= set(candidates(p))
     assert {c.tile_n for c in wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 2081, 1024, 4096))} >= {144}
-    assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 900, 1024, 1024)) == []
+    assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 650, 1024, 1024)) == []
+    assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 900, 1280, 1280)) == []
+    # weights of up to 1024 rows from 700 tokens (heuristics.WAVE_SWAP_NARROW): steps of 16 from 64
+    got = wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 1025, 1024, 1024))
+    assert [(c.tile_n, c.cluster_mn) for c in got] == [(80, (2, 1)), (96, (2, 1)), (112, (2, 1)), (80, (1, 2))]
     assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 2081, 4096, 1024)) == []
     assert wave_swap_candidates(Problem("int8", "bf16", "kk", "vector", 2081, 1024, 1024)) == []
 

@@ -93,15 +93,12 @@ class GemmConfig:
         if self.tile_m not in (64, 128, 256):
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
         if self.swap_ab:
-            # The swapped kernel's N is the token count: any multiple of 16 pads it least
-            # (16-column epilogue slabs where 32 does not divide the tile). Widths of 8 mod 16
-            # (cuBLAS runs 88-136 there) compile, with 8-column slabs. On the H100 they computed
-            # wrong results (widths 88-248, bf16 out: max error about the size of the outputs,
-            # against the picked config's) while their 16-bit epilogue stored each 8-column slab
-            # with stmatrix x4, which covers 16 columns; it now takes x2 there (GemmSm90.
-            # _make_r2s_copy), which no GPU has run yet, so they stay rejected.
-            if not (16 <= self.tile_n <= 256 and self.tile_n % 16 == 0 and self.tile_m in (64, 128, 256)):
-                raise ValueError(f"swap_ab takes a 64-, 128- or 256-row tile and tile_n in 16..256, a multiple of 16, "
+            # The swapped kernel's N is the token count: any multiple of 8 pads it least, as cuBLAS
+            # pads it (128 x 88 at 260 tokens). The epilogue stores 16-column slabs where 32 does
+            # not divide the tile and 8-column ones (stmatrix x2) at widths of 8 mod 16; checked on
+            # the H100 against 16-multiple widths' outputs at 24 shapes, widths 88-248.
+            if not (16 <= self.tile_n <= 256 and self.tile_n % 8 == 0 and self.tile_m in (64, 128, 256)):
+                raise ValueError(f"swap_ab takes a 64-, 128- or 256-row tile and tile_n in 16..256, a multiple of 8, "
                                  f"got {self.tile_mn}")
         elif self.tile_n not in (64, 96, 128, 160, 192, 256):
             raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")

@@ -526,14 +526,31 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
 # 128 x 96 tiles did not (1831x1600x6400 0.1000 ms vs 0.0633).
 WAVE_SWAP_M = (1400, 4096)
 _WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
+# Weights of at most 1024 rows (GPT-2 small's and medium's o / down) take the same one wave from
+# 700 tokens, in the narrowest width of steps of 16 from 64 that fits, where the pick it
+# replaces runs in clusters of at most 2 CTAs. Same runs on the H100: probe
+# (`gemm_wave_narrow_probe_h100.md`, 20 shapes of 769-1281 tokens x the four weights, K
+# 768-4096) 1.175x over every pick, and a draw of 24 more (`gemm_wave_narrow_ab_h100.md`)
+# 1.031x, min 0.867x: every loss replaced a pick in 2 x 2 or 4 x 2 clusters (128 x 96, 64 x 128
+# ping-pong), which share both operands across the cluster; over picks in 1-2 CTA clusters
+# (unswapped 128 x 96, split-K, 64-row swap_ab) both sets gained, 1.03x-1.45x. The guard was
+# fitted on both sets. 1280-1600-row weights kept their picks (within 15% either way), and
+# at 641 tokens 64-row tiles in 4 x 1 clusters won at K = 4096.
+WAVE_SWAP_NARROW = (700, 1024)  # (tokens from, weight rows up to)
+_WAVE_SWAP_NARROW_WIDTHS = tuple(range(64, 257, 16))
 _WAVE_SWAP_LONG_K = 4096
 _WAVE_SWAP_LONG_K_MIN_M = 2000
 
 
 def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """The one-wave 128-row swap_ab config for a 16-bit M x N x K problem with a narrow weight
-    (notes above) to replace `current` (the pick it would replace), or None outside that range
-    or where no width fits one wave."""
+    (notes above: WAVE_SWAP_M, and WAVE_SWAP_NARROW below it) to replace `current` (the pick it
+    would replace), or None outside those ranges or where no width fits one wave."""
+    if WAVE_SWAP_NARROW[0] <= m < WAVE_SWAP_M[0] and NARROW_MIN_N <= n <= WAVE_SWAP_NARROW[1] and k >= NARROW_MIN_K:
+        if current.cluster_m * current.cluster_n > 2:
+            return None
+        fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, num_sms=num_sms)
+        return fits[0] if fits else None
     if not (WAVE_SWAP_M[0] <= m <= WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K):
         return None
     if k >= _WAVE_SWAP_LONG_K and m < _WAVE_SWAP_LONG_K_MIN_M and config_waves(current, m, n, num_sms) < 2:

@@ -161,7 +161,7 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
 
 
 # swap_ab: the token count M runs along the kernel's N, padded to a multiple of these.
-SWAP_WIDTHS = tuple(range(64, 257, 16))
+SWAP_WIDTHS = tuple(range(64, 257, 8))
 SWAP_CLUSTERS = ((2, 1, False), (1, 2, False), (1, 2, True))
 SWAP_MAX_M = 2048  # above, 128-row tiles pad M by at most 6%
 
@@ -209,13 +209,23 @@ def swap_256_candidates(problem: Problem) -> list[GemmConfig]:
 def wave_swap_candidates(problem: Problem) -> list[GemmConfig]:
     """One wave of 128-row swap_ab tiles on a narrow weight (`heuristics.wave_swap_config`),
     from 1024 tokens: the three narrowest widths whose grid fits one wave in 2 x 1 clusters
-    (steps of 16 from K = 2048, else 32), and the narrowest in 1 x 2."""
-    from ..matmul.heuristics import NARROW_MIN_K, NARROW_MIN_N, SWAP_MIN_N, WAVE_SWAP_M, one_wave_swaps
+    (steps of 16 from K = 2048, else 32), and the narrowest in 1 x 2; on weights of up to 1024
+    rows from 700 tokens, and below 1400 in steps of 16 from 64 (`WAVE_SWAP_NARROW`)."""
+    from ..matmul.heuristics import (
+        NARROW_MIN_K,
+        NARROW_MIN_N,
+        SWAP_MIN_N,
+        WAVE_SWAP_M,
+        WAVE_SWAP_NARROW,
+        one_wave_swaps,
+    )
 
-    if (problem.promoted or problem.in_bytes != 2 or not 1024 <= problem.m <= WAVE_SWAP_M[1]
+    low = WAVE_SWAP_NARROW[0] if problem.n <= WAVE_SWAP_NARROW[1] else 1024
+    if (problem.promoted or problem.in_bytes != 2 or not low <= problem.m <= WAVE_SWAP_M[1]
             or not NARROW_MIN_N <= problem.n < SWAP_MIN_N or problem.k < NARROW_MIN_K or not _swappable(problem)):
         return []
-    widths = range(96, 257, 16 if problem.k >= 2048 else 32)
+    narrow_band = problem.m < WAVE_SWAP_M[0] and problem.n <= WAVE_SWAP_NARROW[1]
+    widths = range(64 if narrow_band else 96, 257, 16 if problem.k >= 2048 or narrow_band else 32)
     fitting = lambda cluster: [c for c in one_wave_swaps(problem.m, problem.n, widths, cluster)  # noqa: E731
                                if _fits(problem, c)]
     return fitting((2, 1))[:3] + fitting((1, 2))[:1]
