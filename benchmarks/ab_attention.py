@@ -3,6 +3,7 @@
     python -m benchmarks.ab_attention [--option wg_key_range] [--reps 2] [--out DIR]
     python -m benchmarks.ab_attention --set tma_o=True --set n_block=176 [--wide] [--head-dims 128]
     python -m benchmarks.ab_attention --group 24MB --group 1 --wide --seqlens 512,1024 --causal-only
+    python -m benchmarks.ab_attention --fp8 --set n_block=224,pingpong=True --wide --head-dims 128 --seqlens 4096
 
 For each case, times the config `prefill_config` picks (provider `cute`) against variants of
 it: `--option` flips a boolean field, each `--set FIELD=VALUE[,FIELD=VALUE]` is one variant
@@ -13,8 +14,9 @@ cuDNN's SDPA runs for reference. Cases: Llama-style GQA shapes, causal and not, 
 and 128, plus a ragged MHA one; `--wide`: the widened suite's shapes
 (benchmarks.attention.wide_shapes, GQA 1 and 8). All CUDA-graph timed with L2 rotation
 (runtime.timing), `--reps` repetitions, every other one in reverse order, median kept; each
-variant's max error against cuDNN's output is recorded with its row. Writes
-ab_attention_<name>_<gpu>.{json,md}.
+variant's max error against cuDNN's output is recorded with its row. `--fp8`: the FP8 kernel
+(`flash_attn_fp8` on e4m3 copies of the inputs, descales 1) from `prefill_config_fp8`'s pick,
+cuDNN on the same values in bf16. Writes ab_attention_<name>_<gpu>.{json,md}.
 """
 
 from __future__ import annotations
@@ -89,13 +91,18 @@ def _case(B, S, Hq, Hk, D, causal) -> str:
 
 
 def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = (), cases=CASES,
-        groups: list[str] = ()):
+        groups: list[str] = (), fp8: bool = False):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from cute_kernels.attention.api import _run
-    from cute_kernels.attention.config import prefill_config
+    from cute_kernels.attention.api import _run, _run_fp8
+    from cute_kernels.attention.config import prefill_config, prefill_config_fp8
+
+    if fp8 and groups:
+        raise ValueError("--group is for the 16-bit kernel")
+    in_bytes = 1 if fp8 else 2
+    peak = PEAK_TFLOPS["fp8" if fp8 else "bf16"]
 
     rows: list[Row] = []
     gains: dict[str, dict[str, float]] = {}
@@ -103,6 +110,16 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
         q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, S, Hk, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(B, S, Hk, D, device="cuda", dtype=torch.bfloat16)
+        if fp8:
+            q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+            q, k, v = (t.to(torch.bfloat16) for t in (q8, k8, v8))  # cuDNN sees the same values
+            ones = torch.ones(B, Hk, device="cuda", dtype=torch.float32)
+
+            def attend(cfg, group, q8=q8, k8=k8, v8=v8, ones=ones, causal=causal):
+                return _run_fp8(q8, k8, v8, ones, ones, ones, causal, None, config=cfg)
+        else:
+            def attend(cfg, group, q=q, k=k, v=v, causal=causal):
+                return _run(q, k, v, causal, None, config=cfg, tile_group=group)
         flops = 4 * B * Hq * S * S * D / (2 if causal else 1)
         case = _case(B, S, Hq, Hk, D, causal)
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -110,7 +127,7 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
             ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True).transpose(1, 2)
             ms = time_ms(lambda _i: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True))
         rows.append(Row(case, "cudnn", ms, flops / ms / 1e9, 100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"]))
-        base = prefill_config(D, S, Hq // Hk, causal)
+        base = prefill_config_fp8(D, S) if fp8 else prefill_config(D, S, Hq // Hk, causal)
         variants = {"cute": (base, None)}
         if option:
             flipped = not getattr(base, option)
@@ -118,7 +135,7 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
         for spec in sets:
             cfg = dataclasses.replace(base, **parse_set(spec))
             try:
-                cfg.validate()
+                cfg.validate(in_bytes)
             except ValueError:
                 continue
             if cfg != base:
@@ -133,15 +150,13 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
             # its place in the run (benchmarks.attention's notes), so no variant keeps the first.
             for name in names if rep % 2 == 0 else names[::-1]:
                 cfg, group = variants[name]
-                out, _ = _run(q, k, v, causal, None, config=cfg, tile_group=group)
+                out, _ = attend(cfg, group)
                 errs[name] = (out.float() - ref.float()).abs().max().item()
-                times[name].append(time_ms(lambda _i, cfg=cfg, g=group: _run(q, k, v, causal, None, config=cfg,
-                                                                                tile_group=g)))
+                times[name].append(time_ms(lambda _i, cfg=cfg, g=group: attend(cfg, g)))
         med = {name: statistics.median(ts) for name, ts in times.items()}
         for name in variants:
             ms = med[name]
-            rows.append(Row(case, name, ms, flops / ms / 1e9,
-                            100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"],
+            rows.append(Row(case, name, ms, flops / ms / 1e9, 100 * flops / ms / 1e9 / peak,
                             extra={"times_ms": times[name], "max_err_vs_cudnn": errs[name],
                                    "config": str(variants[name][0]), "tile_group": variants[name][1]}))
             if name != "cute":
@@ -163,6 +178,7 @@ def main(argv=None) -> int:
     p.add_argument("--group", dest="groups", action="append", default=[], metavar="G",
                    help="one variant: the pick in another tile order, G heads per group (1) or G MB of K/V (8MB) "
                         "(repeatable)")
+    p.add_argument("--fp8", action="store_true", help="the FP8 kernel (flash_attn_fp8) from prefill_config_fp8's pick")
     p.add_argument("--wide", action="store_true", help="the widened suite's shapes (GQA 1 and 8) instead of CASES")
     p.add_argument("--head-dims", default="64,128", help="with --wide: comma-separated head dims")
     p.add_argument("--seqlens", default=None, help="with --wide: comma-separated sequence lengths (default all)")
@@ -182,6 +198,8 @@ def main(argv=None) -> int:
         seqlens = tuple(int(x) for x in args.seqlens.split(",")) if args.seqlens else None
     except ValueError as e:
         p.error(str(e))
+    if args.fp8 and args.groups:
+        p.error("--group is for the 16-bit kernel")
     option = args.option or (None if args.sets or args.groups else "wg_key_range")
     require_hopper("benchmarks.ab_attention")
     if args.out:
@@ -189,14 +207,15 @@ def main(argv=None) -> int:
 
         os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
     cases = wide_cases(head_dims, seqlens, (True,) if args.causal_only else (False, True)) if args.wide else CASES
-    rows, summary = run(option, args.reps, args.sets, cases, args.groups)
+    rows, summary = run(option, args.reps, args.sets, cases, args.groups, args.fp8)
     print(format_table(rows, baseline="cudnn"))
     name = args.name or option or "variants"
-    flags = (f"--option {option} " if option else "") + "".join(f"--set {s} " for s in args.sets) + \
+    flags = ("--fp8 " if args.fp8 else "") + (f"--option {option} " if option else "") + "".join(f"--set {s} " for s in args.sets) + \
         "".join(f"--group {g} " for g in args.groups) + \
         (f"--wide --head-dims {args.head_dims} " if args.wide else "") + \
         (f"--seqlens {args.seqlens} " if args.wide and args.seqlens else "") + ("--causal-only " if args.causal_only else "")
-    notes = (f"`python -m benchmarks.ab_attention {flags}--reps {args.reps}`: the shipped prefill config (`cute`) "
+    notes = (f"`python -m benchmarks.ab_attention {flags}--reps {args.reps}`: the shipped {'FP8 ' if args.fp8 else ''}"
+             "prefill config (`cute`) "
              "against its variants, cuDNN SDPA for reference; CUDA-graph timed with L2 rotation, the median of the "
              "repetitions (every other one in reverse order).")
     print("wrote", write_results(f"ab_attention_{name}", rows, summary, notes=notes, baseline="cudnn"))

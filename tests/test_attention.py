@@ -948,8 +948,8 @@ def test_attention_suite_provider_selection_is_checked_on_cpu():
 @pytest.mark.parametrize("seqlen_q", [1024, 4096])
 def test_fp8_attention_compiles_for_sm90a(tmp_path, head_dim, causal, seqlen_q):
     """e4m3 x e4m3 wgmmas for both products, P rounded to e4m3 in pairs and fed to P V from
-    registers (no shared-memory round trip); both configs of prefill_config_fp8 (224-key
-    blocks at D = 128 from 4096 rows); no spills."""
+    registers (no shared-memory round trip); both configs of prefill_config_fp8 (192-key
+    blocks without ping-pong turns at D = 128 from 4096 rows); no spills."""
     from cute_kernels.attention.api import _compile_fp8
     from cute_kernels.attention.config import prefill_config_fp8
     from tests.test_gemm import _ptxas_report
@@ -972,7 +972,8 @@ def test_fp8_attention_compiles_for_sm90a(tmp_path, head_dim, causal, seqlen_q):
 def test_fp8_prefill_config():
     from cute_kernels.attention.config import PrefillConfig, prefill_config, prefill_config_fp8
 
-    assert prefill_config_fp8(128, 4096).n_block == 224 and prefill_config_fp8(128, 1024).n_block == 128
+    wide = prefill_config_fp8(128, 4096)
+    assert (wide.n_block, wide.pingpong) == (192, False) and prefill_config_fp8(128, 1024).n_block == 128
     # D = 64: the 16-bit pick with its 4 K/V stages (the 2-stage 192-row tiles were timed on bf16 only).
     assert prefill_config_fp8(64, 4096) == dataclasses.replace(prefill_config(64, 4096), stages=4)
     assert prefill_config(64, 4096).stages == 2 and prefill_config(64, 1024, 1, True).stages == 4

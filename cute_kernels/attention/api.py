@@ -512,7 +512,15 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
     for t, n in ((q, "q"), (k, "k")):
         if not _tma_aligned(t):
             raise ValueError(f"{n} needs unit stride on D and a 16-byte aligned base and strides (TMA)")
-    Sk = k.shape[1]
+    out, lse = _run_fp8(q, k, v, qd, kd, vd, causal, softmax_scale)
+    return (out, lse) if return_lse else out
+
+
+def _run_fp8(q, k, v, qd, kd, vd, causal: bool, softmax_scale: float | None, config: PrefillConfig | None = None):
+    """flash_attn_fp8 past its checks (descales as [B, Hkv] float32 tensors): (O, LSE).
+    config: build this kernel config instead of prefill_config_fp8's pick."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
     out = torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     if out.numel():
@@ -520,13 +528,13 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
 
         vt = vt_fp8(v)
         scales = torch.stack([qd * kd, vd], dim=-1)
-        cfg = prefill_config_fp8(D, Sq)
+        cfg = config or prefill_config_fp8(D, Sq)
         fn = KERNELS.compiled("flash_fwd_fp8_sm90", _compile_fp8, cfg, bool(causal))
         ratio = Hq // Hkv
         sms = num_sms(q.device.index or 0) if (not causal or Sk <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30
         fn(q, k, vt, out, lse, None, None, scales, softmax_scale_log2(D, softmax_scale), ratio, sms,
            heads_per_group(Sk, D, ratio, itemsize=1))
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def flash_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,

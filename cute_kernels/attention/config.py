@@ -203,10 +203,17 @@ def key_range_pays(cfg: PrefillConfig) -> bool:
 
 
 def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
-    """The FP8 prefill kernel's config (flash_attn_fp8): the 16-bit pick, except 224-key
-    blocks at D = 128 from FP8_WIDE_BLOCK_MIN_SQ query rows on. Same-run A/B on the H100
-    (against 128-key blocks): 4x32x4096 +5-7%, 2x32/4x8192 +6-10%, causal +1-3%; causal
-    16x32/8x1024 -9%, whose tiles see too few blocks to amortize the wider ones."""
+    """The FP8 prefill kernel's config (flash_attn_fp8): the 16-bit pick, except at D = 128 from
+    FP8_WIDE_BLOCK_MIN_SQ query rows on: 192-key blocks without ping-pong turns.
+
+    Same-run A/Bs on the H100: wider blocks than the 16-bit 128 (224 against 128: 4x32x4096
+    +5-7%, 2x32/4x8192 +6-10%, causal +1-3%; causal 16x32/8x1024 -9%, whose tiles see too few
+    blocks to amortize the wider ones); then 192 keys without the turns against 224 with them,
+    seven shapes of 4096-16384 rows (`ab_attention_fp8_tiles_h100.md`): 1.022x geomean,
+    4x32x4096 causal 1.088x, the lowest 0.997x. Either change alone gained about half of
+    that; three K/V stages did not (1.005x). Without the turns the two consumer warpgroups
+    issue their products as soon as their softmax is done: the e4m3 products are short, and
+    the MUFU exp2s, as many as in bf16, set the pace."""
     check_head_dim(head_dim)
     return _prefill_config_fp8(head_dim, seqlen_q >= THREE_WG_MIN_SQ, seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ)
 
@@ -217,7 +224,7 @@ def _prefill_config_fp8(head_dim: int, long_q: bool, wide_block: bool) -> Prefil
     if head_dim == 64:  # 4 K/V stages: the 2-stage 16-bit pick was not measured on e4m3
         cfg = replace(cfg, stages=4)
     if head_dim == 128 and wide_block:
-        cfg = replace(cfg, n_block=224)
+        cfg = replace(cfg, n_block=192, pingpong=False)
     cfg = replace(cfg, wg_key_range=key_range_pays(cfg))
     cfg.validate(in_bytes=1)
     return cfg
