@@ -422,6 +422,16 @@ def test_ab_attention_group_specs():
             parse_group(bad)
 
 
+def test_ab_attention_fp8_refuses_tile_groups_before_any_gpu_work():
+    """--fp8 times the FP8 kernel's configs; --group is the 16-bit kernel's tile order."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ab_attention", "--fp8", "--group", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--group is for the 16-bit kernel" in out.stderr, out.stderr
+
+
 def test_unsupported_head_dim_is_a_value_error():
     from cute_kernels.attention.config import decode_config, decode_mma_config, prefill_config
 

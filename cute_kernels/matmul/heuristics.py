@@ -530,12 +530,12 @@ _WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
 # 700 tokens, in the narrowest width of steps of 16 from 64 that fits, where the pick it
 # replaces runs in clusters of at most 2 CTAs. Same runs on the H100: probe
 # (`gemm_wave_narrow_probe_h100.md`, 20 shapes of 769-1281 tokens x the four weights, K
-# 768-4096) 1.175x over every pick, and a draw of 24 more (`gemm_wave_narrow_ab_h100.md`)
-# 1.031x, min 0.867x: every loss replaced a pick in 2 x 2 or 4 x 2 clusters (128 x 96, 64 x 128
-# ping-pong), which share both operands across the cluster; over picks in 1-2 CTA clusters
-# (unswapped 128 x 96, split-K, 64-row swap_ab) both sets gained, 1.03x-1.45x. The guard was
-# fitted on both sets. 1280-1600-row weights kept their picks (within 15% either way), and
-# at 641 tokens 64-row tiles in 4 x 1 clusters won at K = 4096.
+# 768-4096) and a later draw of 24 (`gemm_wave_narrow_ab_h100.md`). Replacing every pick:
+# 1.175x and 1.031x (min 0.84x, 0.87x), every loss over a pick in 2 x 2 or 4 x 2 clusters
+# (128 x 96, 64 x 128 ping-pong), which share both operands across the cluster. With the guard
+# (fitted on both sets) 11 of 20 and 5 of 24 change, 1.07x-1.45x each, none slower: 1.134x and
+# 1.043x over the sets. 1280-1600-row weights kept their picks (within 15% either way), and at
+# 641 tokens 64-row tiles in 4 x 1 clusters won at K = 4096.
 WAVE_SWAP_NARROW = (700, 1024)  # (tokens from, weight rows up to)
 _WAVE_SWAP_NARROW_WIDTHS = tuple(range(64, 257, 16))
 _WAVE_SWAP_LONG_K = 4096
