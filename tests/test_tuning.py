@@ -525,6 +525,27 @@ def test_grid_draw_is_a_function_of_the_seed():
         grid_shapes(0, 0)
 
 
+def test_gemm_probe_draw_and_arguments():
+    """benchmarks.gemm_probe: the tuned probe's draw is a function of its arguments and stays in
+    its ranges; bad ranges, shapes and widths are refused before any GPU work."""
+    import benchmarks.gemm_probe as P
+
+    a = P.draw(4001, 30, (150, 700), (1280, 8192), 1024)
+    assert a == P.draw(4001, 30, (150, 700), (1280, 8192), 1024) and a != P.draw(4002, 30, (150, 700), (1280, 8192), 1024)
+    assert all(150 <= m <= 700 and 1280 <= n <= 8192 and k >= 1024 for m, n, k in a)
+    assert P.parse_shapes("1302x768x768,2081X1024x4096") == [(1302, 768, 768), (2081, 1024, 4096)]
+    assert P.parse_widths("64:256:16") == range(64, 257, 16) and P.parse_range("150,700", "--m") == (150, 700)
+    for fn, bad in ((P.parse_shapes, "12x3"), (P.parse_shapes, "0x8x8"), (P.parse_widths, "60:256:16"),
+                    (P.parse_widths, "64:300:16"), (P.parse_widths, "64:256:4"), (lambda s: P.parse_range(s, "--m"), "9,3")):
+        with pytest.raises(ValueError):
+            fn(bad)
+    with pytest.raises(ValueError, match="no grid-model weight"):
+        P.draw(1, 3, (1, 10), (10, 20), 1)
+    for argv in (["widths", "--shapes", "1x2"], ["tuned", "--seed", "1", "--m", "5"], ["tuned", "--seed", "1", "--count", "0"]):
+        with pytest.raises(SystemExit):
+            P.main(argv)
+
+
 def test_grid_slices_and_quack_cache(tmp_path, monkeypatch):
     """--slice picks part of the seed's draw (validated before the GPU check); QuACK's
     autotuning cache defaults under our cache root and keeps a user's own setting."""

@@ -1,0 +1,230 @@
+"""GEMM probes behind the heuristics' rules: what a config space can do on a draw of shapes.
+
+    python -m benchmarks.gemm_probe tuned --seed 4001 --count 30 --m 150,700 --n 1280,8192 --min-k 1024
+    python -m benchmarks.gemm_probe widths --shapes 1302x768x768,2081x1024x4096 [--widths 64:256:16] [--top 3]
+
+`tuned`: a draw of bf16 `linear` shapes, M log-uniform in the --m range and (N, K) a weight of
+the grid's models (cute_kernels.tuning.models) inside --n with K >= --min-k, the draw a pure
+function of the seed; each class is tuned from scratch (`tuning.tune.tune_gemm(force=True)`:
+both rounds, outputs checked against the first config's) into a throwaway tuning cache, and
+its best is set against the heuristic's pick (no tuning table) and cuBLAS (`F.linear`) timed
+in the same process. Summary: best / pick and both against cuBLAS, overall and split at
+K = 1600. Writes gemm_probe_tuned_<gpu>.{json,md} (--name to change "tuned").
+
+`widths`: per shape, the dispatch pick (shipped table, then the heuristic) against the
+narrowest --top 128-row swap_ab widths in --widths whose 2 x 1 grid fits one wave, timed by
+the tuner's GpuTimer (each output checked against the pick's), cuBLAS alongside. Writes
+gemm_probe_widths_<gpu>.{json,md}.
+
+All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16, H100-class GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import tempfile
+
+from .common import PEAK_TFLOPS, Row, format_table, geomean, require_hopper, write_results
+
+
+def parse_range(spec: str, name: str) -> tuple[int, int]:
+    """'150,700' -> (150, 700); both ends positive, lo <= hi."""
+    try:
+        lo, hi = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(f"{name} takes LO,HI (two integers), got {spec!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{name} needs 1 <= LO <= HI, got {spec!r}")
+    return lo, hi
+
+
+def parse_shapes(spec: str) -> list[tuple[int, int, int]]:
+    """'1302x768x768,2081x1024x4096' -> [(1302, 768, 768), (2081, 1024, 4096)]."""
+    out = []
+    for part in spec.split(","):
+        try:
+            m, n, k = (int(x) for x in part.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--shapes takes MxNxK[,MxNxK...], got {part!r}") from None
+        if min(m, n, k) < 1:
+            raise ValueError(f"--shapes: every extent must be >= 1, got {part!r}")
+        out.append((m, n, k))
+    return out
+
+
+def parse_widths(spec: str) -> range:
+    """'64:256:16' -> range(64, 257, 16): swap_ab token-tile widths, multiples of 8 in 16..256."""
+    try:
+        lo, hi, step = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"--widths takes LO:HI:STEP, got {spec!r}") from None
+    if not (16 <= lo <= hi <= 256 and step >= 8 and lo % 8 == 0 and step % 8 == 0):
+        raise ValueError(f"--widths needs 16 <= LO <= HI <= 256 with LO and STEP multiples of 8, got {spec!r}")
+    return range(lo, hi + 1, step)
+
+
+def draw(seed: int, count: int, m_range: tuple[int, int], n_range: tuple[int, int], min_k: int):
+    """`count` (M, N, K): (N, K) a grid-model weight with N in n_range and K >= min_k, M
+    log-uniform in m_range; a pure function of the arguments."""
+    from cute_kernels.tuning.models import MODELS, linears
+
+    pool = sorted({(lin.n, lin.k) for model in MODELS for lin in linears(model)
+                   if n_range[0] <= lin.n <= n_range[1] and lin.k >= min_k})
+    if not pool:
+        raise ValueError(f"no grid-model weight has N in {n_range} and K >= {min_k}")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        n, k = rng.choice(pool)
+        out.append((round(math.exp(rng.uniform(math.log(m_range[0]), math.log(m_range[1])))), n, k))
+    return out
+
+
+def _cublas_ms(m: int, n: int, k: int) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    from cute_kernels.runtime.timing import time_ms
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return time_ms(lambda _i: F.linear(x, w), rep_ms=20.0)
+
+
+def _row(case: str, provider: str, m: int, n: int, k: int, ms: float, **extra) -> Row:
+    tf = 2 * m * n * k / ms / 1e9
+    return Row(case, provider, ms, tf, 100 * tf / PEAK_TFLOPS["bf16"], extra=extra)
+
+
+def run_tuned(shapes) -> tuple[list[Row], dict]:
+    from benchmarks.gemm import grid_problem
+    from cute_kernels.tuning.tune import label, tune_gemm
+
+    # A throwaway cache root: the probe's winners must not steer later dispatch (its kernels
+    # compile afresh there too).
+    os.environ["CUTE_KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="gemm-probe-")
+    results = tune_gemm([grid_problem("bf16", m, n, k) for m, n, k in shapes], force=True, log=None)
+    rows, best_pick, short, long_ = [], [], [], []
+    for r in results:
+        p = r.problem
+        case = f"{p.m}x{p.n}x{p.k}"
+        cub = _cublas_ms(p.m, p.n, p.k)
+        rows.append(_row(case, "cute", p.m, p.n, p.k, r.heuristic_ms, config=label(r.heuristic), role="pick"))
+        rows.append(_row(case, "cute tuned", p.m, p.n, p.k, r.ms, config=label(r.config), role="best",
+                         timed=r.timed))
+        rows.append(_row(case, "cublas", p.m, p.n, p.k, cub))
+        best_pick.append(r.heuristic_ms / r.ms)
+        (short if p.k <= 1600 else long_).append(cub / r.ms)
+    t = {(r.case, r.provider): r.ms for r in rows}
+    cases = sorted({r.case for r in rows})
+    summary = {
+        "classes": len(results),
+        "geomean_best_vs_pick": geomean(best_pick),
+        "geomean_pick_vs_cublas": geomean([t[(c, "cublas")] / t[(c, "cute")] for c in cases]),
+        "geomean_best_vs_cublas": geomean([t[(c, "cublas")] / t[(c, "cute tuned")] for c in cases]),
+        "min_best_vs_cublas": min(t[(c, "cublas")] / t[(c, "cute tuned")] for c in cases),
+    }
+    if short:
+        summary["geomean_best_vs_cublas[K<=1600]"] = geomean(short)
+    if long_:
+        summary["geomean_best_vs_cublas[K>1600]"] = geomean(long_)
+    return rows, summary
+
+
+def run_widths(shapes, widths: range, top: int) -> tuple[list[Row], dict]:
+    import torch.nn.functional as F
+
+    from benchmarks.gemm import grid_problem
+    from cute_kernels.matmul.heuristics import one_wave_swaps
+    from cute_kernels.runtime.timing import time_ms
+    from cute_kernels.tuning.tune import (
+        GpuTimer,
+        _dedupe,
+        _fits,
+        _Ready,
+        _time_all,
+        compile_entries,
+        dispatch_config,
+        label,
+        precompile_build,
+    )
+
+    probs, cands = [], {}
+    for m, n, k in shapes:
+        p = grid_problem("bf16", m, n, k)
+        swaps = [c for c in one_wave_swaps(m, n, widths) if _fits(p, c)][:top]
+        probs.append(p)
+        cands[p] = list(dict.fromkeys([dispatch_config(p)] + swaps))
+    ready = _Ready(precompile_build())
+    ready.start(_dedupe(e for p in probs for e in compile_entries(p, cands[p])))
+    timer = GpuTimer(rep_ms=10.0, warm_ms=300.0)
+    rows, best_pick, pick_cub, best_cub = [], [], [], []
+    for p in probs:
+        times = _time_all(p, cands[p], ready, timer, print)  # a config whose output disagrees is logged, left out
+        pick = cands[p][0]
+        if pick not in times:
+            continue
+        sets = timer._sets
+        cub = time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
+        case = f"{p.m}x{p.n}x{p.k}"
+        for cfg, ms in times.items():
+            name = "cute" if cfg == pick else f"cute {label(cfg)}"
+            rows.append(_row(case, name, p.m, p.n, p.k, ms, config=label(cfg)))
+        rows.append(_row(case, "cublas", p.m, p.n, p.k, cub))
+        best = min(times.values())
+        best_pick.append(times[pick] / best)
+        pick_cub.append(cub / times[pick])
+        best_cub.append(cub / best)
+    summary = {"shapes": len(best_pick)}
+    if best_pick:
+        summary.update({"geomean_best_vs_pick": geomean(best_pick), "geomean_pick_vs_cublas": geomean(pick_cub),
+                        "geomean_best_vs_cublas": geomean(best_cub)})
+    return rows, summary
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="probe", required=True)
+    t = sub.add_parser("tuned", help="tune a draw of shapes from scratch: best vs the heuristic vs cuBLAS")
+    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--count", type=int, default=30)
+    t.add_argument("--m", default="150,700", help="LO,HI of the log-uniform token count")
+    t.add_argument("--n", default="1280,8192", help="LO,HI of the weight rows")
+    t.add_argument("--min-k", type=int, default=1024)
+    w = sub.add_parser("widths", help="the dispatch pick vs one wave of 128-row swap_ab widths vs cuBLAS")
+    w.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
+    w.add_argument("--widths", default="64:256:16", help="LO:HI:STEP token-tile widths")
+    w.add_argument("--top", type=int, default=3, help="how many of the narrowest fitting widths")
+    for s in (t, w):
+        s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
+        s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    args = p.parse_args(argv)
+    try:
+        if args.probe == "tuned":
+            if args.count < 1 or args.min_k < 1:
+                raise ValueError("--count and --min-k must be >= 1")
+            shapes = draw(args.seed, args.count, parse_range(args.m, "--m"), parse_range(args.n, "--n"), args.min_k)
+            flags = f"tuned --seed {args.seed} --count {args.count} --m {args.m} --n {args.n} --min-k {args.min_k}"
+        else:
+            if args.top < 1:
+                raise ValueError("--top must be >= 1")
+            shapes, widths = parse_shapes(args.shapes), parse_widths(args.widths)
+            flags = f"widths --shapes {args.shapes} --widths {args.widths} --top {args.top}"
+    except ValueError as e:
+        p.error(str(e))
+    require_hopper("benchmarks.gemm_probe")
+    if args.out:
+        os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
+    rows, summary = run_tuned(shapes) if args.probe == "tuned" else run_widths(shapes, widths, args.top)
+    print(format_table(rows, baseline="cublas"))
+    notes = (f"`python -m benchmarks.gemm_probe {flags}`: bf16 `linear`, randn inputs, CUDA-graph timing over "
+             "L2-rotated inputs, cuBLAS (`F.linear`) in the same process; see benchmarks/gemm_probe.py.")
+    print("wrote", write_results(f"gemm_probe_{args.name or args.probe}", rows, summary, notes=notes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
