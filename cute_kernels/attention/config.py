@@ -208,12 +208,13 @@ def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
 
     Same-run A/Bs on the H100: wider blocks than the 16-bit 128 (224 against 128: 4x32x4096
     +5-7%, 2x32/4x8192 +6-10%, causal +1-3%; causal 16x32/8x1024 -9%, whose tiles see too few
-    blocks to amortize the wider ones); then 192 keys without the turns against 224 with them,
-    seven shapes of 4096-16384 rows (`ab_attention_fp8_tiles_h100.md`): 1.022x geomean,
-    4x32x4096 causal 1.088x, the lowest 0.997x. Either change alone gained about half of
-    that; three K/V stages did not (1.005x). Without the turns the two consumer warpgroups
-    issue their products as soon as their softmax is done: the e4m3 products are short, and
-    the MUFU exp2s, as many as in bf16, set the pace."""
+    blocks to amortize the wider ones); then, over the 12 shapes of S 4096-16384
+    (`ab_attention_fp8_tiles_h100.md`), this pick against 224 keys with the turns 1.015x
+    geomean (causal 1.02x-1.075x, the two 16384-row non-causal shapes 0.95x-0.97x), against 192
+    keys with the turns 1.005x, against 224 without them 1.000x; 160-key blocks and three K/V
+    stages lost (`ab_attention_fp8_tiles2_h100.md`). Without the turns the two consumer
+    warpgroups issue their products as soon as their softmax is done: the e4m3 products are
+    short, and the MUFU exp2s, as many as in bf16, set the pace."""
     check_head_dim(head_dim)
     return _prefill_config_fp8(head_dim, seqlen_q >= THREE_WG_MIN_SQ, seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ)
 
