@@ -127,7 +127,7 @@ def run(option: str | None = "wg_key_range", reps: int = 2, sets: list[str] = ()
             ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True).transpose(1, 2)
             ms = time_ms(lambda _i: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True))
         rows.append(Row(case, "cudnn", ms, flops / ms / 1e9, 100 * flops / ms / 1e9 / PEAK_TFLOPS["bf16"]))
-        base = prefill_config_fp8(D, S) if fp8 else prefill_config(D, S, Hq // Hk, causal)
+        base = prefill_config_fp8(D, S, causal) if fp8 else prefill_config(D, S, Hq // Hk, causal)
         variants = {"cute": (base, None)}
         if option:
             flipped = not getattr(base, option)

@@ -964,7 +964,7 @@ def test_fp8_attention_compiles_for_sm90a(tmp_path, head_dim, causal, seqlen_q):
     from cute_kernels.attention.config import prefill_config_fp8
     from tests.test_gemm import _ptxas_report
 
-    cfg = prefill_config_fp8(head_dim, seqlen_q)
+    cfg = prefill_config_fp8(head_dim, seqlen_q, causal)
     _compile_fp8(cfg, causal, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
     ptx = open(ptx_path).read()
@@ -984,6 +984,8 @@ def test_fp8_prefill_config():
 
     wide = prefill_config_fp8(128, 4096)
     assert (wide.n_block, wide.pingpong) == (192, False) and prefill_config_fp8(128, 1024).n_block == 128
+    # Split by mask: 80 of 96 exp2s before the P V wait without a causal mask, all with one.
+    assert wide.exps_before_pv_wait == 80 and prefill_config_fp8(128, 4096, True).exps_before_pv_wait is None
     # D = 64: the 16-bit pick with its 4 K/V stages (the 2-stage 192-row tiles were timed on bf16 only).
     assert prefill_config_fp8(64, 4096) == dataclasses.replace(prefill_config(64, 4096), stages=4)
     assert prefill_config(64, 4096).stages == 2 and prefill_config(64, 1024, 1, True).stages == 4

@@ -528,7 +528,7 @@ def _run_fp8(q, k, v, qd, kd, vd, causal: bool, softmax_scale: float | None, con
 
         vt = vt_fp8(v)
         scales = torch.stack([qd * kd, vd], dim=-1)
-        cfg = config or prefill_config_fp8(D, Sq)
+        cfg = config or prefill_config_fp8(D, Sq, causal)
         fn = KERNELS.compiled("flash_fwd_fp8_sm90", _compile_fp8, cfg, bool(causal))
         ratio = Hq // Hkv
         sms = num_sms(q.device.index or 0) if (not causal or Sk <= PERSISTENT_CAUSAL_MAX_SK) else 1 << 30

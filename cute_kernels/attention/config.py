@@ -202,7 +202,7 @@ def key_range_pays(cfg: PrefillConfig) -> bool:
     return cfg.n_block != cfg.m_block
 
 
-def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
+def prefill_config_fp8(head_dim: int, seqlen_q: int, causal: bool = False) -> PrefillConfig:
     """The FP8 prefill kernel's config (flash_attn_fp8): the 16-bit pick, except at D = 128 from
     FP8_WIDE_BLOCK_MIN_SQ query rows on: 192-key blocks without ping-pong turns.
 
@@ -214,18 +214,26 @@ def prefill_config_fp8(head_dim: int, seqlen_q: int) -> PrefillConfig:
     keys with the turns 1.005x, against 224 without them 1.000x; 160-key blocks and three K/V
     stages lost (`ab_attention_fp8_tiles2_h100.md`). Without the turns the two consumer
     warpgroups issue their products as soon as their softmax is done: the e4m3 products are
-    short, and the MUFU exp2s, as many as in bf16, set the pace."""
+    short, and the MUFU exp2s, as many as in bf16, set the pace.
+
+    Without a causal mask 80 of a thread's 96 exp2s a block run before the P V wait
+    (`exps_before_pv_wait`), the rest after it: +1.4% to +5.8% on all 6 non-causal shapes of
+    `ab_attention_fp8_tiles2_h100.md`, -1% to -4.6% on 5 of the 6 causal ones, whose blocks
+    keep every exp2 before the wait; checked again on the split pick
+    (`ab_attention_fp8_e80_h100.md`: 1.012x geomean over the 6 non-causal shapes against all
+    exp2s after the wait, from -2.6% at 16384 rows to +4.9% at 2 x 8192)."""
     check_head_dim(head_dim)
-    return _prefill_config_fp8(head_dim, seqlen_q >= THREE_WG_MIN_SQ, seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ)
+    return _prefill_config_fp8(head_dim, seqlen_q >= THREE_WG_MIN_SQ, seqlen_q >= FP8_WIDE_BLOCK_MIN_SQ,
+                               bool(causal))
 
 
 @functools.lru_cache(maxsize=None)
-def _prefill_config_fp8(head_dim: int, long_q: bool, wide_block: bool) -> PrefillConfig:
+def _prefill_config_fp8(head_dim: int, long_q: bool, wide_block: bool, causal: bool) -> PrefillConfig:
     cfg = _prefill_config(head_dim, long_q, 1, False)
     if head_dim == 64:  # 4 K/V stages: the 2-stage 16-bit pick was not measured on e4m3
         cfg = replace(cfg, stages=4)
     if head_dim == 128 and wide_block:
-        cfg = replace(cfg, n_block=192, pingpong=False)
+        cfg = replace(cfg, n_block=192, pingpong=False, exps_before_pv_wait=None if causal else 80)
     cfg = replace(cfg, wg_key_range=key_range_pays(cfg))
     cfg.validate(in_bytes=1)
     return cfg
