@@ -2,6 +2,7 @@
 
     python -m benchmarks.gemm_probe tuned --seed 4001 --count 30 --m 150,700 --n 1280,8192 --min-k 1024
     python -m benchmarks.gemm_probe widths --shapes 1302x768x768,2081x1024x4096 [--widths 64:256:16] [--top 3]
+    python -m benchmarks.gemm_probe epilogue --shapes 299x5120x1280,1186x2048x2048 [--top 10]
 
 `tuned`: a draw of bf16 `linear` shapes, M log-uniform in the --m range and (N, K) a weight of
 the grid's models (cute_kernels.tuning.models) inside --n with K >= --min-k, the draw a pure
@@ -15,6 +16,13 @@ K = 1600. Writes gemm_probe_tuned_<gpu>.{json,md} (--name to change "tuned").
 narrowest --top 128-row swap_ab widths in --widths whose 2 x 1 grid fits one wave, timed by
 the tuner's GpuTimer (each output checked against the pick's), cuBLAS alongside. Writes
 gemm_probe_widths_<gpu>.{json,md}.
+
+`epilogue`: per shape, every first-round candidate of the tuner (`candidates(limit=None)`)
+and, below 1400 tokens, the swap_ab widths that pad the tokens by at most 12% in 1 x 1, 2 x 1,
+1 x 2, 4 x 1 and 2 x 2 clusters; then the --top fastest cooperative ones again, each with the
+whole-tile epilogue and with the slab ring forced (`GemmConfig.whole_tile_epi` True / False),
+side by side. Summary: the best whole-tile config against the best ring one. Writes
+gemm_probe_epilogue_<gpu>.{json,md}.
 
 All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16, H100-class GPU.
 """
@@ -187,6 +195,94 @@ def run_widths(shapes, widths: range, top: int) -> tuple[list[Row], dict]:
     return rows, summary
 
 
+def epilogue_candidates(problem):
+    """The probe's first timing round for `problem`: every first-round candidate, then (below
+    1400 tokens) the swap_ab widths padding the tokens by <= 12% in the probe's cluster shapes."""
+    from cute_kernels.matmul.config import GemmConfig
+    from cute_kernels.tuning.tune import _fits, candidates
+
+    out = candidates(problem, limit=None)
+    if problem.m < 1400:
+        for tm in (64, 128):
+            for w in range(64, 257, 8):
+                if -(-problem.m // w) * w - problem.m > 0.12 * problem.m:
+                    continue
+                for cm, cn in ((1, 1), (2, 1), (1, 2), (4, 1), (2, 2)):
+                    cfg = GemmConfig(tm, w, cm, cn, swap_ab=True)
+                    try:
+                        cfg.validate()
+                    except ValueError:
+                        continue
+                    if _fits(problem, cfg):
+                        out.append(cfg)
+    return list(dict.fromkeys(out))
+
+
+def _forced(cfg, whole: bool):
+    """cfg with the whole-tile epilogue forced on or off, or None where that does not validate."""
+    import dataclasses
+
+    c = dataclasses.replace(cfg, whole_tile_epi=whole)
+    try:
+        c.validate()
+    except ValueError:
+        return None
+    return c
+
+
+def run_epilogue(shapes, top: int) -> tuple[list[Row], dict]:
+    import torch.nn.functional as F
+
+    from benchmarks.gemm import grid_problem
+    from cute_kernels.runtime.timing import time_ms
+    from cute_kernels.tuning.tune import (
+        GpuTimer,
+        _dedupe,
+        _fits,
+        _Ready,
+        _time_all,
+        compile_entries,
+        label,
+        precompile_build,
+    )
+
+    probs, first, pairs = [], {}, {}
+    for m, n, k in shapes:
+        p = grid_problem("bf16", m, n, k)
+        probs.append(p)
+        first[p] = epilogue_candidates(p)
+        pairs[p] = [c for c in (_forced(x, w) for x in first[p] if not x.pingpong for w in (True, False))
+                    if c is not None and _fits(p, c)]
+    ready = _Ready(precompile_build())
+    ready.start(_dedupe(e for p in probs for e in compile_entries(p, first[p] + pairs[p])))
+    timer = GpuTimer(rep_ms=10.0, warm_ms=300.0)
+    rows, ratios = [], []
+    for p in probs:
+        times = _time_all(p, first[p], ready, timer, print)
+        top_cfgs = [c for c, _ in sorted(times.items(), key=lambda kv: kv[1]) if not c.pingpong][:top]
+        both = [c for x in top_cfgs for c in (_forced(x, True), _forced(x, False)) if c is not None and c in pairs[p]]
+        t2 = _time_all(p, both, ready, timer, print)
+        whole = {c: t for c, t in t2.items() if c.whole_tile_epi}
+        ring = {c: t for c, t in t2.items() if not c.whole_tile_epi}
+        if not whole or not ring:
+            continue
+        sets = timer._sets
+        cub = time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
+        case = f"{p.m}x{p.n}x{p.k}"
+        bw, br = min(whole, key=whole.get), min(ring, key=ring.get)
+        rows.append(_row(case, "cute whole", p.m, p.n, p.k, whole[bw], config=label(bw),
+                         all={label(c): round(t, 5) for c, t in t2.items()}))
+        rows.append(_row(case, "cute ring", p.m, p.n, p.k, ring[br], config=label(br)))
+        rows.append(_row(case, "cute any", p.m, p.n, p.k, min(times.values()), config=label(min(times, key=times.get))))
+        rows.append(_row(case, "cublas", p.m, p.n, p.k, cub))
+        ratios.append(ring[br] / whole[bw])
+    summary = {"shapes": len(ratios)}
+    if ratios:
+        summary.update({"geomean_best_whole_vs_best_ring": geomean(ratios), "min_best_whole_vs_best_ring": min(ratios),
+                        "max_best_whole_vs_best_ring": max(ratios)})
+    return rows, summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="probe", required=True)
@@ -200,7 +296,10 @@ def main(argv=None) -> int:
     w.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
     w.add_argument("--widths", default="64:256:16", help="LO:HI:STEP token-tile widths")
     w.add_argument("--top", type=int, default=3, help="how many of the narrowest fitting widths")
-    for s in (t, w):
+    e = sub.add_parser("epilogue", help="the best configs with the whole-tile epilogue vs the slab ring, vs cuBLAS")
+    e.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
+    e.add_argument("--top", type=int, default=10, help="how many of the fastest cooperative configs to pair")
+    for s in (t, w, e):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -210,17 +309,27 @@ def main(argv=None) -> int:
                 raise ValueError("--count and --min-k must be >= 1")
             shapes = draw(args.seed, args.count, parse_range(args.m, "--m"), parse_range(args.n, "--n"), args.min_k)
             flags = f"tuned --seed {args.seed} --count {args.count} --m {args.m} --n {args.n} --min-k {args.min_k}"
-        else:
+        elif args.probe == "widths":
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
             shapes, widths = parse_shapes(args.shapes), parse_widths(args.widths)
             flags = f"widths --shapes {args.shapes} --widths {args.widths} --top {args.top}"
+        else:
+            if args.top < 1:
+                raise ValueError("--top must be >= 1")
+            shapes = parse_shapes(args.shapes)
+            flags = f"epilogue --shapes {args.shapes} --top {args.top}"
     except ValueError as e:
         p.error(str(e))
     require_hopper("benchmarks.gemm_probe")
     if args.out:
         os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
-    rows, summary = run_tuned(shapes) if args.probe == "tuned" else run_widths(shapes, widths, args.top)
+    if args.probe == "tuned":
+        rows, summary = run_tuned(shapes)
+    elif args.probe == "widths":
+        rows, summary = run_widths(shapes, widths, args.top)
+    else:
+        rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))
     notes = (f"`python -m benchmarks.gemm_probe {flags}`: bf16 `linear`, randn inputs, CUDA-graph timing over "
              "L2-rotated inputs, cuBLAS (`F.linear`) in the same process; see benchmarks/gemm_probe.py.")

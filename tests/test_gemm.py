@@ -234,6 +234,22 @@ def test_config_validation_and_heuristic():
         GemmConfig(128, 256, stages=stages_that_fit(GemmConfig(128, 256), 2, 2) + 1).validate()
     with pytest.raises(ValueError):
         GemmConfig(256, 256).validate()
+    # whole_tile_epi: one smem buffer per slab (13 of 128 x 8 at swap width 104), cooperative only;
+    # by default for swap_ab widths of 8 mod 16 (8-column slabs) that keep 5 A/B stages with it
+    from cute_kernels.matmul.config import epi_buffers, whole_tile_epilogue
+
+    assert epi_buffers(GemmConfig(128, 104, swap_ab=True), 2) == 13
+    assert stages_that_fit(GemmConfig(128, 104, swap_ab=True), 2, 2) == 6
+    assert epi_buffers(GemmConfig(128, 104, swap_ab=True, whole_tile_epi=False), 2) == 2
+    assert stages_that_fit(GemmConfig(128, 104, swap_ab=True, whole_tile_epi=False), 2, 2) == 7
+    assert whole_tile_epilogue(GemmConfig(64, 104, swap_ab=True), 2) and whole_tile_epilogue(GemmConfig(128, 152, swap_ab=True), 2)
+    assert not whole_tile_epilogue(GemmConfig(128, 168, swap_ab=True), 2)  # 4 stages with it
+    assert not whole_tile_epilogue(GemmConfig(64, 112, swap_ab=True), 2)  # 16-column slabs
+    assert not whole_tile_epilogue(GemmConfig(128, 160, swap_ab=True), 2)  # 32-column slabs
+    assert not whole_tile_epilogue(GemmConfig(128, 104, swap_ab=True), 4)  # int32 out: per-warp boxes
+    assert whole_tile_epilogue(GemmConfig(128, 160, whole_tile_epi=True), 2)
+    with pytest.raises(ValueError, match="whole_tile_epi"):
+        GemmConfig(128, 128, pingpong=True, whole_tile_epi=True).validate()
     for cfg in CANDIDATES:
         cfg.validate()
     assert default_config(8192, 8192, 8192).tile_mn == (256, 160)  # 256-row tiles from 2048 rows (16-bit)
@@ -503,11 +519,15 @@ def test_every_candidate_full_epilogue(cfg):
     """Every candidate config (not only the heuristic's picks at the test shapes) with the
     full epilogue: several tiles per CTA (ping-pong warpgroups alternate), ragged edges,
     a partial last k-tile."""
+    _check_full_epilogue(cfg, 4100, 2000, 700)  # 187+ tiles: CTAs of the persistent grid run two or more
+
+
+def _check_full_epilogue(cfg, M, N, K):
+    """run_gemm with `cfg` and every epilogue operand against torch's bf16 path."""
     import cute_kernels as ck
     from cute_kernels.matmul.api import _alloc_out, _prepare_operand, run_gemm
     from cute_kernels.matmul.config import Epilogue
 
-    M, N, K = 4100, 2000, 700  # 187+ tiles: CTAs of the persistent grid run two or more
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
@@ -519,6 +539,20 @@ def test_every_candidate_full_epilogue(cfg):
     ref = ck.linear_ref(x.float(), w.float(), bias.float(), activation="gelu_tanh", residual=res.float(),
                         alpha=0.5, beta=2.0)
     _err_rule(out, _torch_linear(x, w, bias, "gelu_tanh", res, 0.5, 2.0), ref)
+
+
+WHOLE_TILE_CFGS = [GemmConfig(128, 160, 2, 1, whole_tile_epi=True), GemmConfig(64, 128, 1, 2, whole_tile_epi=True),
+                   GemmConfig(128, 96, 1, 2, split_k=3, whole_tile_epi=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", WHOLE_TILE_CFGS, ids=lambda c: f"{c.tile_m}x{c.tile_n}s{c.split_k}")
+@pytest.mark.parametrize("shape", [(4100, 2000, 700), (299, 5120, 1280), (130, 520, 1000)])
+def test_whole_tile_epilogue(cfg, shape):
+    """whole_tile_epi: every slab staged before one barrier and the TMA stores, with the full
+    epilogue; several tiles per CTA (the next tile waits for the stores' reads), one wave,
+    split-K."""
+    _check_full_epilogue(cfg, *shape)
 
 
 @pytest.mark.gpu
@@ -889,13 +923,19 @@ SWAP_CFGS = {
     # deep A/B rings (heuristics.deep_ring): 12 and 16 stages
     "64x32c12d12": GemmConfig(64, 32, 1, 2, swap_ab=True, stages=12),
     "64x16c11s3d16": GemmConfig(64, 16, 1, 1, split_k=3, swap_ab=True, stages=16),
+    # the whole tile's slabs staged at once (whole_tile_epi)
+    "128x104c41W": GemmConfig(128, 104, 4, 1, swap_ab=True, whole_tile_epi=True),
+    "128x152c21s3W": GemmConfig(128, 152, 2, 1, split_k=3, swap_ab=True, whole_tile_epi=True),
+    "64x112c12W": GemmConfig(64, 112, 1, 2, swap_ab=True, whole_tile_epi=True),
+    "128x88c21R": GemmConfig(128, 88, 2, 1, swap_ab=True, whole_tile_epi=False),  # 8-column slabs through the ring
 }
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
-                                      "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12"])
+                                      "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
+                                      "128x104c41W", "128x152c21s3W", "128x88c21R"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view

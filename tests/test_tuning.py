@@ -541,9 +541,18 @@ def test_gemm_probe_draw_and_arguments():
             fn(bad)
     with pytest.raises(ValueError, match="no grid-model weight"):
         P.draw(1, 3, (1, 10), (10, 20), 1)
-    for argv in (["widths", "--shapes", "1x2"], ["tuned", "--seed", "1", "--m", "5"], ["tuned", "--seed", "1", "--count", "0"]):
+    for argv in (["widths", "--shapes", "1x2"], ["tuned", "--seed", "1", "--m", "5"], ["tuned", "--seed", "1", "--count", "0"],
+                 ["epilogue", "--shapes", "1x2"], ["epilogue", "--shapes", "299x5120x1280", "--top", "0"]):
         with pytest.raises(SystemExit):
             P.main(argv)
+    # the epilogue probe's pairs: each cooperative config forced both ways; none for ping-pong
+    from benchmarks.gemm import grid_problem
+
+    p = grid_problem("bf16", 299, 5120, 1280)
+    first = P.epilogue_candidates(p)
+    assert GemmConfig(128, 104, 4, 1, swap_ab=True) in first and len(first) == len(set(first))
+    assert P._forced(GemmConfig(128, 104, swap_ab=True), False).whole_tile_epi is False
+    assert P._forced(GemmConfig(128, 128, pingpong=True), True) is None
 
 
 def test_grid_slices_and_quack_cache(tmp_path, monkeypatch):

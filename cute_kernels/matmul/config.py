@@ -50,6 +50,11 @@ class GemmConfig:
     SwiGLU (`swap_supported`).
     stages: depth of the A/B shared-memory ring; None takes as many as fit, up to
     MAX_AB_STAGES (block-scaled FP8 at most 8: its scales ride in the stages).
+    whole_tile_epi (cooperative, 16-bit outputs): the epilogue stages every slab of the tile
+    in its own smem buffer and synchronizes once before the TMA stores, instead of two
+    barriers and a wait for the store to read its buffer per slab (13 slabs at widths of 8
+    mod 16). It costs tile_m x tile_n x 2 bytes of shared memory, often one A/B stage.
+    None (default): `whole_tile_epilogue` decides; True / False force it.
     """
 
     tile_m: int = 128
@@ -63,6 +68,7 @@ class GemmConfig:
     split_k: int = 1
     swap_ab: bool = False
     stages: int | None = None
+    whole_tile_epi: bool | None = None
 
     @property
     def tile_mn(self) -> tuple[int, int]:
@@ -115,6 +121,8 @@ class GemmConfig:
             raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 192")
         if self.promote and (self.pingpong or self.tile_m * self.tile_n > 128 * 128):
             raise ValueError("promote keeps two accumulators: needs a cooperative tile of at most 128 x 128")
+        if self.whole_tile_epi and self.pingpong:
+            raise ValueError("whole_tile_epi is for cooperative tiles (a ping-pong warpgroup stages its own slabs)")
         if self.group < 1:
             raise ValueError("group must be >= 1")
         if not isinstance(self.split_k, int) or self.split_k < 1:
@@ -150,10 +158,36 @@ EPI_STAGES = 2
 
 def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
     """Epilogue smem buffers: EPI_STAGES per consumer warp (32-bit), per warpgroup in
-    ping-pong, else EPI_STAGES shared by the cooperating warpgroups."""
+    ping-pong, one per slab of the tile with whole_tile_epi, else EPI_STAGES shared by the
+    cooperating warpgroups."""
     if out_bytes == 4:
         return EPI_STAGES * 4 * cfg.num_mma_warpgroups
+    if whole_tile_epilogue(cfg, out_bytes):
+        em, en = epi_tile(cfg, out_bytes)
+        return (cfg.tile_m // em) * (cfg.tile_n // en)
     return EPI_STAGES * (2 if cfg.pingpong else 1)
+
+
+# The whole-tile epilogue by default: swap_ab tiles of widths 8 mod 16, whose epilogue runs
+# in 8-column slabs (11 to 31 of them a tile), where it keeps at least this many A/B stages.
+# H100, the fastest cooperative configs of 14 bf16 shapes each timed with and without it
+# (`python -m benchmarks.gemm_probe epilogue ...`, `gemm_probe_whole_tile_epi_h100.md`): such
+# configs 1.04x-1.28x faster with it (128 x 104, 128 x 152, 64 x 104, 64 x 152, 128 x 136 at
+# 522x8192x28672) and none slower by more than 1.3%; with 4 stages left it lost at long K
+# (128 x 184 0.89x at K = 28672); 16-column slabs (5-15 a tile) were mixed (128 x 112 0.96x at
+# K = 5120, 64 x 112 1.03x at K = 1024), 32-column ones even.
+WHOLE_TILE_EPI_MIN_STAGES = 5
+
+
+def whole_tile_epilogue(cfg: GemmConfig, out_bytes: int) -> bool:
+    """Whether `cfg` stages its whole output tile for the epilogue (16-bit outputs only)."""
+    if out_bytes != 2 or cfg.pingpong:
+        return False
+    if cfg.whole_tile_epi is not None:
+        return cfg.whole_tile_epi
+    if not cfg.swap_ab or cfg.tile_n % 16 != 8:
+        return False
+    return _stages_with_epi(cfg, 2, out_bytes, cfg.tile_m * cfg.tile_n * out_bytes) >= WHOLE_TILE_EPI_MIN_STAGES
 
 
 def block_scale_smem_bytes(cfg: GemmConfig) -> int:
@@ -204,10 +238,12 @@ def _ab_stages(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int =
 
 def stages_that_fit(cfg: GemmConfig, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:
     """A/B stages that shared memory holds beside the epilogue's buffers, whatever `cfg.stages`."""
-    tk = cfg.tile_k(in_bytes)
-    per_stage = (cfg.tile_m + cfg.tile_n) * tk * in_bytes
     em, en = epi_tile(cfg, out_bytes)
-    epi = em * en * out_bytes * epi_buffers(cfg, out_bytes)
+    return _stages_with_epi(cfg, in_bytes, out_bytes, em * en * out_bytes * epi_buffers(cfg, out_bytes), extra_smem)
+
+
+def _stages_with_epi(cfg: GemmConfig, in_bytes: int, out_bytes: int, epi: int, extra_smem: int = 0) -> int:
+    per_stage = (cfg.tile_m + cfg.tile_n) * cfg.tile_k(in_bytes) * in_bytes
     # mbarriers + alignment slack + staged epilogue vectors + what the epilogue asks for (residual slabs)
     reserved = 1024 + 1024 + epi_vector_bytes(cfg, out_bytes) + extra_smem
     return (SM90_SMEM_BYTES - epi - reserved) // per_stage

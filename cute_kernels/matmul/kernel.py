@@ -36,6 +36,7 @@ from .config import (
     epi_vector_slots,
     residual_smem_bytes,
     swap_supported,
+    whole_tile_epilogue,
 )
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -93,7 +94,9 @@ class GemmSm90:
       * store pipeline (PipelineTmaStore, EPI_STAGES deep): bulk-group commit/wait
         that keeps at most EPI_STAGES - 1 TMA stores in flight before an epilogue
         buffer is reused. The 32-bit epilogue keeps the same discipline per warp
-        (lane 0's bulk groups).
+        (lane 0's bulk groups). With the whole-tile epilogue (`config.whole_tile_epilogue`)
+        every slab of the tile has its own buffer: one barrier, then all of the tile's
+        stores in one bulk group, whose reads the next tile's epilogue waits for.
       * residual slots (`res_tma`: RES_SLOTS smem slabs per epilogue warpgroup, one
         mbarrier each, completed by the TMA transaction bytes): the store warp loads
         the tile's first slabs before the main loop and refills a slot right after
@@ -206,7 +209,8 @@ class GemmSm90:
         slab_bytes = residual_smem_bytes(self.cfg, out_bytes)
         stages_with_slabs = self.cfg.ab_stages(in_bytes, out_bytes, scale_bytes + slab_bytes)
         big_pingpong = self.cfg.pingpong and self.tile_mn[0] * self.tile_mn[1] > 128 * 160
-        self.res_tma = (self.epi.residual and out_bytes == 2 and not self.split
+        self.whole_epi = whole_tile_epilogue(self.cfg, out_bytes)
+        self.res_tma = (self.epi.residual and out_bytes == 2 and not self.split and not self.whole_epi
                         and (big_pingpong or stages_with_slabs >= min(self.ab_stages, RES_TMA_MIN_STAGES)))
         if self.res_tma:
             self.ab_stages = stages_with_slabs
@@ -996,6 +1000,14 @@ class GemmSm90:
         r_tma = None
         if cutlass.const_expr(self.res_tma):
             r_tma = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
+        whole = self.whole_epi
+        if cutlass.const_expr(whole):
+            # One buffer per slab: the previous tile's stores must have read them (the wait
+            # lands here, under this tile's main loop, rather than after every slab).
+            if tiles_done > 0:
+                if is_store_warp:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
         for slab in cutlass.range_constexpr(n_slabs):
             slab_mn = slab_layout.get_hier_coord(slab)
             if cutlass.const_expr(self.swiglu):
@@ -1022,23 +1034,35 @@ class GemmSm90:
                                     tn * self.tile_mn[1] + slab_mn[1] * self.epi_tile[1],
                                     sVec, vec_buf, slab_mn[0] * self.epi_tile[0], slab_mn[1] * self.epi_tile[1])
             tRS_rOut.store(tRS_rD.load().to(self.c_dtype))
-            buf = buf0 + (tiles_done * n_slabs + slab) % EPI_STAGES
-            cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, buf)])
-            # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
+            if cutlass.const_expr(whole):
+                cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, slab)])
+            else:
+                buf = buf0 + (tiles_done * n_slabs + slab) % EPI_STAGES
+                cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, buf)])
+                # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+                if is_store_warp:
+                    # One lane issues the store: a TMA instruction executed by the whole warp
+                    # is 32 identical bulk copies (measured: no time difference on the H100,
+                    # but there is no reason to queue 31 redundant copies).
+                    with cute.arch.elect_one():
+                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
+                        store_pipeline.producer_commit()
+                        store_pipeline.producer_acquire()
+                    if cutlass.const_expr(self.res_tma and slab + RES_SLOTS < n_slabs):
+                        # Everyone has read this slab's residual (barrier above): refill its slot.
+                        self._issue_residual_slab(res_tma, tm, tn, wg_idx, slab + RES_SLOTS)
+                self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+        if cutlass.const_expr(whole):
+            # stmatrix writes are generic-proxy; the TMA stores read via the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
             self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
             if is_store_warp:
-                # One lane issues the store: a TMA instruction executed by the whole warp
-                # is 32 identical bulk copies (measured: no time difference on the H100,
-                # but there is no reason to queue 31 redundant copies).
                 with cute.arch.elect_one():
-                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
-                    store_pipeline.producer_commit()
-                    store_pipeline.producer_acquire()
-                if cutlass.const_expr(self.res_tma and slab + RES_SLOTS < n_slabs):
-                    # Everyone has read this slab's residual (barrier above): refill its slot.
-                    self._issue_residual_slab(res_tma, tm, tn, wg_idx, slab + RES_SLOTS)
-            self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+                    for slab in cutlass.range_constexpr(n_slabs):
+                        cute.copy(tma_d, bSG_sD[(None, slab)], bSG_gD[(None, slab_layout.get_hier_coord(slab))])
+                    cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def _issue_residual_slab(self, res_tma, tm, tn, wg_idx, slab: int):

@@ -59,12 +59,12 @@ def label(cfg: GemmConfig) -> str:
     """{tile_m}x{tile_n}c{cluster_m}{cluster_n}, then n for raster along N, g<group>, P for
     ping-pong, s<split> for split-K, +2x for promoted accumulation, T for swap_ab (the
     tile and cluster then in the swapped kernel's terms: tile_m along N), d<stages> for a set
-    A/B ring depth."""
+    A/B ring depth, W / R for whole_tile_epi forced on / off (whole tile / ring)."""
     group = "" if cfg.group == GemmConfig.group else f"g{cfg.group}"
     split = f"s{cfg.split_k}" if cfg.split_k > 1 else ""
     return (f"{cfg.tile_m}x{cfg.tile_n}c{cfg.cluster_m}{cfg.cluster_n}{'' if cfg.raster_m else 'n'}{group}"
             f"{'P' if cfg.pingpong else ''}{split}{'+2x' if cfg.promote else ''}{'T' if cfg.swap_ab else ''}"
-            f"{'' if cfg.stages is None else f'd{cfg.stages}'}")
+            f"{'' if cfg.stages is None else f'd{cfg.stages}'}{'' if cfg.whole_tile_epi is None else 'W' if cfg.whole_tile_epi else 'R'}")
 
 
 def heuristic(problem: Problem) -> GemmConfig:
