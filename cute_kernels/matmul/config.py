@@ -171,9 +171,10 @@ def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
 # The whole-tile epilogue by default: swap_ab tiles of widths 8 mod 16, whose epilogue runs
 # in 8-column slabs (11 to 31 of them a tile), where it keeps at least this many A/B stages.
 # H100, the fastest cooperative configs of 14 bf16 shapes each timed with and without it
-# (`python -m benchmarks.gemm_probe epilogue ...`, `gemm_probe_whole_tile_epi_h100.md`): such
-# configs 1.04x-1.28x faster with it (128 x 104, 128 x 152, 64 x 104, 64 x 152, 128 x 136 at
-# 522x8192x28672) and none slower by more than 1.3%; with 4 stages left it lost at long K
+# (`python -m benchmarks.gemm_probe epilogue ...`, `gemm_probe_whole_tile_epi_h100.md`): the
+# 45 pairs this rule takes 1.067x faster with it (geomean), 41 of them faster, up to 1.28x
+# (64 x 152; 128 x 104 and 128 x 152 1.10x-1.16x at K 1024-2048), the slowest 0.95x (128 x 88
+# at K = 28672) and 0.97x (128 x 72 at K = 5120); with 4 stages left it lost at long K
 # (128 x 184 0.89x at K = 28672); 16-column slabs (5-15 a tile) were mixed (128 x 112 0.96x at
 # K = 5120, 64 x 112 1.03x at K = 1024), 32-column ones even.
 WHOLE_TILE_EPI_MIN_STAGES = 5
