@@ -144,23 +144,30 @@ def run_tuned(shapes) -> tuple[list[Row], dict]:
     return rows, summary
 
 
-def run_widths(shapes, widths: range, top: int) -> tuple[list[Row], dict]:
+def _start_builds(cands: dict):
+    """The tuner's compile pool started on every config of `cands` ({problem: configs}), and
+    the tuner's timer (its output check against each problem's first config included)."""
+    from cute_kernels.tuning.tune import GpuTimer, _dedupe, _Ready, compile_entries, precompile_build
+
+    ready = _Ready(precompile_build())
+    ready.start(_dedupe(e for p, cs in cands.items() for e in compile_entries(p, cs)))
+    return ready, GpuTimer(rep_ms=10.0, warm_ms=300.0)
+
+
+def _cublas_on_timer_inputs(timer) -> float:
+    """cuBLAS (F.linear) over the input sets the timer rotated for its current problem."""
     import torch.nn.functional as F
 
+    from cute_kernels.runtime.timing import time_ms
+
+    sets = timer._sets
+    return time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
+
+
+def run_widths(shapes, widths: range, top: int) -> tuple[list[Row], dict]:
     from benchmarks.gemm import grid_problem
     from cute_kernels.matmul.heuristics import one_wave_swaps
-    from cute_kernels.runtime.timing import time_ms
-    from cute_kernels.tuning.tune import (
-        GpuTimer,
-        _dedupe,
-        _fits,
-        _Ready,
-        _time_all,
-        compile_entries,
-        dispatch_config,
-        label,
-        precompile_build,
-    )
+    from cute_kernels.tuning.tune import _fits, _time_all, dispatch_config, label
 
     probs, cands = [], {}
     for m, n, k in shapes:
@@ -168,17 +175,14 @@ def run_widths(shapes, widths: range, top: int) -> tuple[list[Row], dict]:
         swaps = [c for c in one_wave_swaps(m, n, widths) if _fits(p, c)][:top]
         probs.append(p)
         cands[p] = list(dict.fromkeys([dispatch_config(p)] + swaps))
-    ready = _Ready(precompile_build())
-    ready.start(_dedupe(e for p in probs for e in compile_entries(p, cands[p])))
-    timer = GpuTimer(rep_ms=10.0, warm_ms=300.0)
+    ready, timer = _start_builds(cands)
     rows, best_pick, pick_cub, best_cub = [], [], [], []
     for p in probs:
         times = _time_all(p, cands[p], ready, timer, print)  # a config whose output disagrees is logged, left out
         pick = cands[p][0]
         if pick not in times:
             continue
-        sets = timer._sets
-        cub = time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
+        cub = _cublas_on_timer_inputs(timer)
         case = f"{p.m}x{p.n}x{p.k}"
         for cfg, ms in times.items():
             name = "cute" if cfg == pick else f"cute {label(cfg)}"
@@ -231,20 +235,8 @@ def _forced(cfg, whole: bool):
 
 
 def run_epilogue(shapes, top: int) -> tuple[list[Row], dict]:
-    import torch.nn.functional as F
-
     from benchmarks.gemm import grid_problem
-    from cute_kernels.runtime.timing import time_ms
-    from cute_kernels.tuning.tune import (
-        GpuTimer,
-        _dedupe,
-        _fits,
-        _Ready,
-        _time_all,
-        compile_entries,
-        label,
-        precompile_build,
-    )
+    from cute_kernels.tuning.tune import _fits, _time_all, label
 
     probs, first, pairs = [], {}, {}
     for m, n, k in shapes:
@@ -253,9 +245,7 @@ def run_epilogue(shapes, top: int) -> tuple[list[Row], dict]:
         first[p] = epilogue_candidates(p)
         pairs[p] = [c for c in (_forced(x, w) for x in first[p] if not x.pingpong for w in (True, False))
                     if c is not None and _fits(p, c)]
-    ready = _Ready(precompile_build())
-    ready.start(_dedupe(e for p in probs for e in compile_entries(p, first[p] + pairs[p])))
-    timer = GpuTimer(rep_ms=10.0, warm_ms=300.0)
+    ready, timer = _start_builds({p: first[p] + pairs[p] for p in probs})
     rows, ratios = [], []
     for p in probs:
         times = _time_all(p, first[p], ready, timer, print)
@@ -266,8 +256,7 @@ def run_epilogue(shapes, top: int) -> tuple[list[Row], dict]:
         ring = {c: t for c, t in t2.items() if not c.whole_tile_epi}
         if not whole or not ring:
             continue
-        sets = timer._sets
-        cub = time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
+        cub = _cublas_on_timer_inputs(timer)
         case = f"{p.m}x{p.n}x{p.k}"
         bw, br = min(whole, key=whole.get), min(ring, key=ring.get)
         rows.append(_row(case, "cute whole", p.m, p.n, p.k, whole[bw], config=label(bw),
