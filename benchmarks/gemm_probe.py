@@ -24,7 +24,13 @@ whole-tile epilogue and with the slab ring forced (`GemmConfig.whole_tile_epi` T
 side by side. Summary: the best whole-tile config against the best ring one. Writes
 gemm_probe_epilogue_<gpu>.{json,md}.
 
-All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16, H100-class GPU.
+`pdl`: per shape and dtype (bf16 `linear`, fp8 per-row `scaled_mm`, the grid's calls), the
+dispatch pick built with and without programmatic dependent launch (`GemmSm90(pdl=...)`),
+side by side with cuBLAS, in rounds that alternate the order. The graph replays back-to-back
+calls, so with PDL each call's setup overlaps the previous call's tail. Writes
+gemm_probe_pdl_<gpu>.{json,md}.
+
+All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16 unless said, H100-class GPU.
 """
 
 from __future__ import annotations
@@ -272,6 +278,90 @@ def run_epilogue(shapes, top: int) -> tuple[list[Row], dict]:
     return rows, summary
 
 
+class _WithoutPdl:
+    """Inside the block, dispatch builds and runs GEMM kernels without PDL (their own compile
+    keys, so the disk cache keeps both); on exit dispatch is as before."""
+
+    def __enter__(self):
+        from cute_kernels.matmul import api
+        from cute_kernels.quantized import api as qapi
+
+        real = self._real = api.KERNELS
+
+        class _Kernels:
+            def compiled(self, kernel, fn, *args, **kw):
+                return real.compiled(kernel, fn, *args, **dict(kw, pdl=False) if fn is api._compile else kw)
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        api.KERNELS = _Kernels()
+        api.clear_dispatch_caches()
+        qapi.clear_dispatch_caches()
+        return self
+
+    def __exit__(self, *exc):
+        from cute_kernels.matmul import api
+        from cute_kernels.quantized import api as qapi
+
+        api.KERNELS = self._real
+        api.clear_dispatch_caches()
+        qapi.clear_dispatch_caches()
+
+
+def run_pdl(shapes, dtypes, rounds: int = 4) -> tuple[list[Row], dict]:
+    import contextlib
+    import functools
+    import statistics
+
+    from benchmarks.gemm import _grid_label, _grid_providers, grid_problem
+    from cute_kernels.precompile import precompile
+    from cute_kernels.runtime.key import CompileKey
+    from cute_kernels.runtime.timing import rotation_count, time_ms, warm_up
+    from cute_kernels.tuning.tune import dispatch_entries
+
+    entries = []
+    for dt in dtypes:
+        for key, rec in dispatch_entries([grid_problem(dt, m, n, k) for m, n, k in shapes]):
+            off = functools.partial(rec.func, *rec.args, **dict(rec.keywords, pdl=False))
+            entries += [(key, rec), (CompileKey.of(key.kernel, off), off)]
+    precompile(entries)
+    warm_up(500.0)
+    rows, ratios = [], {dt: [] for dt in dtypes}
+    for dt in dtypes:
+        make, provs, _ = _grid_providers(dt)
+        for m, n, k in shapes:
+            sets = [make(m, n, k) for _ in range(rotation_count((m * k + n * k) * (2 if dt == "bf16" else 1) + 2 * m * n))]
+            ref = provs["cublas"](*sets[0])[:m, :n].float()
+            modes = {"cute": contextlib.nullcontext, "cute no-pdl": _WithoutPdl}
+            for name, mode in modes.items():
+                with mode():
+                    err = ((provs["cute"](*sets[0])[:m, :n].float() - ref).abs().max() / ref.abs().max()).item()
+                if err > 2e-2:
+                    raise AssertionError(f"{name} {dt} {m}x{n}x{k} disagrees with cuBLAS ({err:.3g})")
+            times = {"cublas": [], **{name: [] for name in modes}}
+            for r in range(rounds):
+                for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+                    fn = provs["cublas" if name == "cublas" else "cute"]
+                    with modes.get(name, contextlib.nullcontext)():
+                        times[name].append(time_ms(lambda i, fn=fn: fn(*sets[i]), n_rotate=len(sets), rep_ms=40.0))
+            case, label = f"{dt}-{m}x{n}x{k}", _grid_label(dt, m, n, k)
+            med = {name: statistics.median(t) for name, t in times.items()}
+            for name, ms in med.items():
+                tf = 2 * m * n * k / ms / 1e9
+                rows.append(Row(case, name, ms, tf, 100 * tf / PEAK_TFLOPS[dt],
+                                extra={"config": label} if name != "cublas" else {}))
+            ratios[dt].append(med["cute no-pdl"] / med["cute"])
+            print(f"[pdl] {case} {label}: " + " ".join(f"{x}={v * 1e3:.2f}us" for x, v in med.items()), flush=True)
+            del sets
+    summary = {"shapes": {dt: len(r) for dt, r in ratios.items()}}
+    for dt, r in ratios.items():
+        if r:
+            summary[f"geomean_pdl_vs_none[{dt}]"] = geomean(r)
+            summary[f"min_pdl_vs_none[{dt}]"] = min(r)
+    return rows, summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="probe", required=True)
@@ -288,7 +378,10 @@ def main(argv=None) -> int:
     e = sub.add_parser("epilogue", help="the best configs with the whole-tile epilogue vs the slab ring, vs cuBLAS")
     e.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
     e.add_argument("--top", type=int, default=10, help="how many of the fastest cooperative configs to pair")
-    for s in (t, w, e):
+    d = sub.add_parser("pdl", help="the dispatch pick with and without programmatic dependent launch, vs cuBLAS")
+    d.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
+    d.add_argument("--dtypes", default="bf16,fp8", help="of bf16, fp8 (the grid's calls)")
+    for s in (t, w, e, d):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -303,6 +396,11 @@ def main(argv=None) -> int:
                 raise ValueError("--top must be >= 1")
             shapes, widths = parse_shapes(args.shapes), parse_widths(args.widths)
             flags = f"widths --shapes {args.shapes} --widths {args.widths} --top {args.top}"
+        elif args.probe == "pdl":
+            shapes, dtypes = parse_shapes(args.shapes), args.dtypes.split(",")
+            if not set(dtypes) <= {"bf16", "fp8"}:
+                raise ValueError(f"--dtypes takes bf16 and fp8, got {args.dtypes!r}")
+            flags = f"pdl --shapes {args.shapes} --dtypes {args.dtypes}"
         else:
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
@@ -317,10 +415,13 @@ def main(argv=None) -> int:
         rows, summary = run_tuned(shapes)
     elif args.probe == "widths":
         rows, summary = run_widths(shapes, widths, args.top)
+    elif args.probe == "pdl":
+        rows, summary = run_pdl(shapes, dtypes)
     else:
         rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))
-    notes = (f"`python -m benchmarks.gemm_probe {flags}`: bf16 `linear`, randn inputs, CUDA-graph timing over "
+    what = "bf16 `linear` and fp8 per-row `scaled_mm`" if args.probe == "pdl" else "bf16 `linear`"
+    notes = (f"`python -m benchmarks.gemm_probe {flags}`: {what}, randn inputs, CUDA-graph timing over "
              "L2-rotated inputs, cuBLAS (`F.linear`) in the same process; see benchmarks/gemm_probe.py.")
     print("wrote", write_results(f"gemm_probe_{args.name or args.probe}", rows, summary, notes=notes))
     return 0

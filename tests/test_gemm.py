@@ -54,11 +54,25 @@ def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
     assert "wgmma.mma_async" in ptx
     assert "cp.async.bulk.tensor" in ptx
     assert "setmaxnreg" in ptx
+    # PDL: one wait before any global access (it precedes every TMA load), one trigger after the loads.
+    assert ptx.count("griddepcontrol.wait;") == 1 and ptx.count("griddepcontrol.launch_dependents;") == 1
+    assert ptx.index("griddepcontrol.wait;") < ptx.index("cp.async.bulk.tensor")
     report = _ptxas_report(ptx_files[0])
     if report:
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report
 
+
+
+@pytest.mark.compile
+def test_compiles_without_pdl(tmp_path):
+    """pdl=False (the probes' side-by-side build) leaves out both griddepcontrol instructions."""
+    from cute_kernels.matmul.api import _compile
+    from cute_kernels.matmul.config import Epilogue
+
+    _compile(torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", GemmConfig(128, 128, 2, 1), Epilogue(), "Float32",
+             keep_dir=str(tmp_path), pdl=False)
+    assert "griddepcontrol" not in open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
 
 @pytest.mark.compile
 @pytest.mark.parametrize("b_major", ["n", "k"])
@@ -718,6 +732,50 @@ def test_split_k_is_deterministic(cfg_name, M):
     for _ in range(50):
         run_gemm(a, b, out, epi=Epilogue(), config=cfg)
         assert torch.equal(out, first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [None, GemmConfig(128, 104, 2, 1, swap_ab=True), GemmConfig(128, 128, 2, 1, split_k=3)],
+                         ids=["dispatch", "swap", "split"])
+def test_chain_in_cuda_graph_reads_the_kernel_ahead(cfg):
+    """Each GEMM launches as a programmatic dependent of the kernel ahead (PDL): in a CUDA
+    graph a chain of linears, each reading the one before's output and overwriting the input
+    the one before read, must see every write. Replayed on fresh inputs, so a kernel that
+    touched memory before its griddepcontrol.wait would read the previous replay's values."""
+    from cute_kernels.matmul.api import run_gemm
+    from cute_kernels.matmul.config import Epilogue
+
+    M, D = 260, 1024
+    ws = [torch.randn(D, D, device="cuda", dtype=torch.bfloat16) / D ** 0.5 for _ in range(4)]
+    x = torch.randn(M, D, device="cuda", dtype=torch.bfloat16)
+    bufs = [torch.empty(M, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+    def chain():
+        src = x
+        for i, w in enumerate(ws):
+            dst = bufs[i % 2]
+            run_gemm(src, w, dst, epi=Epilogue(), config=cfg)
+            src = dst
+        x.mul_(-1.0)  # a torch kernel behind the chain writes what the first GEMM read
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        start = x.clone()
+        g.replay()
+        torch.cuda.synchronize()
+        ref, ref64 = start, start.double()
+        for w in ws:
+            ref, ref64 = torch.nn.functional.linear(ref, w), ref64 @ w.double().t()
+        _err_rule(bufs[1], ref, ref64)
+        assert torch.equal(x, -start)
 
 
 @pytest.mark.gpu

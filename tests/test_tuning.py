@@ -542,7 +542,8 @@ def test_gemm_probe_draw_and_arguments():
     with pytest.raises(ValueError, match="no grid-model weight"):
         P.draw(1, 3, (1, 10), (10, 20), 1)
     for argv in (["widths", "--shapes", "1x2"], ["tuned", "--seed", "1", "--m", "5"], ["tuned", "--seed", "1", "--count", "0"],
-                 ["epilogue", "--shapes", "1x2"], ["epilogue", "--shapes", "299x5120x1280", "--top", "0"]):
+                 ["epilogue", "--shapes", "1x2"], ["epilogue", "--shapes", "299x5120x1280", "--top", "0"],
+                 ["pdl", "--shapes", "1x2"], ["pdl", "--shapes", "64x64x64", "--dtypes", "int8"]):
         with pytest.raises(SystemExit):
             P.main(argv)
     # the epilogue probe's pairs: each cooperative config forced both ways; none for ping-pong

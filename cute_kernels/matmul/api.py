@@ -43,7 +43,7 @@ def _tma_ok(t: torch.Tensor, major: str) -> bool:
 
 
 def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name: str, keep_dir: str | None = None,
-             b_kn: bool = False):
+             b_kn: bool = False, pdl: bool = True):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -85,7 +85,7 @@ def _compile(a_dt, b_dt, c_dt, a_major, b_major, cfg: GemmConfig, epi, acc_name:
     fsb = make_fake_tensor(f32, (cute.sym_int32(), kblocks), (cute.sym_int64(divisibility=4), 1), assumed_align=16)
     frow = {"none": None, "vector": vec(m), "scalar": vec(1), "block": fsa}[epi.row_scale]
     fcol = {"none": None, "vector": vec(n), "scalar": vec(1), "block": fsb}[epi.col_scale]
-    kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi, b_kn=b_kn)
+    kernel = GemmSm90(cfg, getattr(cutlass, acc_name), epi, b_kn=b_kn, pdl=pdl)
     max_clusters = MAX_ACTIVE_CLUSTERS[cfg.cluster_m * cfg.cluster_n]
     args = (fa, fb, fd, fbias, fres, frow, fcol, f32(1.0), f32(1.0))
     entry = kernel
