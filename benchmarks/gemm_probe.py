@@ -310,6 +310,8 @@ class _WithoutPdl:
 
 
 def run_pdl(shapes, dtypes, rounds: int = 4) -> tuple[list[Row], dict]:
+    """The `pdl` probe: both builds of each dispatch pick compiled ahead in parallel, each
+    output checked against cuBLAS, then `rounds` alternating rounds of the three timings."""
     import contextlib
     import functools
     import statistics

@@ -63,7 +63,6 @@ def test_compiles_for_sm90a(tmp_path, cfg, epi, a_major, b_major, dtype):
         assert spills and all(s == ("0", "0") for s in spills), report
 
 
-
 @pytest.mark.compile
 def test_compiles_without_pdl(tmp_path):
     """pdl=False (the probes' side-by-side build) leaves out both griddepcontrol instructions."""
@@ -73,6 +72,7 @@ def test_compiles_without_pdl(tmp_path):
     _compile(torch.bfloat16, torch.bfloat16, torch.bfloat16, "k", "k", GemmConfig(128, 128, 2, 1), Epilogue(), "Float32",
              keep_dir=str(tmp_path), pdl=False)
     assert "griddepcontrol" not in open(glob.glob(str(tmp_path / "*.ptx"))[0]).read()
+
 
 @pytest.mark.compile
 @pytest.mark.parametrize("b_major", ["n", "k"])

@@ -651,7 +651,7 @@ class GemmSm90:
             # Every load of this CTA is issued: the next kernel may launch, and its CTAs
             # run their own setup as ours drain (it still waits for our grid to finish
             # before it reads memory). A trigger right after the wait measured the same
-            # on average and 4% slower at 312x1280x5120 (docs/gemm.md).
+            # on average and 4% slower at 312x1280x5120 (docs/tried-and-not-kept.md).
             cute.arch.griddepcontrol_launch_dependents()
         # Do not exit while peers may still arrive on our empty barriers.
         ab_pipeline.producer_tail(state)
