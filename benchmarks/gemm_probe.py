@@ -30,6 +30,13 @@ side by side with cuBLAS, in rounds that alternate the order. The graph replays 
 calls, so with PDL each call's setup overlaps the previous call's tail. Writes
 gemm_probe_pdl_<gpu>.{json,md}.
 
+`configs`: named configs per shape, side by side with cuBLAS: --spec is a JSON file of
+{"MxNxK": [label, ...]} (tuning.tune.label's format), or a results file of this probe, whose
+summary holds the spec it ran. The first label of a shape is the reference its others' outputs
+are checked against; --rounds rounds alternate the order, medians reported. With --rule, the
+summary sets the first label (the pick before a heuristic change) against the heuristic's
+current pick where that was timed. Writes gemm_probe_configs_<gpu>.{json,md}.
+
 All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16 unless said, H100-class GPU.
 """
 
@@ -364,6 +371,72 @@ def run_pdl(shapes, dtypes, rounds: int = 4) -> tuple[list[Row], dict]:
     return rows, summary
 
 
+def load_spec(path: str) -> dict[str, list[str]]:
+    """{"MxNxK": [labels]} from a spec file or from a `configs` results file's summary."""
+    import json
+
+    from benchmarks.tune_gemm import parse_label
+
+    with open(path) as f:
+        data = json.load(f)
+    spec = data.get("summary", {}).get("spec") if isinstance(data, dict) and "rows" in data else data
+    if not isinstance(spec, dict) or not spec:
+        raise ValueError(f"{path}: expected {{\"MxNxK\": [labels]}} or a configs results file")
+    for shape, labels in spec.items():
+        parse_shapes(shape)
+        if not isinstance(labels, list) or not labels:
+            raise ValueError(f"{path}: {shape} needs a non-empty list of config labels")
+        for lab in labels:
+            parse_label(lab)
+    return spec
+
+
+def run_configs(spec: dict, rounds: int = 2, rule: bool = False) -> tuple[list[Row], dict]:
+    """The `configs` probe: every named config compiled ahead in the tuner's pool, timed by its
+    timer (outputs checked against the first label's) in `rounds` alternating rounds."""
+    import statistics
+
+    from benchmarks.gemm import grid_problem
+    from benchmarks.tune_gemm import parse_label
+    from cute_kernels.tuning.tune import _time_all, heuristic, label
+
+    probs = {}
+    for shape, labels in spec.items():
+        (m, n, k), = parse_shapes(shape)
+        probs[grid_problem("bf16", m, n, k)] = [parse_label(x) for x in labels]
+    ready, timer = _start_builds(probs)
+    rows, firsts, picks, pick_first = [], [], [], []
+    for p, cfgs in probs.items():
+        acc, cubs = {}, []
+        for r in range(rounds):
+            order = cfgs if r % 2 == 0 else cfgs[:1] + cfgs[:0:-1]
+            for cfg, ms in _time_all(p, order, ready, timer, print).items():
+                acc.setdefault(label(cfg), []).append(ms)
+            if acc:
+                cubs.append(_cublas_on_timer_inputs(timer))
+        if not acc:
+            continue
+        case, cub = f"{p.m}x{p.n}x{p.k}", statistics.median(cubs)
+        med = {lab: statistics.median(t) for lab, t in acc.items()}
+        for lab, ms in med.items():
+            rows.append(_row(case, f"cute {lab}", p.m, p.n, p.k, ms, config=lab))
+        rows.append(_row(case, "cublas", p.m, p.n, p.k, cub))
+        first, pick = label(cfgs[0]), label(heuristic(p))
+        print(f"[configs] {case}: " + "  ".join(f"{lab} {cub / ms:.3f}" for lab, ms in med.items()), flush=True)
+        if rule and first in med and pick in med:
+            firsts.append(cub / med[first])
+            picks.append(cub / med[pick])
+            pick_first.append(med[first] / med[pick])
+    summary = {"shapes": len(probs), "rounds": rounds, "spec": spec}
+    if pick_first:
+        summary.update({"rule_shapes": len(pick_first), "geomean_pick_vs_first": geomean(pick_first),
+                        "geomean_first_vs_cublas": geomean(firsts), "geomean_pick_vs_cublas": geomean(picks),
+                        "min_first_vs_cublas": min(firsts), "min_pick_vs_cublas": min(picks),
+                        "below_0.95_first": sum(x < 0.95 for x in firsts),
+                        "below_0.95_pick": sum(x < 0.95 for x in picks)})
+    return rows, summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="probe", required=True)
@@ -383,7 +456,11 @@ def main(argv=None) -> int:
     d = sub.add_parser("pdl", help="the dispatch pick with and without programmatic dependent launch, vs cuBLAS")
     d.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
     d.add_argument("--dtypes", default="bf16,fp8", help="of bf16, fp8 (the grid's calls)")
-    for s in (t, w, e, d):
+    c = sub.add_parser("configs", help="named configs per shape (a JSON spec), vs cuBLAS")
+    c.add_argument("--spec", required=True, help='{"MxNxK": [labels]} JSON, or a configs results file')
+    c.add_argument("--rounds", type=int, default=2, help="alternating timing rounds (medians)")
+    c.add_argument("--rule", action="store_true", help="summarise the heuristic's pick against each first label")
+    for s in (t, w, e, d, c):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -403,6 +480,11 @@ def main(argv=None) -> int:
             if not set(dtypes) <= {"bf16", "fp8"}:
                 raise ValueError(f"--dtypes takes bf16 and fp8, got {args.dtypes!r}")
             flags = f"pdl --shapes {args.shapes} --dtypes {args.dtypes}"
+        elif args.probe == "configs":
+            if args.rounds < 1:
+                raise ValueError("--rounds must be >= 1")
+            spec = load_spec(args.spec)
+            flags = f"configs --spec {args.spec} --rounds {args.rounds}{' --rule' if args.rule else ''}"
         else:
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
@@ -419,6 +501,8 @@ def main(argv=None) -> int:
         rows, summary = run_widths(shapes, widths, args.top)
     elif args.probe == "pdl":
         rows, summary = run_pdl(shapes, dtypes)
+    elif args.probe == "configs":
+        rows, summary = run_configs(spec, args.rounds, args.rule)
     else:
         rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))

@@ -981,6 +981,8 @@ SWAP_CFGS = {
     # deep A/B rings (heuristics.deep_ring): 12 and 16 stages
     "64x32c12d12": GemmConfig(64, 32, 1, 2, swap_ab=True, stages=12),
     "64x16c11s3d16": GemmConfig(64, 16, 1, 1, split_k=3, swap_ab=True, stages=16),
+    # 8-CTA clusters (the weight tile multicast to 2 token tiles, each token tile to 4 weight tiles)
+    "64x56c42d12": GemmConfig(64, 56, 4, 2, swap_ab=True, stages=12),
     # the whole tile's slabs staged at once (whole_tile_epi)
     "128x104c41W": GemmConfig(128, 104, 4, 1, swap_ab=True, whole_tile_epi=True),
     "128x152c21s3W": GemmConfig(128, 152, 2, 1, split_k=3, swap_ab=True, whole_tile_epi=True),
@@ -993,7 +995,7 @@ SWAP_CFGS = {
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
-                                      "128x104c41W", "128x152c21s3W", "128x88c21R"])
+                                      "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -1075,8 +1077,9 @@ def test_wave_swap_picks():
 def test_narrow_swap_picks():
     """The 64-row swap_ab heuristic: at 17-128 tokens two half-width token tiles in a 1 x 2
     cluster (K split to fill the wave where long), except small short-K weights; above that the
-    most token tiles one wave holds, the weight multicast to an even count; deep A/B rings where
-    each weight tile is read once per cluster (16-bit)."""
+    most token tiles one wave holds in 4 x 2, 1 x 2 (up to 4 tiles) or 4 x 1 clusters, widths in
+    steps of 8 (16-bit); deep A/B rings where each weight tile is read once per cluster, and
+    in every multicast cluster above 128 tokens (16-bit)."""
     from cute_kernels.matmul.heuristics import swap_config
 
     def pick(m, n, k):
@@ -1086,7 +1089,7 @@ def test_narrow_swap_picks():
     assert pick(15, 57344, 8192) == (64, 16, 1, 1, 1)
     assert pick(9, 1024, 4096) == (64, 16, 1, 1, 5)  # 16 tiles: splits fill the wave
     assert pick(26, 1600, 1600) == (64, 16, 1, 2, 1)  # 25 weight tiles: paired, 25 k-tiles: unsplit
-    assert pick(37, 4096, 4096) == (64, 32, 1, 2, 1)
+    assert pick(37, 4096, 4096) == (64, 24, 1, 2, 1)  # 16-bit widths in steps of 8
     assert pick(56, 1280, 5120) == (64, 32, 1, 2, 3)  # 20 weight tiles x 2 x 3 splits: 120 CTAs
     assert pick(87, 768, 3072) == (64, 48, 1, 2, 1)  # 12 weight tiles, 48 k-tiles: paired, unsplit
     assert pick(71, 768, 768) == (64, 16, 1, 1, 1)  # 12 weight tiles, short K: five token tiles
@@ -1100,12 +1103,18 @@ def test_narrow_swap_picks():
     # Every width in more than 4 waves: widths weighed by per-tile efficiency; else waves x width.
     assert pick(516, 57344, 8192) == (128, 176, 2, 1, 1)
     assert pick(192, 57344, 8192) == (128, 96, 1, 2, 1)
-    assert pick(137, 4096, 4096) == (64, 80, 1, 2, 1)
-    assert pick(257, 2048, 2048) == (64, 96, 4, 1, 1)  # not four tiles of 80 re-reading the weight
-    assert pick(400, 3072, 3072) == (64, 208, 1, 2, 1)
-    assert pick(664, 1024, 1024) == (64, 96, 1, 1, 1)
+    assert pick(137, 4096, 4096) == (64, 72, 1, 2, 1)
+    assert pick(257, 2048, 2048) == (64, 88, 4, 1, 1)  # not four tiles of 72 re-reading the weight
+    assert pick(400, 3072, 3072) == (64, 200, 4, 2, 1)  # 12 clusters of 8: one wave
+    assert pick(664, 1024, 1024) == (64, 88, 1, 2, 1)
+    assert pick(312, 1280, 5120) == (64, 56, 4, 2, 1) and swap_config(312, 1280, 5120).stages == 12
+    assert pick(670, 1024, 4096) == (64, 96, 4, 1, 1)  # 8 tiles fit no 4 x 2 wave: 7 in 4 x 1
+    assert swap_config(228, 4096, 4096).stages == 9  # 1 x 2 above 128 tokens: deep too
+    assert pick(147, 7168, 5120) == (64, 152, 4, 1, 1) and swap_config(231, 5120, 5120) is None  # one wide tile
+    assert swap_config(312, 1280, 2560, in_bytes=1) == GemmConfig(64, 64, 1, 1, swap_ab=True)  # 8-bit: steps of 16
     assert pick(273, 5120, 5120) == (128, 96, 2, 1, 1)  # two waves of 64-row tiles: 128-row ones
     assert pick(500, 4096, 4096) is None  # 2 x 256 pads no less than 128-row tiles
+    assert pick(845, 2048, 8192) == (64, 216, 1, 2, 1)  # three tiles cannot hold the tokens: four re-read it
     assert pick(20, 512, 768) is None
     from cute_kernels.matmul.heuristics import skinny_gemv
 

@@ -525,7 +525,7 @@ def test_grid_draw_is_a_function_of_the_seed():
         grid_shapes(0, 0)
 
 
-def test_gemm_probe_draw_and_arguments():
+def test_gemm_probe_draw_and_arguments(tmp_path):
     """benchmarks.gemm_probe: the tuned probe's draw is a function of its arguments and stays in
     its ranges; bad ranges, shapes and widths are refused before any GPU work."""
     import benchmarks.gemm_probe as P
@@ -546,6 +546,19 @@ def test_gemm_probe_draw_and_arguments():
                  ["pdl", "--shapes", "1x2"], ["pdl", "--shapes", "64x64x64", "--dtypes", "int8"]):
         with pytest.raises(SystemExit):
             P.main(argv)
+    # the configs probe's spec: a {shape: [labels]} file, or a results file whose summary holds it
+    import json
+
+    spec = {"312x1280x5120": ["64x64c41T", "64x56c42Td12"]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "res.json").write_text(json.dumps({"rows": [], "summary": {"spec": spec}}))
+    assert P.load_spec(str(tmp_path / "spec.json")) == spec == P.load_spec(str(tmp_path / "res.json"))
+    for bad in ({"312x1280": ["64x64c41T"]}, {"312x1280x5120": []}, {"312x1280x5120": ["64x64"]}, []):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError):
+            P.load_spec(str(tmp_path / "bad.json"))
+    with pytest.raises(SystemExit):
+        P.main(["configs", "--spec", str(tmp_path / "spec.json"), "--rounds", "0"])
     # the epilogue probe's pairs: each cooperative config forced both ways; none for ping-pong
     from benchmarks.gemm import grid_problem
 

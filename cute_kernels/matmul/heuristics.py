@@ -436,10 +436,15 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_by
     17-128 tokens and, from 17 tokens, take deep A/B rings where every weight tile is read
     once per cluster (`deep_ring`)."""
     cfg = _narrow_swap_config(m, n, k, num_sms, in_bytes == 2)
-    # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8).
-    if cfg is None or in_bytes != 2 or m < _PAIRED_MIN_M or math.ceil(m / cfg.tile_n) > cfg.cluster_n:
+    # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8):
+    # where every weight tile is read once per cluster, and above 128 tokens in any multicast
+    # cluster (NARROW_MULTICAST).
+    if cfg is None or in_bytes != 2 or m < _PAIRED_MIN_M:
         return cfg
-    return deep_ring(cfg)
+    once = math.ceil(m / cfg.tile_n) <= cfg.cluster_n
+    if once or (m > 128 and cfg.cluster_m * cfg.cluster_n > 1):
+        return deep_ring(cfg)
+    return cfg
 
 
 def deep_ring(cfg: GemmConfig, in_bytes: int = 2, out_bytes: int = 2) -> GemmConfig:
@@ -466,6 +471,35 @@ _PAIRED_MIN_WT = 20
 _PAIRED_SHORT_WT_MIN_K_TILES = 48
 DEEP_AB_STAGES = 12
 _PAIRED_SPLIT_MIN_K_TILES = 64
+# NARROW_MULTICAST (16-bit inputs; 8-bit keep the rule above, not re-measured): token widths in
+# steps of 8 (64 x 40 at 75 tokens, as cuBLAS runs 64 x 40 at 77), and above 128 tokens the
+# most token tiles t whose grid is one wave in the first cluster shape that fits of: 4 x 2 (each
+# weight tile multicast to two token tiles, each token tile to four weight tiles; 15 clusters of
+# 8 a wave), 1 x 2 up to t = 4, 4 x 1; fewer tiles where none fits (with K < 2048, 1 x 2 or
+# unclustered at any t, as before). Every multicast cluster above 128 tokens takes the deepest
+# A/B ring that fits (up to DEEP_AB_STAGES). H100, same run (`gemm_probe_multicast_h100.md`, 77
+# shapes of 17-1023 tokens whose pick the rule changes): 1.093x the picks before it, 0.978x ->
+# 1.069x cuBLAS, 26 -> 5 shapes below 0.95x; 312x1280x5120 64 x 64 in 4 x 1 0.86x -> 64 x 56 in
+# 4 x 2 at 12 stages 1.05x; 228x4096x4096 0.83x -> 1.22x (64 x 120 in 1 x 2); 598x2048x2048
+# 0.73x -> 1.15x (64 x 152 in 1 x 2, 608 rows where 128-row tiles pad 640). In the draft's run
+# (`gemm_probe_multicast_variants_h100.md`) the same configs with 8 stages lost 8-13% (64 x 56
+# in 4 x 2 0.89x, 64 x 88 in 4 x 2 at 511x1280x5120 0.90x vs 1.02x), and 1 x 2 clusters lost
+# from six token tiles up (511x1280x5120 0.71x; 670x1024x4096, eight tiles, 0.66x vs seven in
+# 4 x 1 0.97x). One token tile lost to 128-row ones above 176 columns in 4 x 1 or 144
+# unclustered (231x5120x5120 64 x 240 0.89x, 128 x 96 in 2 x 2 1.03x; 170x8192x28672 0.95x ->
+# 1.06x; 147x7168x5120 64 x 152 in 4 x 1 1.01x, 128 x 96 0.89x in the draft's run); at
+# K < 2048 it stays (196x6400x1600 0.90x vs 128 x 224 0.69x: widths of 32 there). Widths above
+# 224 keep steps of 16 (481x3072x2048 64 x 248 in 4 x 2 0.83x, 64 x 256 0.93x). Four token tiles
+# re-read a 2048+ row weight where three cannot hold the tokens (845x2048x8192: 64 x 216 in
+# 1 x 2, 1.05x cuBLAS in `gemm_grid_h100.md`). A 4-row multicast config is taken at up to 1.04x
+# the rows 128-row tiles pad (511x1280x5120: 528 vs 512 rows, 64 x 88 in 4 x 2 at 11 stages
+# 0.98x vs 0.82x).
+_NARROW_STEP_16BIT = 8
+_NARROW_PAIR_MAX_T = 4
+_NARROW_ONE_TILE_MAX_W = 176
+_NARROW_ONE_TILE_C11_MAX_W = 144
+_NARROW_STEP8_MAX_W = 224
+_NARROW_C4_PAD = 1.04
 
 
 def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> GemmConfig | None:
@@ -476,7 +510,8 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
         split = 1
         if k_tiles >= _PAIRED_SPLIT_MIN_K_TILES:
             split = min(num_sms // (2 * wt), k_tiles // _NARROW_SPLIT_K_TILES, _NARROW_MAX_SPLIT)
-        return GemmConfig(64, math.ceil(m / 32) * 16, 1, 2, split_k=split, swap_ab=True)
+        return GemmConfig(64, math.ceil(m / 2 / _NARROW_STEP_16BIT) * _NARROW_STEP_16BIT, 1, 2, split_k=split,
+                          swap_ab=True)
     if m <= 128:
         split = 1
         if 4 * wt <= num_sms and k_tiles >= _NARROW_SPLIT_MIN_K_TILES:
@@ -488,6 +523,8 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
         # Unsplit: the most token tiles one wave holds, unclustered.
         w = math.ceil(m / max(num_sms // wt, 1) / 16) * 16
         return GemmConfig(64, w, 1, 1, swap_ab=True)
+    if paired:
+        return _narrow_multicast_config(m, n, k, wt, num_sms)
     t = num_sms // wt
     if t < 1:
         return None
@@ -507,6 +544,49 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
     else:
         cm, cn = 1, 1
     return GemmConfig(64, w, cm, cn, swap_ab=True)
+
+
+def _narrow_width(m: int, tiles: int) -> int:
+    """The narrowest token-tile width that covers m tokens in `tiles` tiles: steps of 8, of 16
+    above _NARROW_STEP8_MAX_W."""
+    w = math.ceil(m / tiles / _NARROW_STEP_16BIT) * _NARROW_STEP_16BIT
+    return w if w <= _NARROW_STEP8_MAX_W else math.ceil(m / tiles / 16) * 16
+
+
+def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int) -> GemmConfig | None:
+    """16-bit inputs above 128 tokens (module notes: NARROW_MULTICAST): the most token tiles t
+    whose grid, in the first cluster shape of 4 x 2, 1 x 2 (t <= 4), 4 x 1 that fits, is one wave."""
+    t0 = num_sms // wt
+    if t0 < 1:
+        return None
+    w = _narrow_width(m, t0)
+    if w > NARROW_MAX_W or (wt < _NARROW_SMALL_WT and w > _NARROW_SMALL_WT_MAX_W):
+        return None
+    t0 = math.ceil(m / w)
+    if (t0 >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K)
+            and _narrow_width(m, t0 - 1) <= NARROW_MAX_W):
+        t0 -= 1  # where fewer tiles still hold the tokens (845x2048x8192: four 216-wide tiles, 1.21x cuBLAS)
+    wave8, wave4 = _per_wave(8, num_sms), _per_wave(4, num_sms)
+    long_k = k >= _NARROW_C41_MIN_K
+    for tiles in range(t0, 0, -1):
+        w = _narrow_width(m, tiles)
+        if w > NARROW_MAX_W:  # three tiles cannot hold the tokens (769x2048x8192: 272 wide)
+            return None
+        t = math.ceil(m / w)
+        c41 = long_k and math.ceil(wt / 4) * t <= wave4
+        if t == 1:
+            if k >= _SWAP_SLAB16_MIN_K and w > (_NARROW_ONE_TILE_MAX_W if c41 else _NARROW_ONE_TILE_C11_MAX_W):
+                return None
+            return GemmConfig(64, w, 4 if c41 else 1, 1, swap_ab=True)
+        if t % 2 == 0 and long_k and math.ceil(wt / 4) * (t // 2) <= wave8:
+            return GemmConfig(64, w, 4, 2, swap_ab=True)
+        if t % 2 == 0 and (t <= _NARROW_PAIR_MAX_T or not long_k):
+            return GemmConfig(64, w, 1, 2, swap_ab=True)
+        if c41:
+            return GemmConfig(64, w, 4, 1, swap_ab=True)
+        if t <= _NARROW_PAIR_MAX_T or not long_k:
+            return GemmConfig(64, w, 1, 1, swap_ab=True)
+    return None
 
 
 # Narrow weights (fewer than SWAP_MIN_N rows: the GPT-2 family) at 1400-4096 tokens: one wave of
@@ -584,8 +664,10 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     k = k * in_bytes // 2
     if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
         narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes)
-        if narrow is not None and (m <= 128 or math.ceil(m / narrow.tile_n) * narrow.tile_n < math.ceil(m / 128) * 128):
-            return narrow
+        if narrow is not None:
+            padded, padded_128 = math.ceil(m / narrow.tile_n) * narrow.tile_n, math.ceil(m / 128) * 128
+            if m <= 128 or padded < padded_128 or (narrow.cluster_m == 4 and padded <= _NARROW_C4_PAD * padded_128):
+                return narrow
     # Above 1024 rows the rule was measured on 16-bit inputs only, and holds from K = 2048.
     if not SWAP_M[0] <= m <= (SWAP_M[1] if in_bytes == 2 else _SWAP_LOOSE_PAD_M) or n < SWAP_MIN_N or k < SWAP_MIN_K:
         return None

@@ -257,6 +257,29 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
             cfg = GemmConfig(64, w, cm, cn, swap_ab=True)
             if cfg not in out and _fits(problem, cfg):
                 out.append(cfg)
+    if problem.in_bytes == 2 and m > 128:
+        out += [c for c in _multicast_candidates(problem, t0) if c not in out]
+    return out
+
+
+def _multicast_candidates(problem: Problem, t0: int) -> list[GemmConfig]:
+    """16-bit, above 128 tokens: t0 - 1 .. t0 + 1 token tiles of the heuristic's widths (steps
+    of 8 up to 192), in every multicast cluster that t allows (4 x 2 and 1 x 2 for an even t,
+    4 x 1), each with the deepest A/B ring that fits (heuristics.NARROW_MULTICAST)."""
+    from ..matmul.heuristics import NARROW_MAX_W, _narrow_width, deep_ring
+
+    out = []
+    for t in (t0 - 1, t0, t0 + 1):
+        if t < 1:
+            continue
+        w = _narrow_width(problem.m, t)
+        if w > NARROW_MAX_W:
+            continue
+        even = math.ceil(problem.m / w) % 2 == 0
+        for cm, cn in ((4, 2), (1, 2), (4, 1)) if even else ((4, 1),):
+            cfg = deep_ring(GemmConfig(64, w, cm, cn, swap_ab=True))
+            if cfg not in out and _fits(problem, cfg):
+                out.append(cfg)
     return out
 
 
