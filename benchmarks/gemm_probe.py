@@ -117,9 +117,9 @@ def _cublas_ms(m: int, n: int, k: int) -> float:
     return time_ms(lambda i: F.linear(*sets[i]), n_rotate=len(sets), rep_ms=20.0)
 
 
-def _row(case: str, provider: str, m: int, n: int, k: int, ms: float, **extra) -> Row:
+def _row(case: str, provider: str, m: int, n: int, k: int, ms: float, dtype: str = "bf16", **extra) -> Row:
     tf = 2 * m * n * k / ms / 1e9
-    return Row(case, provider, ms, tf, 100 * tf / PEAK_TFLOPS["bf16"], extra=extra)
+    return Row(case, provider, ms, tf, 100 * tf / PEAK_TFLOPS[dtype], extra=extra)
 
 
 def run_tuned(shapes) -> tuple[list[Row], dict]:
@@ -167,13 +167,21 @@ def _start_builds(cands: dict):
     return ready, GpuTimer(rep_ms=10.0, warm_ms=300.0)
 
 
-def _cublas_on_timer_inputs(timer) -> float:
-    """cuBLAS (F.linear) over the input sets the timer rotated for its current problem."""
+def _cublas_on_timer_inputs(timer, dtype: str = "bf16") -> float:
+    """cuBLAS over the input sets the timer rotated for its current problem: `F.linear` (bf16), or
+    `torch._scaled_mm` with the sets' per-row scales and fast accumulation (fp8)."""
+    import torch
     import torch.nn.functional as F
 
     from cute_kernels.runtime.timing import time_ms
 
     sets = timer._sets
+    if dtype == "fp8":
+        def run(i):
+            a, w, _, args = sets[i]
+            return torch._scaled_mm(a, w.t(), args["row_scale"].view(-1, 1), args["col_scale"].view(1, -1),
+                                    out_dtype=torch.bfloat16, use_fast_accum=True)
+        return time_ms(run, n_rotate=len(sets), rep_ms=10.0)
     return time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
 
 
@@ -391,7 +399,7 @@ def load_spec(path: str) -> dict[str, list[str]]:
     return spec
 
 
-def run_configs(spec: dict, rounds: int = 2, rule: bool = False) -> tuple[list[Row], dict]:
+def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "bf16") -> tuple[list[Row], dict]:
     """The `configs` probe: every named config compiled ahead in the tuner's pool, timed by its
     timer (outputs checked against the first label's) in `rounds` alternating rounds."""
     import statistics
@@ -403,7 +411,7 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False) -> tuple[list[R
     probs = {}
     for shape, labels in spec.items():
         (m, n, k), = parse_shapes(shape)
-        probs[grid_problem("bf16", m, n, k)] = [parse_label(x) for x in labels]
+        probs[grid_problem(dtype, m, n, k)] = [parse_label(x) for x in labels]
     ready, timer = _start_builds(probs)
     rows, firsts, picks, pick_first = [], [], [], []
     for p, cfgs in probs.items():
@@ -413,21 +421,21 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False) -> tuple[list[R
             for cfg, ms in _time_all(p, order, ready, timer, print).items():
                 acc.setdefault(label(cfg), []).append(ms)
             if acc:
-                cubs.append(_cublas_on_timer_inputs(timer))
+                cubs.append(_cublas_on_timer_inputs(timer, dtype))
         if not acc:
             continue
         case, cub = f"{p.m}x{p.n}x{p.k}", statistics.median(cubs)
         med = {lab: statistics.median(t) for lab, t in acc.items()}
         for lab, ms in med.items():
-            rows.append(_row(case, f"cute {lab}", p.m, p.n, p.k, ms, config=lab))
-        rows.append(_row(case, "cublas", p.m, p.n, p.k, cub))
+            rows.append(_row(case, f"cute {lab}", p.m, p.n, p.k, ms, dtype, config=lab))
+        rows.append(_row(case, "cublas", p.m, p.n, p.k, cub, dtype))
         first, pick = label(cfgs[0]), label(heuristic(p))
         print(f"[configs] {case}: " + "  ".join(f"{lab} {cub / ms:.3f}" for lab, ms in med.items()), flush=True)
         if rule and first in med and pick in med:
             firsts.append(cub / med[first])
             picks.append(cub / med[pick])
             pick_first.append(med[first] / med[pick])
-    summary = {"shapes": len(probs), "rounds": rounds, "spec": spec}
+    summary = {"dtype": dtype, "shapes": len(probs), "rounds": rounds, "spec": spec}
     if pick_first:
         summary.update({"rule_shapes": len(pick_first), "geomean_pick_vs_first": geomean(pick_first),
                         "geomean_first_vs_cublas": geomean(firsts), "geomean_pick_vs_cublas": geomean(picks),
@@ -460,6 +468,7 @@ def main(argv=None) -> int:
     c.add_argument("--spec", required=True, help='{"MxNxK": [labels]} JSON, or a configs results file')
     c.add_argument("--rounds", type=int, default=2, help="alternating timing rounds (medians)")
     c.add_argument("--rule", action="store_true", help="summarise the heuristic's pick against each first label")
+    c.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"], help="bf16 `linear` or fp8 per-row `scaled_mm`")
     for s in (t, w, e, d, c):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
@@ -484,7 +493,8 @@ def main(argv=None) -> int:
             if args.rounds < 1:
                 raise ValueError("--rounds must be >= 1")
             spec = load_spec(args.spec)
-            flags = f"configs --spec {args.spec} --rounds {args.rounds}{' --rule' if args.rule else ''}"
+            flags = (f"configs --spec {args.spec} --rounds {args.rounds} --dtype {args.dtype}"
+                     f"{' --rule' if args.rule else ''}")
         else:
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
@@ -502,11 +512,12 @@ def main(argv=None) -> int:
     elif args.probe == "pdl":
         rows, summary = run_pdl(shapes, dtypes)
     elif args.probe == "configs":
-        rows, summary = run_configs(spec, args.rounds, args.rule)
+        rows, summary = run_configs(spec, args.rounds, args.rule, args.dtype)
     else:
         rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))
-    what = "bf16 `linear` and fp8 per-row `scaled_mm`" if args.probe == "pdl" else "bf16 `linear`"
+    what = ("bf16 `linear` and fp8 per-row `scaled_mm`" if args.probe == "pdl" else
+            "fp8 per-row `scaled_mm`" if getattr(args, "dtype", "bf16") == "fp8" else "bf16 `linear`")
     notes = (f"`python -m benchmarks.gemm_probe {flags}`: {what}, randn inputs, CUDA-graph timing over "
              "L2-rotated inputs, cuBLAS (`F.linear`) in the same process; see benchmarks/gemm_probe.py.")
     print("wrote", write_results(f"gemm_probe_{args.name or args.probe}", rows, summary, notes=notes))

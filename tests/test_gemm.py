@@ -1111,7 +1111,15 @@ def test_narrow_swap_picks():
     assert pick(670, 1024, 4096) == (64, 96, 4, 1, 1)  # 8 tiles fit no 4 x 2 wave: 7 in 4 x 1
     assert swap_config(228, 4096, 4096).stages == 9  # 1 x 2 above 128 tokens: deep too
     assert pick(147, 7168, 5120) == (64, 152, 4, 1, 1) and swap_config(231, 5120, 5120) is None  # one wide tile
-    assert swap_config(312, 1280, 2560, in_bytes=1) == GemmConfig(64, 64, 1, 1, swap_ab=True)  # 8-bit: steps of 16
+    assert swap_config(312, 1280, 2560, in_bytes=1) == GemmConfig(64, 64, 1, 1, swap_ab=True)  # int8: steps of 16
+    # fp8 with 16-bit outputs takes the multicast rule (dispatch: out_bytes); one unclustered token tile keeps 8 stages
+    assert swap_config(312, 1280, 5120, in_bytes=1, multicast=True) == swap_config(312, 1280, 2560)
+    assert swap_config(75, 4096, 4096, in_bytes=1, multicast=True) == swap_config(75, 4096, 2048)
+    assert swap_config(41, 6144, 4096, in_bytes=1, multicast=True).stages is None
+    from cute_kernels.matmul.api import _pick_config
+
+    assert _pick_config(312, 1280, 5120, 1, False, None, True, 2).cluster_mn == (4, 2)  # fp8
+    assert _pick_config(312, 1280, 5120, 1, False, None, True, 4).cluster_mn == (4, 1)  # int8
     assert pick(273, 5120, 5120) == (128, 96, 2, 1, 1)  # two waves of 64-row tiles: 128-row ones
     assert pick(500, 4096, 4096) is None  # 2 x 256 pads no less than 128-row tiles
     assert pick(845, 2048, 8192) == (64, 216, 1, 2, 1)  # three tiles cannot hold the tokens: four re-read it

@@ -429,20 +429,26 @@ def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
     return not (swappable and m >= 2 and k >= 1024 and wide)
 
 
-def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:
+def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2,
+                       multicast: bool | None = None) -> GemmConfig | None:
     """The 64-row swap_ab config for an M x N x K problem (module notes above), or None where
-    M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave. 16-bit inputs
-    (in_bytes = 2; k is costed as 16-bit either way) pair token tiles in 1 x 2 clusters at
-    17-128 tokens and, from 17 tokens, take deep A/B rings where every weight tile is read
-    once per cluster (`deep_ring`)."""
-    cfg = _narrow_swap_config(m, n, k, num_sms, in_bytes == 2)
-    # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8):
-    # where every weight tile is read once per cluster, and above 128 tokens in any multicast
-    # cluster (NARROW_MULTICAST).
-    if cfg is None or in_bytes != 2 or m < _PAIRED_MIN_M:
+    M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave. k is costed as
+    16-bit either way. multicast (default: 16-bit inputs; dispatch also gives it to fp8 with
+    16-bit outputs, not to int8) pairs token tiles in 1 x 2 clusters at 17-128 tokens, takes
+    the multicast clusters of NARROW_MULTICAST above, and, from 17 tokens, deep A/B rings where
+    every weight tile is read once per cluster and in every multicast cluster above 128 tokens
+    (`deep_ring`)."""
+    multicast = in_bytes == 2 if multicast is None else multicast
+    cfg = _narrow_swap_config(m, n, k, num_sms, multicast)
+    # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8).
+    if cfg is None or not multicast or m < _PAIRED_MIN_M:
         return cfg
-    once = math.ceil(m / cfg.tile_n) <= cfg.cluster_n
-    if once or (m > 128 and cfg.cluster_m * cfg.cluster_n > 1):
+    # fp8's one unclustered token tile keeps 8 stages: on 25 such grid shapes of 20-105 tokens
+    # (seeds 1017, 1023, 1031; H100, each against the same seed's earlier run) the deep ring
+    # ran 0.991x geomean, 17 slower, 0.94x-1.16x.
+    clustered = cfg.cluster_m * cfg.cluster_n > 1
+    once = math.ceil(m / cfg.tile_n) <= cfg.cluster_n and (clustered or in_bytes == 2)
+    if once or (m > 128 and clustered):
         return deep_ring(cfg)
     return cfg
 
@@ -471,7 +477,7 @@ _PAIRED_MIN_WT = 20
 _PAIRED_SHORT_WT_MIN_K_TILES = 48
 DEEP_AB_STAGES = 12
 _PAIRED_SPLIT_MIN_K_TILES = 64
-# NARROW_MULTICAST (16-bit inputs; 8-bit keep the rule above, not re-measured): token widths in
+# NARROW_MULTICAST (16-bit inputs and fp8 with 16-bit outputs; int8 keeps the rule above): widths in
 # steps of 8 (64 x 40 at 75 tokens, as cuBLAS runs 64 x 40 at 77), and above 128 tokens the
 # most token tiles t whose grid is one wave in the first cluster shape that fits of: 4 x 2 (each
 # weight tile multicast to two token tiles, each token tile to four weight tiles; 15 clusters of
@@ -493,7 +499,9 @@ _PAIRED_SPLIT_MIN_K_TILES = 64
 # re-read a 2048+ row weight where three cannot hold the tokens (845x2048x8192: 64 x 216 in
 # 1 x 2, 1.05x cuBLAS in `gemm_grid_h100.md`). A 4-row multicast config is taken at up to 1.04x
 # the rows 128-row tiles pad (511x1280x5120: 528 vs 512 rows, 64 x 88 in 4 x 2 at 11 stages
-# 0.98x vs 0.82x).
+# 0.98x vs 0.82x). fp8 with 16-bit outputs: the 19 picks it changed on grid seeds 1017, 1023 and
+# 1031 ran 1.167x faster than the same seeds' earlier runs (845x2048x8192 0.72x -> 1.16x
+# `_scaled_mm`; docs/gemm.md).
 _NARROW_STEP_16BIT = 8
 _NARROW_PAIR_MAX_T = 4
 _NARROW_ONE_TILE_MAX_W = 176
@@ -647,7 +655,8 @@ def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *,
     return [c for c in configs if config_waves(c, m, n, num_sms) == 1]
 
 
-def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2) -> GemmConfig | None:
+def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2,
+                multicast: bool | None = None) -> GemmConfig | None:
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
     With N, K >= 768: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
@@ -658,12 +667,13 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     token tiles (1 x 2, sharing the weight tile) when their count is even, else two weight tiles
     (2 x 1): with an odd count 1 x 2 pads a whole column of tiles (273 rows in three 96-wide
     tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1). 8-bit inputs (in_bytes = 1) are costed at the K
-    of 16-bit ones with as many bytes: their k-tiles are 128 deep and run as fast."""
+    of 16-bit ones with as many bytes: their k-tiles are 128 deep and run as fast. multicast:
+    `narrow_swap_config`'s."""
     if m < 1:
         return None
     k = k * in_bytes // 2
     if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
-        narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes)
+        narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes, multicast=multicast)
         if narrow is not None:
             padded, padded_128 = math.ceil(m / narrow.tile_n) * narrow.tile_n, math.ceil(m / 128) * 128
             if m <= 128 or padded < padded_128 or (narrow.cluster_m == 4 and padded <= _NARROW_C4_PAD * padded_128):

@@ -82,7 +82,7 @@ def heuristic(problem: Problem) -> GemmConfig:
 
         return swiglu_fallback(problem.m, problem.n // 2, problem.k)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None,
-                        _swappable(problem))
+                        _swappable(problem), problem.out_bytes)
 
 
 def _swappable(problem: Problem) -> bool:
@@ -103,7 +103,7 @@ def dispatch_config(problem: Problem) -> GemmConfig:
 
     cls = (problem.op, problem.out, problem.majors, problem.epilogue)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, cls,
-                        _swappable(problem))
+                        _swappable(problem), problem.out_bytes)
 
 
 def dispatch_entries(problems: Iterable[Problem]) -> list:
