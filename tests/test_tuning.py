@@ -337,6 +337,12 @@ def test_candidates_all_validate_and_fit():
         assert len(compile_entries(p, first + more)) <= len(first + more)
         if p.m == 1:
             assert {c.tile_m for c in first[1:]} == {64} and any(c.split_k > 1 for c in refinements(p, first))
+    # int8's wgmma steps N by 16: no candidate of 8 mod 16 columns (the 16-bit multicast widths)
+    p8 = Problem("int8", "int32", "kk", "plain", 312, 1280, 5120)
+    assert all(c.tile_n % 16 == 0 for c in candidates(p8, limit=None))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        p8.check(GemmConfig(64, 56, 4, 2, swap_ab=True))
+    Problem("fp8-tensor", "bf16", "kk", "plain", 312, 1280, 5120).check(GemmConfig(64, 56, 4, 2, swap_ab=True))
 
 
 def test_the_tuner_times_the_last_wave_split_of_a_close_config(tuning_env):
@@ -432,7 +438,7 @@ def test_swap_candidates():
     assert at(512) == at(40) == at(4253) == []  # no less padding, or outside 64..SWAP_MAX_M
     assert {c.tile_n for c in at(102)} == {104, 112, 120}  # 102 rows: 104-120 where 128-row tiles compute 128
     assert at(273, "vector") == at(273, "residual") == [] and at(273, out="fp32") == []
-    assert {c.tile_n for c in at(273, op="int8", out="int32")} == {144, 96, 72}  # int8_mm's raw int32 swaps
+    assert {c.tile_n for c in at(273, op="int8", out="int32")} == {144, 96}  # int8_mm's raw int32; N by 16
     p = Problem("bf16", "bf16", "kk", "plain", 273, 5120, 5120)
     assert set(at(273)) <= set(candidates(p))
     for c in at(273):

@@ -488,7 +488,7 @@ _PAIRED_SPLIT_MIN_K_TILES = 64
 # 1.069x cuBLAS, 26 -> 5 shapes below 0.95x; 312x1280x5120 64 x 64 in 4 x 1 0.86x -> 64 x 56 in
 # 4 x 2 at 12 stages 1.05x; 228x4096x4096 0.83x -> 1.22x (64 x 120 in 1 x 2); 598x2048x2048
 # 0.73x -> 1.15x (64 x 152 in 1 x 2, 608 rows where 128-row tiles pad 640). In the draft's run
-# (`gemm_probe_multicast_variants_h100.md`) the same configs with 8 stages lost 8-13% (64 x 56
+# (`gemm_probe_multicast_variants_h100.md`) the same configs with 8 stages lost 4-15% (64 x 56
 # in 4 x 2 0.89x, 64 x 88 in 4 x 2 at 511x1280x5120 0.90x vs 1.02x), and 1 x 2 clusters lost
 # from six token tiles up (511x1280x5120 0.71x; 670x1024x4096, eight tiles, 0.66x vs seven in
 # 4 x 1 0.97x). One token tile lost to 128-row ones above 176 columns in 4 x 1 or 144
@@ -562,8 +562,9 @@ def _narrow_width(m: int, tiles: int) -> int:
 
 
 def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int) -> GemmConfig | None:
-    """16-bit inputs above 128 tokens (module notes: NARROW_MULTICAST): the most token tiles t
-    whose grid, in the first cluster shape of 4 x 2, 1 x 2 (t <= 4), 4 x 1 that fits, is one wave."""
+    """Above 128 tokens, 16-bit or fp8 inputs (module notes: NARROW_MULTICAST): the most token
+    tiles t whose grid, in the first cluster shape of 4 x 2, 1 x 2 (t <= 4), 4 x 1 that fits,
+    is one wave."""
     t0 = num_sms // wt
     if t0 < 1:
         return None
