@@ -574,7 +574,7 @@ def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int) -> G
     t0 = math.ceil(m / w)
     if (t0 >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K)
             and _narrow_width(m, t0 - 1) <= NARROW_MAX_W):
-        t0 -= 1  # where fewer tiles still hold the tokens (845x2048x8192: four 216-wide tiles, 1.21x cuBLAS)
+        t0 -= 1  # where fewer tiles still hold the tokens (845x2048x8192 keeps four 216-wide ones)
     wave8, wave4 = _per_wave(8, num_sms), _per_wave(4, num_sms)
     long_k = k >= _NARROW_C41_MIN_K
     for tiles in range(t0, 0, -1):
