@@ -342,6 +342,8 @@ def test_candidates_all_validate_and_fit():
     assert all(c.tile_n % 16 == 0 for c in candidates(p8, limit=None))
     with pytest.raises(ValueError, match="multiples of 16"):
         p8.check(GemmConfig(64, 56, 4, 2, swap_ab=True))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        GemmConfig(64, 56, 4, 2, swap_ab=True).validate(1, 4, integer=True)
     Problem("fp8-tensor", "bf16", "kk", "plain", 312, 1280, 5120).check(GemmConfig(64, 56, 4, 2, swap_ab=True))
 
 

@@ -94,8 +94,10 @@ class GemmConfig:
     def ab_stages(self, in_bytes: int, out_bytes: int, extra_smem: int = 0) -> int:
         return _ab_stages(self, in_bytes, out_bytes, extra_smem)
 
-    def validate(self, in_bytes: int = 2, out_bytes: int = 2) -> None:
-        """The one validity check for a config; raises ValueError with the reason."""
+    def validate(self, in_bytes: int = 2, out_bytes: int = 2, integer: bool = False) -> None:
+        """The one validity check for a config; raises ValueError with the reason. integer:
+        int8 inputs (int32 accumulation), whose wgmma shapes step N by 16 above 8 (e4m3 and
+        16-bit ones by 8)."""
         if self.tile_m not in (64, 128, 256):
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
         if self.swap_ab:
@@ -108,6 +110,8 @@ class GemmConfig:
                                  f"got {self.tile_mn}")
         elif self.tile_n not in (64, 96, 128, 160, 192, 256):
             raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
+        if integer and self.tile_n % 16:
+            raise ValueError(f"int8 takes tile_n in multiples of 16, got {self.tile_n}")
         if self.tile_m == 256 and self.tile_n > 192:
             raise ValueError("a 256-row tile needs tile_n <= 192 (register budget)")
         if self.swap_ab and self.tile_m == 256 and (in_bytes != 2 or self.pingpong):

@@ -130,7 +130,7 @@ class GemmSm90:
     """
 
     def __init__(self, cfg: GemmConfig, acc_dtype, epilogue: Epilogue, b_kn: bool = False, pdl: bool = True):
-        cfg.validate()
+        cfg.validate(integer=acc_dtype is cutlass.Int32)
         if (epilogue.row_scale == "block") != (epilogue.col_scale == "block"):
             raise ValueError("block scales come in pairs: row_scale and col_scale must both be 'block'")
         if epilogue.block_scaled and not (cfg.promote and cfg.tile_n in (64, 128) and not cfg.pingpong

@@ -182,12 +182,9 @@ class Problem:
         promoted ops need promote, the others must not have it)."""
         if not isinstance(cfg, GemmConfig):
             raise TypeError(f"config must be a GemmConfig, got {type(cfg).__name__}")
-        cfg.validate(self.in_bytes, self.out_bytes)
+        cfg.validate(self.in_bytes, self.out_bytes, integer=self.op == "int8")
         if cfg.promote != self.promoted:
             raise ValueError(f"{self.op} needs promote={self.promoted}, got {cfg}")
-        if self.op == "int8" and cfg.tile_n % 16:
-            # wgmma's s8 shapes step N by 16 above 8 (e4m3 and 16-bit ones by 8)
-            raise ValueError(f"int8 takes tile_n in multiples of 16, got {cfg}")
         if cfg.swap_ab and (self.epilogue != "plain" or not (self.out_bytes == 2 or self.out == "int32")):
             raise ValueError(f"swap_ab runs the plain epilogue class with 16-bit or int32 outputs, got "
                              f"{self.epilogue} {self.out}")
