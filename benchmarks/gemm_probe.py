@@ -169,13 +169,20 @@ def _start_builds(cands: dict):
 
 def _cublas_on_timer_inputs(timer, dtype: str = "bf16") -> float:
     """cuBLAS over the input sets the timer rotated for its current problem: `F.linear` (bf16), or
-    `torch._scaled_mm` with the sets' per-row scales and fast accumulation (fp8)."""
+    `torch._scaled_mm` with the sets' per-row scales and fast accumulation (fp8), `torch._int_mm`
+    (int8, raw int32 outputs)."""
     import torch
     import torch.nn.functional as F
 
     from cute_kernels.runtime.timing import time_ms
 
     sets = timer._sets
+    if dtype == "int8":
+        # torch._int_mm needs M > 16: padded rows outside the timed call, as the grid pads them.
+        from benchmarks.gemm import _INT_MM_MIN_M
+
+        padded = [torch.cat([a, a.new_zeros(max(_INT_MM_MIN_M - a.shape[0], 0), a.shape[1])]) for a, *_ in sets]
+        return time_ms(lambda i: torch._int_mm(padded[i], sets[i][1].t()), n_rotate=len(sets), rep_ms=10.0)
     if dtype == "fp8":
         def run(i):
             a, w, _, args = sets[i]
@@ -468,7 +475,8 @@ def main(argv=None) -> int:
     c.add_argument("--spec", required=True, help='{"MxNxK": [labels]} JSON, or a configs results file')
     c.add_argument("--rounds", type=int, default=2, help="alternating timing rounds (medians)")
     c.add_argument("--rule", action="store_true", help="summarise the heuristic's pick against each first label")
-    c.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"], help="bf16 `linear` or fp8 per-row `scaled_mm`")
+    c.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"],
+                   help="bf16 `linear`, fp8 per-row `scaled_mm` or int8 `int8_mm`")
     for s in (t, w, e, d, c):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
@@ -516,10 +524,12 @@ def main(argv=None) -> int:
     else:
         rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))
+    dtype = getattr(args, "dtype", "bf16")
     what = ("bf16 `linear` and fp8 per-row `scaled_mm`" if args.probe == "pdl" else
-            "fp8 per-row `scaled_mm`" if getattr(args, "dtype", "bf16") == "fp8" else "bf16 `linear`")
-    notes = (f"`python -m benchmarks.gemm_probe {flags}`: {what}, randn inputs, CUDA-graph timing over "
-             "L2-rotated inputs, cuBLAS (`F.linear`) in the same process; see benchmarks/gemm_probe.py.")
+            {"fp8": "fp8 per-row `scaled_mm`, randn inputs",
+             "int8": "int8 `int8_mm` against `torch._int_mm`, uniform int8 inputs"}.get(dtype, "bf16 `linear`, randn inputs"))
+    notes = (f"`python -m benchmarks.gemm_probe {flags}`: {what}, CUDA-graph timing over "
+             "L2-rotated inputs, cuBLAS in the same process; see benchmarks/gemm_probe.py.")
     print("wrote", write_results(f"gemm_probe_{args.name or args.probe}", rows, summary, notes=notes))
     return 0
 

@@ -105,7 +105,7 @@ def sweep(shapes, cfgs, dtype: str = "bf16"):
                         n_rotate=nrot)
             res.append((t_ref / t, cfg))
         res.sort(key=lambda x: -x[0])
-        d = _pick_config(M, N, K, in_bytes, dtype == "bf16")
+        d = _pick_config(M, N, K, in_bytes, dtype == "bf16", integer=dtype == "int8")
         print(f"{dtype} {M}x{N}x{K}: heuristic {_label(d)} | " + "  ".join(f"{_label(c)} {r:.3f}" for r, c in res))
         del sets
 

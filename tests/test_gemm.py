@@ -1074,12 +1074,24 @@ def test_wave_swap_picks():
     assert wave_swap_config(1025, 1280, 1280, GemmConfig(128, 96, 1, 1)) is None  # 1280 rows: not in the band
 
 
+def test_int8_picks_build():
+    """Every int8 pick is one the s8 wgmma can run (tile_n a multiple of 16), for int8_mm's raw
+    int32 outputs and for bf16 ones (Int8Linear's dequantized output), swapped or not."""
+    from cute_kernels.matmul.api import _pick_config
+
+    for n, k in ((1280, 5120), (1600, 1600), (2048, 8192), (4096, 4096), (4608, 3584), (28672, 4096)):
+        for m in [*range(1, 300), *range(300, 2100, 7)]:
+            for out_bytes in (2, 4):
+                cfg = _pick_config(m, n, k, 1, False, None, True, out_bytes, True)
+                cfg.validate(1, out_bytes, integer=True)
+
+
 def test_narrow_swap_picks():
     """The 64-row swap_ab heuristic: at 17-128 tokens two half-width token tiles in a 1 x 2
     cluster (K split to fill the wave where long), except small short-K weights; above that the
     most token tiles one wave holds in 4 x 2, 1 x 2 (up to 4 tiles) or 4 x 1 clusters, widths in
-    steps of 8 (16-bit); deep A/B rings where each weight tile is read once per cluster, and
-    in every multicast cluster above 128 tokens (16-bit)."""
+    steps of 8 (16 for int8); deep A/B rings where each weight tile is read once per cluster, and
+    in every multicast cluster above 128 tokens."""
     from cute_kernels.matmul.heuristics import swap_config
 
     def pick(m, n, k):
@@ -1099,7 +1111,7 @@ def test_narrow_swap_picks():
     assert swap_config(37, 4096, 4096).stages == 12 and swap_config(20, 57344, 8192).stages == 12
     assert swap_config(15, 57344, 8192).stages is None  # decode-sized: the default ring
     assert swap_config(71, 768, 768).stages is None  # unclustered token tiles re-read the weight
-    assert swap_config(37, 4096, 4096, in_bytes=1) == GemmConfig(64, 32, 1, 1, swap_ab=True)  # 8-bit: not measured
+    assert swap_config(37, 4096, 4096, in_bytes=1) == swap_config(37, 4096, 2048)  # fp8: as 16-bit bytes
     # Every width in more than 4 waves: widths weighed by per-tile efficiency; else waves x width.
     assert pick(516, 57344, 8192) == (128, 176, 2, 1, 1)
     assert pick(192, 57344, 8192) == (128, 96, 1, 2, 1)
@@ -1111,15 +1123,25 @@ def test_narrow_swap_picks():
     assert pick(670, 1024, 4096) == (64, 96, 4, 1, 1)  # 8 tiles fit no 4 x 2 wave: 7 in 4 x 1
     assert swap_config(228, 4096, 4096).stages == 9  # 1 x 2 above 128 tokens: deep too
     assert pick(147, 7168, 5120) == (64, 152, 4, 1, 1) and swap_config(231, 5120, 5120) is None  # one wide tile
-    assert swap_config(312, 1280, 2560, in_bytes=1) == GemmConfig(64, 64, 1, 1, swap_ab=True)  # int8: steps of 16
-    # fp8 with 16-bit outputs takes the multicast rule (dispatch: out_bytes); one unclustered token tile keeps 8 stages
-    assert swap_config(312, 1280, 5120, in_bytes=1, multicast=True) == swap_config(312, 1280, 2560)
-    assert swap_config(75, 4096, 4096, in_bytes=1, multicast=True) == swap_config(75, 4096, 2048)
-    assert swap_config(41, 6144, 4096, in_bytes=1, multicast=True).stages is None
+    # fp8 takes the multicast rule at its bytes' K; one unclustered token tile keeps 8 stages
+    assert swap_config(312, 1280, 5120, in_bytes=1) == swap_config(312, 1280, 2560)
+    assert swap_config(75, 4096, 4096, in_bytes=1) == swap_config(75, 4096, 2048)
+    assert swap_config(41, 6144, 4096, in_bytes=1).stages is None
+
+    def int8(m, n, k):  # int8_mm's raw int32 outputs (NARROW_INT8)
+        c = swap_config(m, n, k, in_bytes=1, out_bytes=4, integer=True)
+        return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.split_k, c.stages)
+
+    assert int8(312, 1280, 5120) == (64, 64, 4, 1, 1, None)  # widths of 16; 4 x 1 keeps 8 stages
+    assert int8(816, 1280, 5120) == (64, 144, 4, 2, 1, None)  # 64 x 144 fits 8 stages with int32 outputs
+    assert int8(37, 4096, 4096) == (64, 32, 1, 2, 1, 12)  # paired, deep
+    assert int8(78, 1600, 1600) == (64, 16, 1, 1, 1, None)  # 13 k-tiles of 128: unpaired
+    assert int8(845, 2048, 8192)[:4] == (64, 224, 1, 2)  # 896 rows, as 128-row tiles pad: in a cluster, taken
+    assert int8(254, 4608, 3584) is None  # ... unclustered, not
     from cute_kernels.matmul.api import _pick_config
 
     assert _pick_config(312, 1280, 5120, 1, False, None, True, 2).cluster_mn == (4, 2)  # fp8
-    assert _pick_config(312, 1280, 5120, 1, False, None, True, 4).cluster_mn == (4, 1)  # int8
+    assert _pick_config(312, 1280, 5120, 1, False, None, True, 4, True).cluster_mn == (4, 1)  # int8
     assert pick(273, 5120, 5120) == (128, 96, 2, 1, 1)  # two waves of 64-row tiles: 128-row ones
     assert pick(500, 4096, 4096) is None  # 2 x 256 pads no less than 128-row tiles
     assert pick(845, 2048, 8192) == (64, 216, 1, 2, 1)  # three tiles cannot hold the tokens: four re-read it

@@ -91,8 +91,9 @@ def test_fp8_swap_ab_compiles_for_sm90a(tmp_path, cfg):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", [GemmConfig(64, 16, 1, 1, swap_ab=True), GemmConfig(64, 48, 1, 2, swap_ab=True),
-                                 GemmConfig(64, 16, 1, 1, split_k=2, swap_ab=True), GemmConfig(128, 144, 1, 2, swap_ab=True)],
-                         ids=["64x16", "64x48c12", "64x16s2", "128x144c12"])
+                                 GemmConfig(64, 16, 1, 1, split_k=2, swap_ab=True), GemmConfig(128, 144, 1, 2, swap_ab=True),
+                                 GemmConfig(64, 32, 1, 2, stages=12, swap_ab=True), GemmConfig(64, 144, 4, 2, swap_ab=True)],
+                         ids=["64x16", "64x48c12", "64x16s2", "128x144c12", "64x32c12d12", "64x144c42"])
 def test_int8_swap_ab_compiles_for_sm90a(tmp_path, cfg):
     """int8_mm's raw int32 under swap_ab: M-major 32-bit boxes (16 wide where 32 does not divide the
     tile), 4-byte smem stores, TMA stores; no spills."""
@@ -238,6 +239,22 @@ def test_int8_mm_dequantized():
     ref = ck.int8_mm_ref(a, b, sa, sb, bias=bias, out_dtype=torch.float32)
     rel = ((out.float() - ref).abs().max() / ref.abs().max()).item()
     assert rel < 1e-2, rel  # one bf16 rounding of the output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [75, 137, 845])
+def test_int8_mm_dequantized_swap_dispatch(M):
+    """Scaled int8_mm without a bias (Int8Linear's call) runs the swap_ab picks, in widths the s8
+    wgmma has (steps of 16), within one bf16 rounding."""
+    import cute_kernels as ck
+
+    N, K = 2048, 4096
+    a = torch.randint(-128, 128, (M, K), device="cuda", dtype=torch.int8)
+    b = torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t()
+    sa, sb = torch.rand(M, 1, device="cuda") / 100, torch.rand(1, N, device="cuda") / 100
+    out = ck.int8_mm(a, b, sa, sb)
+    ref = ck.int8_mm_ref(a, b, sa, sb, out_dtype=torch.float32)
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 1e-2
 
 
 @pytest.mark.gpu
@@ -419,7 +436,8 @@ def test_fp8_forced_split_k(promote, shape):
 INT8_SWAP_CFGS = [GemmConfig(64, 16, 1, 1, swap_ab=True), GemmConfig(64, 48, 1, 2, swap_ab=True),
                   GemmConfig(64, 16, 1, 1, split_k=3, swap_ab=True), GemmConfig(64, 112, 4, 1, swap_ab=True),
                   GemmConfig(128, 144, 1, 2, swap_ab=True), GemmConfig(128, 96, 2, 1, swap_ab=True),
-                  GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True)]
+                  GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True), GemmConfig(64, 32, 1, 2, stages=12, swap_ab=True),
+                  GemmConfig(64, 144, 4, 2, swap_ab=True), GemmConfig(64, 224, 1, 2, swap_ab=True)]
 
 
 @pytest.mark.gpu

@@ -147,7 +147,7 @@ _UNTUNED_SWAP_MIN_K = 4096
 
 @functools.lru_cache(maxsize=4096)
 def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None,
-                 swappable: bool = False, out_bytes: int = 2) -> GemmConfig:
+                 swappable: bool = False, out_bytes: int = 2, integer: bool = False) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
     has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache) and no swap_ab
     tile its tuning never met pads M less (below), else the
@@ -155,12 +155,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config); for 16-bit inputs one wave of 128-row swap_ab tiles replaces
     that pick on a narrow weight at 1400-4096 tokens (heuristics.wave_swap_config), else a
-    256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config). Memoised: a
-    dispatch pays the lookup once per shape."""
-    # 64-row multicast swap_ab tiles for 16-bit outputs (16-bit and fp8 inputs); int8's int32
-    # outputs keep the earlier rule (heuristics.NARROW_MULTICAST).
-    multicast = out_bytes == 2
-    swapped = swap_config(M, N, K, in_bytes=in_bytes, multicast=multicast) if swappable else None
+    256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config). integer: int8
+    inputs (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
+    swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)
         # An unswapped entry tuned at an M where no swap_ab tile padded less had no swapped
@@ -170,8 +167,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         # 1.31x -> 1.41x, 560x4096x4096 1.21x -> 1.40x. At K <= 1600 the entries won
         # (1100x4096x1024 0.82x vs 0.71x, 560x6400x1600 0.86x vs 0.78x).
         if entry is not None and (swapped is None or entry.config.swap_ab or K < _UNTUNED_SWAP_MIN_K
-                                  or swap_config(entry.problem.m, N, K, in_bytes=in_bytes,
-                                                 multicast=multicast) is not None):
+                                  or swap_config(entry.problem.m, N, K, in_bytes=in_bytes, out_bytes=out_bytes,
+                                                 integer=integer) is not None):
             return entry.config
     if swapped is not None:
         pick = swapped
@@ -286,7 +283,8 @@ def kernel_for(a, b_nk, out_dtype, epi, *, config=None, kernel_name="gemm_sm90",
             return GemvLaunch(epi, b_kn)
     majors = (_major(a, "m"), _major(b_nk, "n"))
     cfg = config or _pick_config(M, b_nk.shape[0], K, in_bytes, in_bytes == 2,
-                                 tuning_class(a.dtype, out_dtype, majors, epi), can_swap, out_dtype.itemsize)
+                                 tuning_class(a.dtype, out_dtype, majors, epi), can_swap, out_dtype.itemsize,
+                                 a.dtype == torch.int8)
     if cfg.swap_ab:
         why = swap_supported(epi, out_dtype.itemsize)
         if why:

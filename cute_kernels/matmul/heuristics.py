@@ -430,26 +430,26 @@ def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
 
 
 def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2,
-                       multicast: bool | None = None) -> GemmConfig | None:
+                       out_bytes: int = 2, integer: bool = False) -> GemmConfig | None:
     """The 64-row swap_ab config for an M x N x K problem (module notes above), or None where
     M > 128 and no token tiling of at most NARROW_MAX_W columns fits one wave. k is costed as
-    16-bit either way. multicast (default: 16-bit inputs; dispatch also gives it to fp8 with
-    16-bit outputs, not to int8) pairs token tiles in 1 x 2 clusters at 17-128 tokens, takes
-    the multicast clusters of NARROW_MULTICAST above, and, from 17 tokens, deep A/B rings where
-    every weight tile is read once per cluster and in every multicast cluster above 128 tokens
-    (`deep_ring`)."""
-    multicast = in_bytes == 2 if multicast is None else multicast
-    cfg = _narrow_swap_config(m, n, k, num_sms, multicast)
+    16-bit either way. Token tiles pair in 1 x 2 clusters at 17-128 tokens, take the multicast
+    clusters of NARROW_MULTICAST above, and, from 17 tokens, deep A/B rings where every weight
+    tile is read once per cluster and in every multicast cluster above 128 tokens (`deep_ring`);
+    integer: int8 inputs, in widths of 16 (NARROW_INT8)."""
+    cfg = _narrow_swap_config(m, n, k, num_sms, _NARROW_STEP_INT if integer else _NARROW_STEP_16BIT)
     # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8).
-    if cfg is None or not multicast or m < _PAIRED_MIN_M:
+    if cfg is None or m < _PAIRED_MIN_M:
         return cfg
     # fp8's one unclustered token tile keeps 8 stages: on 25 such grid shapes of 20-105 tokens
     # (seeds 1017, 1023, 1031; H100, each against the same seed's earlier run) the deep ring
-    # ran 0.991x geomean, 17 slower, 0.94x-1.16x.
+    # ran 0.991x geomean, 17 slower, 0.94x-1.16x. int8's 4 x 1 clusters keep 8 too (NARROW_INT8).
     clustered = cfg.cluster_m * cfg.cluster_n > 1
     once = math.ceil(m / cfg.tile_n) <= cfg.cluster_n and (clustered or in_bytes == 2)
+    if integer and cfg.cluster_n == 1:
+        return cfg
     if once or (m > 128 and clustered):
-        return deep_ring(cfg)
+        return deep_ring(cfg, in_bytes, out_bytes)
     return cfg
 
 
@@ -477,7 +477,7 @@ _PAIRED_MIN_WT = 20
 _PAIRED_SHORT_WT_MIN_K_TILES = 48
 DEEP_AB_STAGES = 12
 _PAIRED_SPLIT_MIN_K_TILES = 64
-# NARROW_MULTICAST (16-bit inputs and fp8 with 16-bit outputs; int8 keeps the rule above): widths in
+# NARROW_MULTICAST (every input type; int8 as NARROW_INT8 below says): widths in
 # steps of 8 (64 x 40 at 75 tokens, as cuBLAS runs 64 x 40 at 77), and above 128 tokens the
 # most token tiles t whose grid is one wave in the first cluster shape that fits of: 4 x 2 (each
 # weight tile multicast to two token tiles, each token tile to four weight tiles; 15 clusters of
@@ -502,7 +502,21 @@ _PAIRED_SPLIT_MIN_K_TILES = 64
 # 0.98x vs 0.82x). fp8 with 16-bit outputs: the 19 picks it changed on grid seeds 1017, 1023 and
 # 1031 ran 1.167x faster than the same seeds' earlier runs (845x2048x8192 0.72x -> 1.16x
 # `_scaled_mm`; docs/gemm.md).
+# NARROW_INT8: int8 takes the same rules in widths of 16 (wgmma's s8 shapes step N by 16), with
+# three differences, each measured (H100, same run, `python -m benchmarks.gemm_probe configs
+# --dtype int8`: `gemm_probe_int8_multicast_h100.md`, `gemm_probe_int8_multicast_rules_h100.md`,
+# `gemm_probe_int8_eqpad_h100.md`): token tiles pair at 17-128 tokens only from 16 k-tiles of 128
+# (K >= 2048; at 1600x1600 the pair ran 0.83-0.95x five unclustered 16-wide tiles at 71-78
+# tokens, 1.00x at 23-41, 1.06x at 99; at K = 2048 1.00-1.10x on 11 shapes); 4 x 1 clusters keep 8 stages (deep: 0.94x-0.99x on three
+# shapes); and a clustered token tiling that pads M as much as 128-row tiles do is taken
+# (845x2048x8192 64 x 224 in 1 x 2 1.34x the 128 x 128 pick, 512x2048x2048 1.24x,
+# 380x4096x4096 1.14x; 510x4096x14336 0.95x), an unclustered one not (254x4608x3584 64 x 256
+# 0.91x). Over the 39 shapes of 17-979 tokens whose pick the rules change, 1.082x the picks
+# before them (6 slower, min 0.85x at 54x3584x3584); 816x1280x5120 1.89x -> 2.75x `_int_mm`,
+# 102x4096x14336 0.99x -> 1.28x.
 _NARROW_STEP_16BIT = 8
+_NARROW_STEP_INT = 16
+_INT8_PAIRED_MIN_K_TILES = 16
 _NARROW_PAIR_MAX_T = 4
 _NARROW_ONE_TILE_MAX_W = 176
 _NARROW_ONE_TILE_C11_MAX_W = 144
@@ -510,15 +524,16 @@ _NARROW_STEP8_MAX_W = 224
 _NARROW_C4_PAD = 1.04
 
 
-def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> GemmConfig | None:
+def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, step: int) -> GemmConfig | None:
     wt = math.ceil(n / 64)  # weight tiles: the swapped kernel's M
     k_tiles = math.ceil(k / 64)
-    if (paired and _PAIRED_MIN_M <= m <= 128 and 2 * wt <= num_sms
-            and (wt >= _PAIRED_MIN_WT or k_tiles >= _PAIRED_SHORT_WT_MIN_K_TILES)):
+    if (_PAIRED_MIN_M <= m <= 128 and 2 * wt <= num_sms
+            and (wt >= _PAIRED_MIN_WT or k_tiles >= _PAIRED_SHORT_WT_MIN_K_TILES)
+            and (step == _NARROW_STEP_16BIT or k_tiles >= _INT8_PAIRED_MIN_K_TILES)):
         split = 1
         if k_tiles >= _PAIRED_SPLIT_MIN_K_TILES:
             split = min(num_sms // (2 * wt), k_tiles // _NARROW_SPLIT_K_TILES, _NARROW_MAX_SPLIT)
-        return GemmConfig(64, math.ceil(m / 2 / _NARROW_STEP_16BIT) * _NARROW_STEP_16BIT, 1, 2, split_k=split,
+        return GemmConfig(64, math.ceil(m / 2 / step) * step, 1, 2, split_k=split,
                           swap_ab=True)
     if m <= 128:
         split = 1
@@ -531,54 +546,34 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, paired: bool) -> G
         # Unsplit: the most token tiles one wave holds, unclustered.
         w = math.ceil(m / max(num_sms // wt, 1) / 16) * 16
         return GemmConfig(64, w, 1, 1, swap_ab=True)
-    if paired:
-        return _narrow_multicast_config(m, n, k, wt, num_sms)
-    t = num_sms // wt
-    if t < 1:
-        return None
-    w = math.ceil(m / t / 16) * 16
-    if w > NARROW_MAX_W or (wt < _NARROW_SMALL_WT and w > _NARROW_SMALL_WT_MAX_W):
-        return None
-    t = math.ceil(m / w)
-    if t >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K):
-        w = math.ceil(m / (t - 1) / 16) * 16
-        if w > NARROW_MAX_W:  # three tiles cannot hold the tokens (769x2048x8192: 272 wide)
-            return None
-        t = math.ceil(m / w)
-    if t % 2 == 0:
-        cm, cn = 1, 2
-    elif k >= _NARROW_C41_MIN_K and math.ceil(wt / 4) * t <= _per_wave(4, num_sms):
-        cm, cn = 4, 1
-    else:
-        cm, cn = 1, 1
-    return GemmConfig(64, w, cm, cn, swap_ab=True)
+    return _narrow_multicast_config(m, n, k, wt, num_sms, step)
 
 
-def _narrow_width(m: int, tiles: int) -> int:
-    """The narrowest token-tile width that covers m tokens in `tiles` tiles: steps of 8, of 16
+def _narrow_width(m: int, tiles: int, step: int = _NARROW_STEP_16BIT) -> int:
+    """The narrowest token-tile width that covers m tokens in `tiles` tiles: steps of `step`, of 16
     above _NARROW_STEP8_MAX_W."""
-    w = math.ceil(m / tiles / _NARROW_STEP_16BIT) * _NARROW_STEP_16BIT
+    w = math.ceil(m / tiles / step) * step
     return w if w <= _NARROW_STEP8_MAX_W else math.ceil(m / tiles / 16) * 16
 
 
-def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int) -> GemmConfig | None:
+def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int, step: int) -> GemmConfig | None:
     """Above 128 tokens, 16-bit or fp8 inputs (module notes: NARROW_MULTICAST): the most token
     tiles t whose grid, in the first cluster shape of 4 x 2, 1 x 2 (t <= 4), 4 x 1 that fits,
     is one wave."""
     t0 = num_sms // wt
     if t0 < 1:
         return None
-    w = _narrow_width(m, t0)
+    w = _narrow_width(m, t0, step)
     if w > NARROW_MAX_W or (wt < _NARROW_SMALL_WT and w > _NARROW_SMALL_WT_MAX_W):
         return None
     t0 = math.ceil(m / w)
     if (t0 >= 4 and n >= _NARROW_REREAD_N and (w <= _NARROW_REREAD_W or k >= _NARROW_REREAD_K)
-            and _narrow_width(m, t0 - 1) <= NARROW_MAX_W):
+            and _narrow_width(m, t0 - 1, step) <= NARROW_MAX_W):
         t0 -= 1  # where fewer tiles still hold the tokens (845x2048x8192 keeps four 216-wide ones)
     wave8, wave4 = _per_wave(8, num_sms), _per_wave(4, num_sms)
     long_k = k >= _NARROW_C41_MIN_K
     for tiles in range(t0, 0, -1):
-        w = _narrow_width(m, tiles)
+        w = _narrow_width(m, tiles, step)
         if w > NARROW_MAX_W:  # three tiles cannot hold the tokens (769x2048x8192: 272 wide)
             return None
         t = math.ceil(m / w)
@@ -657,27 +652,30 @@ def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *,
 
 
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2,
-                multicast: bool | None = None) -> GemmConfig | None:
+                out_bytes: int = 2, integer: bool = False) -> GemmConfig | None:
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
     With N, K >= 768: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
-    M less than 128-row tiles do. Otherwise, M in SWAP_M (8-bit inputs: up to 1024) with N >=
+    M less than 128-row tiles do (or no more, int8 in a cluster: NARROW_INT8). Otherwise, M in SWAP_M (8-bit inputs: up to 1024) with N >=
     SWAP_MIN_N and K >= SWAP_MIN_K: 128-row tiles; of the widths that pad M to at most 0.9x what
     128-row unswapped tiles do (above 1024 rows: 176+ wide, padding less), or no more in fewer
     waves, the one with the fewest waves x width (the wider on a tie); the cluster pairs two
     token tiles (1 x 2, sharing the weight tile) when their count is even, else two weight tiles
     (2 x 1): with an odd count 1 x 2 pads a whole column of tiles (273 rows in three 96-wide
     tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1). 8-bit inputs (in_bytes = 1) are costed at the K
-    of 16-bit ones with as many bytes: their k-tiles are 128 deep and run as fast. multicast:
-    `narrow_swap_config`'s."""
+    of 16-bit ones with as many bytes: their k-tiles are 128 deep and run as fast. integer: int8
+    inputs (`narrow_swap_config`)."""
     if m < 1:
         return None
     k = k * in_bytes // 2
     if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
-        narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes, multicast=multicast)
+        narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes, out_bytes=out_bytes,
+                                    integer=integer)
         if narrow is not None:
             padded, padded_128 = math.ceil(m / narrow.tile_n) * narrow.tile_n, math.ceil(m / 128) * 128
-            if m <= 128 or padded < padded_128 or (narrow.cluster_m == 4 and padded <= _NARROW_C4_PAD * padded_128):
+            clustered = narrow.cluster_m * narrow.cluster_n > 1
+            if (m <= 128 or padded < padded_128 or (narrow.cluster_m == 4 and padded <= _NARROW_C4_PAD * padded_128)
+                    or (integer and clustered and padded == padded_128)):
                 return narrow
     # Above 1024 rows the rule was measured on 16-bit inputs only, and holds from K = 2048.
     if not SWAP_M[0] <= m <= (SWAP_M[1] if in_bytes == 2 else _SWAP_LOOSE_PAD_M) or n < SWAP_MIN_N or k < SWAP_MIN_K:

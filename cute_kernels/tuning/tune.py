@@ -82,7 +82,7 @@ def heuristic(problem: Problem) -> GemmConfig:
 
         return swiglu_fallback(problem.m, problem.n // 2, problem.k)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None,
-                        _swappable(problem), problem.out_bytes)
+                        _swappable(problem), problem.out_bytes, problem.op == "int8")
 
 
 def _swappable(problem: Problem) -> bool:
@@ -103,7 +103,7 @@ def dispatch_config(problem: Problem) -> GemmConfig:
 
     cls = (problem.op, problem.out, problem.majors, problem.epilogue)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, cls,
-                        _swappable(problem), problem.out_bytes)
+                        _swappable(problem), problem.out_bytes, problem.op == "int8")
 
 
 def dispatch_entries(problems: Iterable[Problem]) -> list:
@@ -243,7 +243,8 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
         return []
     m = problem.m
     # 8-bit K as swap_config costs it
-    pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2, in_bytes=problem.in_bytes)
+    pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2, in_bytes=problem.in_bytes,
+                              out_bytes=problem.out_bytes, integer=problem.op == "int8")
     t0 = math.ceil(m / pick.tile_n) if pick is not None else math.ceil(m / NARROW_MAX_W)
     out = [dataclasses.replace(pick, split_k=1)] if pick is not None else []
     for t in (t0 - 1, t0, t0 + 1):
@@ -257,27 +258,29 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
             cfg = GemmConfig(64, w, cm, cn, swap_ab=True)
             if cfg not in out and _fits(problem, cfg):
                 out.append(cfg)
-    if problem.in_bytes == 2 and m > 128:
+    if m > 128:
         out += [c for c in _multicast_candidates(problem, t0) if c not in out]
     return out
 
 
 def _multicast_candidates(problem: Problem, t0: int) -> list[GemmConfig]:
-    """16-bit, above 128 tokens: t0 - 1 .. t0 + 1 token tiles of the heuristic's widths (steps
-    of 8 up to 192), in every multicast cluster that t allows (4 x 2 and 1 x 2 for an even t,
-    4 x 1), each with the deepest A/B ring that fits (heuristics.NARROW_MULTICAST)."""
-    from ..matmul.heuristics import NARROW_MAX_W, _narrow_width, deep_ring
+    """Above 128 tokens: t0 - 1 .. t0 + 1 token tiles of the heuristic's widths (steps of 8 up
+    to 224; 16 for int8), in every multicast cluster that t allows (4 x 2 and 1 x 2
+    for an even t, 4 x 1), each with the deepest A/B ring that fits
+    (heuristics.NARROW_MULTICAST, NARROW_INT8)."""
+    from ..matmul.heuristics import _NARROW_STEP_16BIT, _NARROW_STEP_INT, NARROW_MAX_W, _narrow_width, deep_ring
 
     out = []
+    step = _NARROW_STEP_INT if problem.op == "int8" else _NARROW_STEP_16BIT
     for t in (t0 - 1, t0, t0 + 1):
         if t < 1:
             continue
-        w = _narrow_width(problem.m, t)
+        w = _narrow_width(problem.m, t, step)
         if w > NARROW_MAX_W:
             continue
         even = math.ceil(problem.m / w) % 2 == 0
         for cm, cn in ((4, 2), (1, 2), (4, 1)) if even else ((4, 1),):
-            cfg = deep_ring(GemmConfig(64, w, cm, cn, swap_ab=True))
+            cfg = deep_ring(GemmConfig(64, w, cm, cn, swap_ab=True), problem.in_bytes, problem.out_bytes)
             if cfg not in out and _fits(problem, cfg):
                 out.append(cfg)
     return out
