@@ -988,6 +988,7 @@ SWAP_CFGS = {
     "128x152c21s3W": GemmConfig(128, 152, 2, 1, split_k=3, swap_ab=True, whole_tile_epi=True),
     "64x112c12W": GemmConfig(64, 112, 1, 2, swap_ab=True, whole_tile_epi=True),
     "128x88c21R": GemmConfig(128, 88, 2, 1, swap_ab=True, whole_tile_epi=False),  # 8-column slabs through the ring
+    "128x80c41": GemmConfig(128, 80, 4, 1, swap_ab=True),  # WAVE_SWAP_NARROW on 1024-row weights
 }
 
 
@@ -995,7 +996,7 @@ SWAP_CFGS = {
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
-                                      "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12"])
+                                      "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -1065,11 +1066,16 @@ def test_wave_swap_picks():
     assert wave_swap_config(1831, 1600, 6400, two_waves) == GemmConfig(128, 224, 2, 1, swap_ab=True)
     assert pick(2081, 768, 768, in_bytes=1) != GemmConfig(128, 96, 2, 1, swap_ab=True)  # 16-bit only
     # Weights of up to 1024 rows from 700 tokens (WAVE_SWAP_NARROW): steps of 16 from 64, over
-    # picks in clusters of at most 2 CTAs only.
-    assert pick(1313, 1024, 1024) == GemmConfig(128, 96, 2, 1, swap_ab=True)  # over unswapped 128 x 96
-    assert pick(861, 1024, 4096) == GemmConfig(128, 64, 2, 1, swap_ab=True)  # over split-K
-    assert wave_swap_config(1025, 1024, 1024, GemmConfig(128, 96, 1, 1)) == GemmConfig(128, 80, 2, 1, swap_ab=True)
-    assert wave_swap_config(1218, 1024, 1024, GemmConfig(128, 96, 2, 2)) is None  # a 2 x 2 pick stays
+    # picks in clusters of at most 2 CTAs only; 1024 rows (weight tiles in fours): 4 x 1 clusters
+    # where one wave holds them, over any 128-row pick.
+    assert pick(1313, 768, 768) == GemmConfig(128, 64, 2, 1, swap_ab=True)  # over unswapped 128 x 96
+    assert pick(1313, 1024, 1024) == GemmConfig(128, 96, 4, 1, swap_ab=True)
+    assert pick(861, 1024, 4096) == GemmConfig(128, 64, 4, 1, swap_ab=True)  # over split-K
+    assert wave_swap_config(1025, 1024, 1024, GemmConfig(128, 96, 1, 1)) == GemmConfig(128, 80, 4, 1, swap_ab=True)
+    assert wave_swap_config(1163, 1024, 4096, GemmConfig(128, 96, 2, 2)) == GemmConfig(128, 80, 4, 1, swap_ab=True)
+    assert wave_swap_config(1218, 1024, 1024, GemmConfig(128, 96, 2, 2)) == GemmConfig(128, 96, 4, 1, swap_ab=True)
+    assert wave_swap_config(880, 1024, 1024, GemmConfig(64, 128, 4, 1)) is None  # a 64-row multicast pick stays
+    assert wave_swap_config(1218, 768, 768, GemmConfig(128, 96, 2, 2)) is None  # a 2 x 2 pick stays (6 weight tiles)
     assert wave_swap_config(650, 1024, 1024, GemmConfig(128, 96, 1, 1)) is None  # under 700 tokens
     assert wave_swap_config(1025, 1280, 1280, GemmConfig(128, 96, 1, 1)) is None  # 1280 rows: not in the band
 

@@ -464,9 +464,13 @@ def test_wave_swap_candidates():
     assert {c.tile_n for c in wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 2081, 1024, 4096))} >= {144}
     assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 650, 1024, 1024)) == []
     assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 900, 1280, 1280)) == []
-    # weights of up to 1024 rows from 700 tokens (heuristics.WAVE_SWAP_NARROW): steps of 16 from 64
+    # weights of up to 1024 rows from 700 tokens (heuristics.WAVE_SWAP_NARROW): steps of 16 from 64,
+    # in 4 x 1 clusters too where the weight's 128-row tiles come in fours
     got = wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 1025, 1024, 1024))
-    assert [(c.tile_n, c.cluster_mn) for c in got] == [(80, (2, 1)), (96, (2, 1)), (112, (2, 1)), (80, (1, 2))]
+    assert [(c.tile_n, c.cluster_mn) for c in got] == [(80, (4, 1)), (96, (4, 1)), (80, (2, 1)), (96, (2, 1)),
+                                                       (112, (2, 1)), (80, (1, 2))]
+    got = wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 1025, 768, 768))
+    assert all(c.cluster_mn != (4, 1) for c in got)
     assert wave_swap_candidates(Problem("bf16", "bf16", "kk", "plain", 2081, 4096, 1024)) == []
     assert wave_swap_candidates(Problem("int8", "bf16", "kk", "vector", 2081, 1024, 1024)) == []
 

@@ -619,7 +619,14 @@ _WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
 # (128 x 96, 64 x 128 ping-pong), which share both operands across the cluster. With the guard
 # (fitted on both sets) 11 of 20 and 5 of 24 change, 1.07x-1.45x each, none slower: 1.134x and
 # 1.043x over the sets. 1280-1600-row weights kept their picks (within 15% either way), and at
-# 641 tokens 64-row tiles in 4 x 1 clusters won at K = 4096.
+# 641 tokens 64-row tiles in 4 x 1 clusters won at K = 4096. A weight whose 128-row tiles come in
+# fours (1024 rows) takes them in 4 x 1 clusters (each token tile multicast to four weight
+# tiles) where one wave holds them, as cuBLAS runs 1163x1024x4096 (nvjet 128x80, cluster 4x1),
+# replacing 128-row picks in any cluster: same run on the H100, 16 held-out shapes of 700-1010
+# tokens whose pick it changes (`gemm_probe_swap_c41_rule_h100.md`): 1.179x the picks before it
+# (1.08x-1.27x, 0.92x -> 1.09x cuBLAS); at 1050-1440 tokens 0.77x-0.98x -> 0.99x-1.14x against
+# the 2 x 1 tiles; the table's entries tuned at 1218 tokens ran 0.65x-1.00x across their bucket
+# against the rule's 0.98x-1.05x (`gemm_probe_swap_c41_table_h100.md`) and left the table.
 WAVE_SWAP_NARROW = (700, 1024)  # (tokens from, weight rows up to)
 _WAVE_SWAP_NARROW_WIDTHS = tuple(range(64, 257, 16))
 _WAVE_SWAP_LONG_K = 4096
@@ -631,8 +638,15 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
     (notes above: WAVE_SWAP_M, and WAVE_SWAP_NARROW below it) to replace `current` (the pick it
     would replace), or None outside those ranges or where no width fits one wave."""
     if WAVE_SWAP_NARROW[0] <= m < WAVE_SWAP_M[0] and NARROW_MIN_N <= n <= WAVE_SWAP_NARROW[1] and k >= NARROW_MIN_K:
-        if current.cluster_m * current.cluster_n > 2:
+        fours = math.ceil(n / 128) % 4 == 0
+        if current.cluster_m * current.cluster_n > 2 and not (fours and current.tile_m == 128):
             return None
+        if fours:
+            fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, (4, 1), num_sms=num_sms)
+            if fits:
+                return fits[0]
+            if current.cluster_m * current.cluster_n > 2:
+                return None
         fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, num_sms=num_sms)
         return fits[0] if fits else None
     if not (WAVE_SWAP_M[0] <= m <= WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K):

@@ -210,7 +210,8 @@ def wave_swap_candidates(problem: Problem) -> list[GemmConfig]:
     """One wave of 128-row swap_ab tiles on a narrow weight (`heuristics.wave_swap_config`),
     from 1024 tokens: the three narrowest widths whose grid fits one wave in 2 x 1 clusters
     (steps of 16 from K = 2048, else 32), and the narrowest in 1 x 2; on weights of up to 1024
-    rows from 700 tokens, and below 1400 in steps of 16 from 64 (`WAVE_SWAP_NARROW`)."""
+    rows from 700 tokens, and below 1400 in steps of 16 from 64, with the two narrowest in 4 x 1
+    where the weight's 128-row tiles come in fours (`WAVE_SWAP_NARROW`)."""
     from ..matmul.heuristics import (
         NARROW_MIN_K,
         NARROW_MIN_N,
@@ -228,7 +229,8 @@ def wave_swap_candidates(problem: Problem) -> list[GemmConfig]:
     widths = range(64 if narrow_band else 96, 257, 16 if problem.k >= 2048 or narrow_band else 32)
     fitting = lambda cluster: [c for c in one_wave_swaps(problem.m, problem.n, widths, cluster)  # noqa: E731
                                if _fits(problem, c)]
-    return fitting((2, 1))[:3] + fitting((1, 2))[:1]
+    fours = fitting((4, 1))[:2] if narrow_band and math.ceil(problem.n / 128) % 4 == 0 else []
+    return fours + fitting((2, 1))[:3] + fitting((1, 2))[:1]
 
 
 def narrow_candidates(problem: Problem) -> list[GemmConfig]:
