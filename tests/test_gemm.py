@@ -1080,6 +1080,16 @@ def test_wave_swap_picks():
     assert wave_swap_config(1025, 1280, 1280, GemmConfig(128, 96, 1, 1)) is None  # 1280 rows: not in the band
 
 
+def test_bf16_picks_build():
+    """Every 16-bit pick validates (swap_ab widths, 256-row tiles at most 192 wide), over the
+    token counts each rule covers on the narrow and wide weights of the grid's models."""
+    from cute_kernels.matmul.api import _pick_config
+
+    for n, k in ((768, 3072), (1024, 1024), (1024, 4096), (1280, 5120), (1600, 6400), (2048, 8192), (4096, 14336)):
+        for m in [*range(1, 300, 3), *range(300, 16384, 97)]:
+            _pick_config(m, n, k, 2, True, None, True, 2).validate()
+
+
 def test_int8_picks_build():
     """Every int8 pick is one the s8 wgmma can run (tile_n a multiple of 16), for int8_mm's raw
     int32 outputs and for bf16 ones (Int8Linear's dequantized output), swapped or not."""

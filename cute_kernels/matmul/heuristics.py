@@ -628,15 +628,24 @@ _WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
 # the 2 x 1 tiles; the table's entries tuned at 1218 tokens ran 0.65x-1.00x across their bucket
 # against the rule's 0.98x-1.05x (`gemm_probe_swap_c41_table_h100.md`) and left the table.
 WAVE_SWAP_NARROW = (700, 1024)  # (tokens from, weight rows up to)
+# Above 4096 tokens the same narrow weights take one wave of 256-row swap_ab tiles in 1 x 2
+# clusters where one holds them (the narrowest width of steps of 16 up to 192), over picks not
+# already in 1 x 2: cuBLAS's own choice there (nvjet 256x160, cluster 1x2, at 5020x1024x4096).
+# Same runs on the H100: 22 probe shapes of 4135-7419 tokens on 768-1280-row weights
+# (`gemm_probe_swap256_wave_h100.md`) 1.078x the picks (min 0.94x), 5020x1024x4096 0.79x ->
+# 0.98x cuBLAS; 27 held-out shapes whose pick it changes (`gemm_probe_swap256_wave_rule_h100.md`)
+# 1.095x (min 0.978x, 4 slower), 0.858x -> 0.940x cuBLAS, 25 -> 14 below 0.95x. Picks in 1 x 2
+# lost (4190x768x3072 128 x 192 ping-pong 1.03x vs 0.82x).
+_WAVE_SWAP_256_WIDTHS = tuple(range(128, 193, 16))  # 256-row tiles: tile_n <= 192 (GemmConfig.validate)
 _WAVE_SWAP_NARROW_WIDTHS = tuple(range(64, 257, 16))
 _WAVE_SWAP_LONG_K = 4096
 _WAVE_SWAP_LONG_K_MIN_M = 2000
 
 
 def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The one-wave 128-row swap_ab config for a 16-bit M x N x K problem with a narrow weight
-    (notes above: WAVE_SWAP_M, and WAVE_SWAP_NARROW below it) to replace `current` (the pick it
-    would replace), or None outside those ranges or where no width fits one wave."""
+    """The one-wave swap_ab config for a 16-bit M x N x K problem with a narrow weight (notes
+    above: WAVE_SWAP_M, WAVE_SWAP_NARROW below it, 256-row tiles above it) to replace `current`
+    (the pick it would replace), or None outside those ranges or where no width fits one wave."""
     if WAVE_SWAP_NARROW[0] <= m < WAVE_SWAP_M[0] and NARROW_MIN_N <= n <= WAVE_SWAP_NARROW[1] and k >= NARROW_MIN_K:
         fours = math.ceil(n / 128) % 4 == 0
         if current.cluster_m * current.cluster_n > 2 and not (fours and current.tile_m == 128):
@@ -649,6 +658,11 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
                 return None
         fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, num_sms=num_sms)
         return fits[0] if fits else None
+    if m > WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K:
+        if current.cluster_mn == (1, 2):
+            return None
+        fits = one_wave_swaps(m, n, _WAVE_SWAP_256_WIDTHS, (1, 2), tile_m=256, num_sms=num_sms)
+        return fits[0] if fits else None
     if not (WAVE_SWAP_M[0] <= m <= WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K):
         return None
     if k >= _WAVE_SWAP_LONG_K and m < _WAVE_SWAP_LONG_K_MIN_M and config_waves(current, m, n, num_sms) < 2:
@@ -657,11 +671,11 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
     return fits[0] if fits else None
 
 
-def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *,
+def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *, tile_m: int = 128,
                    num_sms: int = H100_SMS) -> list[GemmConfig]:
-    """The 128-row swap_ab configs of `widths` (in their order) in `cluster` whose grid runs an
-    M x N problem in one wave."""
-    configs = (GemmConfig(128, w, *cluster, swap_ab=True) for w in widths)
+    """The tile_m-row swap_ab configs of `widths` (in their order) in `cluster` whose grid runs
+    an M x N problem in one wave."""
+    configs = (GemmConfig(tile_m, w, *cluster, swap_ab=True) for w in widths)
     return [c for c in configs if config_waves(c, m, n, num_sms) == 1]
 
 
