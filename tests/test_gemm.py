@@ -1043,7 +1043,9 @@ def test_swap_256_picks():
 def test_wave_swap_picks():
     """One wave of 128-row swap_ab tiles in 2 x 1 clusters on a narrow weight (768 <= N < 2048)
     at 1400-4096 tokens, the narrowest width in steps of 32 that fits; with K >= 4096 under
-    2000 tokens only where the pick it replaces takes two waves or more; 16-bit only."""
+    2000 tokens only where the pick it replaces takes two waves or more; 16-bit only. Below
+    1400 tokens on weights of up to 1024 rows (4 x 1 clusters at 1024), and 256-row tiles in
+    1 x 2 above 4096."""
     from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import config_waves, wave_swap_config
 
@@ -1078,6 +1080,12 @@ def test_wave_swap_picks():
     assert wave_swap_config(1218, 768, 768, GemmConfig(128, 96, 2, 2)) is None  # a 2 x 2 pick stays (6 weight tiles)
     assert wave_swap_config(650, 1024, 1024, GemmConfig(128, 96, 1, 1)) is None  # under 700 tokens
     assert wave_swap_config(1025, 1280, 1280, GemmConfig(128, 96, 1, 1)) is None  # 1280 rows: not in the band
+    # Above 4096 tokens, up to 7680: one wave of 256-row swap_ab tiles in 1 x 2 (widths up to 192).
+    assert pick(5020, 1024, 4096) == GemmConfig(256, 160, 1, 2, swap_ab=True)
+    assert pick(5938, 768, 3072) == GemmConfig(256, 144, 1, 2, swap_ab=True)
+    assert wave_swap_config(4190, 768, 3072, GemmConfig(128, 192, 1, 2, pingpong=True)) is None  # a 1 x 2 pick stays
+    assert wave_swap_config(6504, 1024, 1024, GemmConfig(128, 160, 2, 1)) is None  # would need 208 columns
+    assert wave_swap_config(8192, 768, 3072, GemmConfig(128, 192, 2, 1)) is None  # past the range measured
 
 
 def test_bf16_picks_build():

@@ -635,7 +635,9 @@ WAVE_SWAP_NARROW = (700, 1024)  # (tokens from, weight rows up to)
 # (`gemm_probe_swap256_wave_h100.md`) 1.078x the picks (min 0.94x), 5020x1024x4096 0.79x ->
 # 0.98x cuBLAS; 27 held-out shapes whose pick it changes (`gemm_probe_swap256_wave_rule_h100.md`)
 # 1.095x (min 0.978x, 4 slower), 0.858x -> 0.940x cuBLAS, 25 -> 14 below 0.95x. Picks in 1 x 2
-# lost (4190x768x3072 128 x 192 ping-pong 1.03x vs 0.82x).
+# lost (4190x768x3072 128 x 192 ping-pong 1.03x vs 0.82x). Up to 7680 tokens, the range measured
+# (the 8192-token suite shapes keep their picks).
+_WAVE_SWAP_256_MAX_M = 7680
 _WAVE_SWAP_256_WIDTHS = tuple(range(128, 193, 16))  # 256-row tiles: tile_n <= 192 (GemmConfig.validate)
 _WAVE_SWAP_NARROW_WIDTHS = tuple(range(64, 257, 16))
 _WAVE_SWAP_LONG_K = 4096
@@ -658,7 +660,7 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
                 return None
         fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, num_sms=num_sms)
         return fits[0] if fits else None
-    if m > WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K:
+    if WAVE_SWAP_M[1] < m <= _WAVE_SWAP_256_MAX_M and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K:
         if current.cluster_mn == (1, 2):
             return None
         fits = one_wave_swaps(m, n, _WAVE_SWAP_256_WIDTHS, (1, 2), tile_m=256, num_sms=num_sms)
