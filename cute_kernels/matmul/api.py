@@ -153,8 +153,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     tile its tuning never met pads M less (below), else the
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
-    (heuristics.split_config); for 16-bit inputs one wave of 128-row swap_ab tiles replaces
-    that pick on a narrow weight at 1400-4096 tokens (heuristics.wave_swap_config), else a
+    (heuristics.split_config); for 16-bit inputs one wave of swap_ab tiles replaces that pick
+    on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config), else a
     256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config). integer: int8
     inputs (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None

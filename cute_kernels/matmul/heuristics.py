@@ -507,8 +507,9 @@ _PAIRED_SPLIT_MIN_K_TILES = 64
 # --dtype int8`: `gemm_probe_int8_multicast_h100.md`, `gemm_probe_int8_multicast_rules_h100.md`,
 # `gemm_probe_int8_eqpad_h100.md`): token tiles pair at 17-128 tokens only from 16 k-tiles of 128
 # (K >= 2048; at 1600x1600 the pair ran 0.83-0.95x five unclustered 16-wide tiles at 71-78
-# tokens, 1.00x at 23-41, 1.06x at 99; at K = 2048 1.00-1.10x on 11 shapes); 4 x 1 clusters keep 8 stages (deep: 0.94x-0.99x on three
-# shapes); and a clustered token tiling that pads M as much as 128-row tiles do is taken
+# tokens, 1.00x at 23-41, 1.06x at 99; at K = 2048 1.00-1.10x on 11 shapes); 4 x 1 clusters
+# keep 8 stages (deep: 0.94x-0.99x on three shapes); and a clustered token tiling that pads M
+# as much as 128-row tiles do is taken
 # (845x2048x8192 64 x 224 in 1 x 2 1.34x the 128 x 128 pick, 512x2048x2048 1.24x,
 # 380x4096x4096 1.14x; 510x4096x14336 0.95x), an unclustered one not (254x4608x3584 64 x 256
 # 0.91x). Over the 39 shapes of 17-979 tokens whose pick the rules change, 1.082x the picks
@@ -557,7 +558,7 @@ def _narrow_width(m: int, tiles: int, step: int = _NARROW_STEP_16BIT) -> int:
 
 
 def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int, step: int) -> GemmConfig | None:
-    """Above 128 tokens, 16-bit or fp8 inputs (module notes: NARROW_MULTICAST): the most token
+    """Above 128 tokens (module notes: NARROW_MULTICAST; int8: NARROW_INT8): the most token
     tiles t whose grid, in the first cluster shape of 4 x 2, 1 x 2 (t <= 4), 4 x 1 that fits,
     is one wave."""
     t0 = num_sms // wt
@@ -686,15 +687,15 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
     With N, K >= 768: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
-    M less than 128-row tiles do (or no more, int8 in a cluster: NARROW_INT8). Otherwise, M in SWAP_M (8-bit inputs: up to 1024) with N >=
-    SWAP_MIN_N and K >= SWAP_MIN_K: 128-row tiles; of the widths that pad M to at most 0.9x what
-    128-row unswapped tiles do (above 1024 rows: 176+ wide, padding less), or no more in fewer
-    waves, the one with the fewest waves x width (the wider on a tie); the cluster pairs two
-    token tiles (1 x 2, sharing the weight tile) when their count is even, else two weight tiles
-    (2 x 1): with an odd count 1 x 2 pads a whole column of tiles (273 rows in three 96-wide
-    tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1). 8-bit inputs (in_bytes = 1) are costed at the K
-    of 16-bit ones with as many bytes: their k-tiles are 128 deep and run as fast. integer: int8
-    inputs (`narrow_swap_config`)."""
+    M less than 128-row tiles do (or no more, int8 in a cluster: NARROW_INT8). Otherwise, M in
+    SWAP_M (8-bit inputs: up to 1024) with N >= SWAP_MIN_N and K >= SWAP_MIN_K: 128-row tiles;
+    of the widths that pad M to at most 0.9x what 128-row unswapped tiles do (above 1024 rows:
+    176+ wide, padding less), or no more in fewer waves, the one with the fewest waves x width
+    (the wider on a tie); the cluster pairs two token tiles (1 x 2, sharing the weight tile) when
+    their count is even, else two weight tiles (2 x 1): with an odd count 1 x 2 pads a whole
+    column of tiles (273 rows in three 96-wide tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1).
+    8-bit inputs (in_bytes = 1) are costed at the K of 16-bit ones with as many bytes: their
+    k-tiles are 128 deep and run as fast. integer: int8 inputs (`narrow_swap_config`)."""
     if m < 1:
         return None
     k = k * in_bytes // 2
