@@ -30,6 +30,13 @@ side by side with cuBLAS, in rounds that alternate the order. The graph replays 
 calls, so with PDL each call's setup overlaps the previous call's tail. Writes
 gemm_probe_pdl_<gpu>.{json,md}.
 
+`cublas`: per shape, the kernel cuBLAS runs (its name, read with torch.profiler) mapped onto our
+config space (`nvjet_config`) and timed against the dispatch pick, as `configs` times them.
+cuBLAS computes the column-major product D^T = W X^T, so an nvjet tile's first dimension runs
+along the weight's rows: our swap_ab tile (`nvjet_sm90_tst_128x80_64x8_4x1` -> 128x80c41T;
+`qqtst` for fp8). Its stage count is left to our default ring. Writes
+gemm_probe_cublas_<gpu>.{json,md}.
+
 `configs`: named configs per shape, side by side with cuBLAS: --spec is a JSON file of
 {"MxNxK": [label, ...]} (tuning.tune.label's format), or a results file of this probe, whose
 summary holds the spec it ran. The first label of a shape is the reference its others' outputs
@@ -46,6 +53,7 @@ import argparse
 import math
 import os
 import random
+import re
 import tempfile
 
 from .common import PEAK_TFLOPS, Row, format_table, geomean, require_hopper, write_results
@@ -452,6 +460,90 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
     return rows, summary
 
 
+# The nvjet kernels cuBLAS 12.x runs for F.linear (tst) and per-row _scaled_mm (qqtst) on sm_90:
+# tile, k-tile x stages, cluster.
+_NVJET = re.compile(r"nvjet_sm90_(?:tst|qqtst)_(\d+)x(\d+)_(\d+)x(\d+)_(\d)x(\d)_")
+
+
+def nvjet_config(name: str):
+    """The swap_ab GemmConfig an nvjet kernel name describes (tile along the weight's rows x
+    along the tokens, cluster the same way round), or None where the name is not an nvjet
+    GEMM or its tile is not one our kernel builds (`GemmConfig.validate`)."""
+    from cute_kernels.matmul.config import GemmConfig
+
+    m = _NVJET.search(name)
+    if not m:
+        return None
+    tm, tn, _, _, cm, cn = (int(x) for x in m.groups())
+    cfg = GemmConfig(tm, tn, cm, cn, swap_ab=True)
+    try:
+        cfg.validate()
+    except ValueError:
+        return None
+    return cfg
+
+
+def cublas_kernel(m: int, n: int, k: int, dtype: str = "bf16") -> str:
+    """The name of the longest GPU kernel of one cuBLAS call of the grid's kind for this shape
+    (`F.linear`, or `torch._scaled_mm` with per-row scales and fast accumulation)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    if dtype == "fp8":
+        e4m3 = torch.float8_e4m3fn
+        a, w = torch.randn(m, k, device="cuda").to(e4m3), torch.randn(n, k, device="cuda").to(e4m3)
+        sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+
+        def call():
+            return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    else:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+
+        def call():
+            return F.linear(a, w)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    return max(kernels, key=lambda e: e.device_time_total).key if kernels else ""
+
+
+def run_cublas(shapes, dtype: str = "bf16", rounds: int = 2) -> tuple[list[Row], dict]:
+    """The `cublas` probe: cuBLAS's own config in our kernel against the dispatch pick."""
+    from benchmarks.gemm import grid_problem
+    from cute_kernels.tuning.tune import _fits, dispatch_config, label
+
+    spec, names = {}, {}
+    for m, n, k in shapes:
+        name = cublas_kernel(m, n, k, dtype)
+        cfg = nvjet_config(name)
+        p = grid_problem(dtype, m, n, k)
+        pick = label(dispatch_config(p))
+        names[f"{m}x{n}x{k}"] = name
+        print(f"[cublas] {m}x{n}x{k}: {name} -> {label(cfg) if cfg else 'no config of ours'}", flush=True)
+        if cfg is not None and _fits(p, cfg) and label(cfg) != pick:
+            spec[f"{m}x{n}x{k}"] = [pick, label(cfg)]
+    rows, summary = run_configs(spec, rounds, rule=False, dtype=dtype) if spec else ([], {"dtype": dtype})
+    for r in rows:
+        r.extra["cublas_kernel"] = names.get(r.case)
+    firsts, theirs = [], []
+    t = {(r.case, r.provider): r.ms for r in rows}
+    for case, (pick, ours) in spec.items():
+        if (case, f"cute {pick}") in t and (case, f"cute {ours}") in t:
+            firsts.append(t[(case, "cublas")] / t[(case, f"cute {pick}")])
+            theirs.append(t[(case, "cublas")] / t[(case, f"cute {ours}")])
+    summary.update({"kernels": names, "shapes_mapped": len(spec)})
+    if firsts:
+        summary.update({"geomean_pick_vs_cublas": geomean(firsts), "geomean_cublas_config_vs_cublas": geomean(theirs),
+                        "cublas_config_faster": sum(b > a for a, b in zip(firsts, theirs))})
+    return rows, summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="probe", required=True)
@@ -471,13 +563,17 @@ def main(argv=None) -> int:
     d = sub.add_parser("pdl", help="the dispatch pick with and without programmatic dependent launch, vs cuBLAS")
     d.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
     d.add_argument("--dtypes", default="bf16,fp8", help="of bf16, fp8 (the grid's calls)")
+    cb = sub.add_parser("cublas", help="cuBLAS's own kernel config (by its name) in our kernel, vs the pick and cuBLAS")
+    cb.add_argument("--shapes", required=True, help="MxNxK[,MxNxK...]")
+    cb.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"], help="bf16 `linear` or fp8 per-row `scaled_mm`")
+    cb.add_argument("--rounds", type=int, default=2, help="alternating timing rounds (medians)")
     c = sub.add_parser("configs", help="named configs per shape (a JSON spec), vs cuBLAS")
     c.add_argument("--spec", required=True, help='{"MxNxK": [labels]} JSON, or a configs results file')
     c.add_argument("--rounds", type=int, default=2, help="alternating timing rounds (medians)")
     c.add_argument("--rule", action="store_true", help="summarise the heuristic's pick against each first label")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"],
                    help="bf16 `linear`, fp8 per-row `scaled_mm` or int8 `int8_mm`")
-    for s in (t, w, e, d, c):
+    for s in (t, w, e, d, cb, c):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -497,6 +593,11 @@ def main(argv=None) -> int:
             if not set(dtypes) <= {"bf16", "fp8"}:
                 raise ValueError(f"--dtypes takes bf16 and fp8, got {args.dtypes!r}")
             flags = f"pdl --shapes {args.shapes} --dtypes {args.dtypes}"
+        elif args.probe == "cublas":
+            if args.rounds < 1:
+                raise ValueError("--rounds must be >= 1")
+            shapes = parse_shapes(args.shapes)
+            flags = f"cublas --shapes {args.shapes} --dtype {args.dtype} --rounds {args.rounds}"
         elif args.probe == "configs":
             if args.rounds < 1:
                 raise ValueError("--rounds must be >= 1")
@@ -519,6 +620,8 @@ def main(argv=None) -> int:
         rows, summary = run_widths(shapes, widths, args.top)
     elif args.probe == "pdl":
         rows, summary = run_pdl(shapes, dtypes)
+    elif args.probe == "cublas":
+        rows, summary = run_cublas(shapes, args.dtype, args.rounds)
     elif args.probe == "configs":
         rows, summary = run_configs(spec, args.rounds, args.rule, args.dtype)
     else:

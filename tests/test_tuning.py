@@ -571,6 +571,15 @@ def test_gemm_probe_draw_and_arguments(tmp_path):
             P.load_spec(str(tmp_path / "bad.json"))
     with pytest.raises(SystemExit):
         P.main(["configs", "--spec", str(tmp_path / "spec.json"), "--rounds", "0"])
+    # the cublas probe's reading of nvjet kernel names (H100, cuBLAS 12.x): our swap_ab tile
+    assert P.nvjet_config("nvjet_sm90_tst_128x80_64x8_4x1_v_bz_TNT") == GemmConfig(128, 80, 4, 1, swap_ab=True)
+    assert P.nvjet_config("nvjet_sm90_tst_256x160_64x4_1x2_h_bz_coopA_TNT") == GemmConfig(256, 160, 1, 2, swap_ab=True)
+    assert P.nvjet_config("nvjet_sm90_qqtst_128x128_128x6_2x1_v_bz_ovscale_TNT") == GemmConfig(128, 128, 2, 1, swap_ab=True)
+    assert P.nvjet_config("nvjet_sm90_tst_128x272_64x4_2x1_v_bz_coopA_TNT") is None  # wider than our tiles
+    assert P.nvjet_config("nvjet_sm90_tst_256x200_64x4_1x2_h_bz_coopA_TNT") is None  # 256 rows: at most 192 wide
+    assert P.nvjet_config("Memset (Device)") is None and P.nvjet_config("sm90_xmma_gemm_bf16bf16") is None
+    with pytest.raises(SystemExit):
+        P.main(["cublas", "--shapes", "1x2"])
     # the epilogue probe's pairs: each cooperative config forced both ways; none for ping-pong
     from benchmarks.gemm import grid_problem
 
