@@ -483,31 +483,16 @@ def nvjet_config(name: str):
     return cfg
 
 
-def cublas_kernel(m: int, n: int, k: int, dtype: str = "bf16") -> str:
-    """The name of the longest GPU kernel of one cuBLAS call of the grid's kind for this shape
-    (`F.linear`, or `torch._scaled_mm` with per-row scales and fast accumulation)."""
+def cublas_kernel(call, args) -> str:
+    """The name of the longest GPU kernel `call(*args)` runs (one cuBLAS call)."""
     import torch
-    import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
-    if dtype == "fp8":
-        e4m3 = torch.float8_e4m3fn
-        a, w = torch.randn(m, k, device="cuda").to(e4m3), torch.randn(n, k, device="cuda").to(e4m3)
-        sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
-
-        def call():
-            return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
-    else:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-
-        def call():
-            return F.linear(a, w)
     for _ in range(3):
-        call()
+        call(*args)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
+        call(*args)
         torch.cuda.synchronize()
     kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     return max(kernels, key=lambda e: e.device_time_total).key if kernels else ""
@@ -515,12 +500,15 @@ def cublas_kernel(m: int, n: int, k: int, dtype: str = "bf16") -> str:
 
 def run_cublas(shapes, dtype: str = "bf16", rounds: int = 2) -> tuple[list[Row], dict]:
     """The `cublas` probe: cuBLAS's own config in our kernel against the dispatch pick."""
-    from benchmarks.gemm import grid_problem
+    from benchmarks.gemm import _grid_providers, grid_problem
     from cute_kernels.tuning.tune import _fits, dispatch_config, label
 
+    # The grid's cuBLAS call (`F.linear`, or per-row `_scaled_mm` with fast accumulation) on its
+    # padded operands.
+    make, provs, _ = _grid_providers(dtype)
     spec, names = {}, {}
     for m, n, k in shapes:
-        name = cublas_kernel(m, n, k, dtype)
+        name = cublas_kernel(provs["cublas"], make(m, n, k))
         cfg = nvjet_config(name)
         p = grid_problem(dtype, m, n, k)
         pick = label(dispatch_config(p))

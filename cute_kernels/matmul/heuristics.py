@@ -437,7 +437,7 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_by
     clusters of NARROW_MULTICAST above, and, from 17 tokens, deep A/B rings where every weight
     tile is read once per cluster and in every multicast cluster above 128 tokens (`deep_ring`);
     integer: int8 inputs, in widths of 16 (NARROW_INT8)."""
-    cfg = _narrow_swap_config(m, n, k, num_sms, _NARROW_STEP_INT if integer else _NARROW_STEP_16BIT)
+    cfg = _narrow_swap_config(m, n, k, num_sms, narrow_step(integer))
     # Deep rings from 17 tokens, the range they were measured on (decode's 1-16 rows keep 8).
     if cfg is None or m < _PAIRED_MIN_M:
         return cfg
@@ -451,6 +451,11 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_by
     if once or (m > 128 and clustered):
         return deep_ring(cfg, in_bytes, out_bytes)
     return cfg
+
+
+def narrow_step(integer: bool) -> int:
+    """The token-width step of 64-row swap_ab tiles: 8, or 16 for int8 (NARROW_INT8)."""
+    return _NARROW_STEP_INT if integer else _NARROW_STEP_16BIT
 
 
 def deep_ring(cfg: GemmConfig, in_bytes: int = 2, out_bytes: int = 2) -> GemmConfig:
@@ -650,15 +655,14 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
     above: WAVE_SWAP_M, WAVE_SWAP_NARROW below it, 256-row tiles above it) to replace `current`
     (the pick it would replace), or None outside those ranges or where no width fits one wave."""
     if WAVE_SWAP_NARROW[0] <= m < WAVE_SWAP_M[0] and NARROW_MIN_N <= n <= WAVE_SWAP_NARROW[1] and k >= NARROW_MIN_K:
-        fours = math.ceil(n / 128) % 4 == 0
-        if current.cluster_m * current.cluster_n > 2 and not (fours and current.tile_m == 128):
-            return None
-        if fours:
+        shared = current.cluster_m * current.cluster_n > 2
+        # Weight tiles in fours: 4 x 1 clusters, over any 128-row pick.
+        if math.ceil(n / 128) % 4 == 0 and (not shared or current.tile_m == 128):
             fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, (4, 1), num_sms=num_sms)
             if fits:
                 return fits[0]
-            if current.cluster_m * current.cluster_n > 2:
-                return None
+        if shared:
+            return None
         fits = one_wave_swaps(m, n, _WAVE_SWAP_NARROW_WIDTHS, num_sms=num_sms)
         return fits[0] if fits else None
     if WAVE_SWAP_M[1] < m <= _WAVE_SWAP_256_MAX_M and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K:

@@ -158,6 +158,11 @@ class Problem:
             raise ValueError(f"8-bit GEMMs need K % 16 == 0, got K={self.k}")
 
     @property
+    def integer(self) -> bool:
+        """int8 inputs: swap_ab widths step by 16 (wgmma's s8 shapes)."""
+        return self.op == "int8"
+
+    @property
     def eight_bit(self) -> bool:
         return self.op.startswith(("fp8", "int8"))
 
@@ -182,7 +187,7 @@ class Problem:
         promoted ops need promote, the others must not have it)."""
         if not isinstance(cfg, GemmConfig):
             raise TypeError(f"config must be a GemmConfig, got {type(cfg).__name__}")
-        cfg.validate(self.in_bytes, self.out_bytes, integer=self.op == "int8")
+        cfg.validate(self.in_bytes, self.out_bytes, integer=self.integer)
         if cfg.promote != self.promoted:
             raise ValueError(f"{self.op} needs promote={self.promoted}, got {cfg}")
         if cfg.swap_ab and (self.epilogue != "plain" or not (self.out_bytes == 2 or self.out == "int32")):

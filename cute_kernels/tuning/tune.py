@@ -82,7 +82,7 @@ def heuristic(problem: Problem) -> GemmConfig:
 
         return swiglu_fallback(problem.m, problem.n // 2, problem.k)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, None,
-                        _swappable(problem), problem.out_bytes, problem.op == "int8")
+                        _swappable(problem), problem.out_bytes, problem.integer)
 
 
 def _swappable(problem: Problem) -> bool:
@@ -103,7 +103,7 @@ def dispatch_config(problem: Problem) -> GemmConfig:
 
     cls = (problem.op, problem.out, problem.majors, problem.epilogue)
     return _pick_config(problem.m, problem.n, problem.k, problem.in_bytes, not problem.eight_bit, cls,
-                        _swappable(problem), problem.out_bytes, problem.op == "int8")
+                        _swappable(problem), problem.out_bytes, problem.integer)
 
 
 def dispatch_entries(problems: Iterable[Problem]) -> list:
@@ -246,7 +246,7 @@ def narrow_candidates(problem: Problem) -> list[GemmConfig]:
     m = problem.m
     # 8-bit K as swap_config costs it
     pick = narrow_swap_config(m, problem.n, problem.k * problem.in_bytes // 2, in_bytes=problem.in_bytes,
-                              out_bytes=problem.out_bytes, integer=problem.op == "int8")
+                              out_bytes=problem.out_bytes, integer=problem.integer)
     t0 = math.ceil(m / pick.tile_n) if pick is not None else math.ceil(m / NARROW_MAX_W)
     out = [dataclasses.replace(pick, split_k=1)] if pick is not None else []
     for t in (t0 - 1, t0, t0 + 1):
@@ -270,10 +270,10 @@ def _multicast_candidates(problem: Problem, t0: int) -> list[GemmConfig]:
     to 224; 16 for int8), in every multicast cluster that t allows (4 x 2 and 1 x 2
     for an even t, 4 x 1), each with the deepest A/B ring that fits
     (heuristics.NARROW_MULTICAST, NARROW_INT8)."""
-    from ..matmul.heuristics import _NARROW_STEP_16BIT, _NARROW_STEP_INT, NARROW_MAX_W, _narrow_width, deep_ring
+    from ..matmul.heuristics import NARROW_MAX_W, _narrow_width, deep_ring, narrow_step
 
     out = []
-    step = _NARROW_STEP_INT if problem.op == "int8" else _NARROW_STEP_16BIT
+    step = narrow_step(problem.integer)
     for t in (t0 - 1, t0, t0 + 1):
         if t < 1:
             continue
