@@ -30,7 +30,7 @@ from cute_kernels.tuning.tune import label as _label  # the autotuner's labels, 
 from .common import require_hopper, rotation_count, time_ms
 from .gemm import SUITE
 
-_LABEL = re.compile(r"(\d+)x(\d+)c(\d)(\d)(n?)(?:g(\d+))?(P?)(?:s(\d+))?(\+2x)?(T?)(?:d(\d+))?$")
+_LABEL = re.compile(r"(\d+)x(\d+)c(\d)(\d)(n?)(?:g(\d+))?(P?)(?:s(\d+))?(\+2x)?(T?)(?:d(\d+))?([WR]?)$")
 
 
 def parse_label(label: str) -> GemmConfig:
@@ -39,10 +39,11 @@ def parse_label(label: str) -> GemmConfig:
     if not m:
         raise ValueError(f"not a config label: {label!r} (expected e.g. 128x256c21, 128x192c12nP, 128x128c21s2, "
                          "64x32c12Td12)")
-    tm, tn, cm, cn, col, group, pp, split, promote, swap, stages = m.groups()
+    tm, tn, cm, cn, col, group, pp, split, promote, swap, stages, whole = m.groups()
     return GemmConfig(int(tm), int(tn), int(cm), int(cn), group=int(group) if group else GemmConfig.group,
                       raster_m=not col, pingpong=bool(pp), split_k=int(split) if split else 1, promote=bool(promote),
-                      swap_ab=bool(swap), stages=int(stages) if stages else None)
+                      swap_ab=bool(swap), stages=int(stages) if stages else None,
+                      whole_tile_epi={"W": True, "R": False}.get(whole))
 
 
 def check(cfgs) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import math
 import re
 
 import pytest
@@ -1088,12 +1089,43 @@ def test_wave_swap_picks():
     assert wave_swap_config(8192, 768, 3072, GemmConfig(128, 192, 2, 1)) is None  # past the range measured
 
 
+def test_vocab_pingpong_picks():
+    """Ping-pong 128-row swap_ab tiles on weights of 16384+ rows at K <= 2048 from 256 tokens:
+    1 x 2 clusters (an even token-tile count) up to 1150 tokens, 2 x 1 above; the width of fewest
+    waves x width / efficiency in steps of 8 up to 192; and what dispatch runs there."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import vocab_pingpong_config
+
+    def pick(m, n, k):
+        c = vocab_pingpong_config(m, n, k)
+        return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.pingpong, c.swap_ab)
+
+    assert pick(378, 16384, 2048) == (128, 192, 1, 2, True, True)  # two token tiles, one wave
+    assert pick(1099, 50257, 1600) == (128, 184, 1, 2, True, True)  # six token tiles
+    assert pick(730, 128256, 2048) == (128, 184, 1, 2, True, True)
+    assert pick(2699, 128256, 2048) == (128, 184, 2, 1, True, True)  # above 1150: weight tiles paired
+    assert pick(5817, 16384, 2048) == (128, 168, 2, 1, True, True)
+    for m in range(256, 1151, 7):
+        c = vocab_pingpong_config(m, 50257, 768)
+        assert c.cluster_mn == (1, 2) and math.ceil(m / c.tile_n) % 2 == 0
+    assert pick(255, 50257, 1600) is None  # one token tile
+    assert pick(8193, 16384, 2048) is None  # past the range measured
+    assert pick(700, 14336, 2048) is None  # narrower weights
+    assert pick(700, 128256, 4096) is None  # long K
+    assert pick(700, 50257, 512) is None
+    api.clear_dispatch_caches()
+    assert api._pick_config(1099, 50257, 1600, 2, True, None, True, 2) == vocab_pingpong_config(1099, 50257, 1600)
+    assert not api._pick_config(1099, 50257, 1600, 1, False, None, True, 2).pingpong or \
+        not api._pick_config(1099, 50257, 1600, 1, False, None, True, 2).swap_ab  # 16-bit only
+
+
 def test_bf16_picks_build():
     """Every 16-bit pick validates (swap_ab widths, 256-row tiles at most 192 wide), over the
     token counts each rule covers on the narrow and wide weights of the grid's models."""
     from cute_kernels.matmul.api import _pick_config
 
-    for n, k in ((768, 3072), (1024, 1024), (1024, 4096), (1280, 5120), (1600, 6400), (2048, 8192), (4096, 14336)):
+    for n, k in ((768, 3072), (1024, 1024), (1024, 4096), (1280, 5120), (1600, 6400), (2048, 8192), (4096, 14336),
+                 (16384, 2048), (50257, 768), (128256, 2048)):
         for m in [*range(1, 300, 3), *range(300, 16384, 97)]:
             _pick_config(m, n, k, 2, True, None, True, 2).validate()
 

@@ -886,7 +886,9 @@ def test_tune_gemm_config_labels_round_trip():
 
     cfgs = list(CANDIDATES) + [GemmConfig(128, 256, 1, 2, raster_m=False), GemmConfig(128, 256, 2, 1, group=16),
                                dataclasses.replace(CANDIDATES[0], split_k=3), GemmConfig(128, 128, promote=True),
-                               GemmConfig(64, 32, 1, 2, split_k=2, swap_ab=True, stages=12)]
+                               GemmConfig(64, 32, 1, 2, split_k=2, swap_ab=True, stages=12),
+                               GemmConfig(256, 136, 2, 1, swap_ab=True, whole_tile_epi=True),
+                               GemmConfig(128, 168, 2, 1, swap_ab=True, whole_tile_epi=False)]
     for c in cfgs:
         assert parse_label(_label(c)) == c
     with pytest.raises(ValueError, match="not a config label"):

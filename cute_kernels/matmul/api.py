@@ -16,7 +16,15 @@ from ..runtime.dtypes import FP8 as _FP8
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supported, swapped_epilogue
-from .heuristics import default_config, skinny_gemv, split_config, swap_256_config, swap_config, wave_swap_config
+from .heuristics import (
+    default_config,
+    skinny_gemv,
+    split_config,
+    swap_256_config,
+    swap_config,
+    vocab_pingpong_config,
+    wave_swap_config,
+)
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
@@ -156,7 +164,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     (heuristics.split_config); for 16-bit inputs one wave of swap_ab tiles replaces that pick
     on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config), else a
     256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config). integer: int8
-    inputs (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
+    inputs (their swap_ab widths step by 16). Ahead of those two, a wide weight at short K from
+    256 tokens takes ping-pong swap_ab tiles (heuristics.vocab_pingpong_config). Memoised: a
+    dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)
@@ -177,7 +187,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     else:
         pick = default_config(M, N, K, in_bytes=in_bytes)
     if swappable and in_bytes == 2:
-        return wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick) or pick
+        return (vocab_pingpong_config(M, N, K) or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
+                or pick)
     return pick
 
 

@@ -678,6 +678,49 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
     return fits[0] if fits else None
 
 
+# Vocabulary-sized and other wide weights (N >= 16384: the GPT-2 lm_heads, Llama 3.2 1B's gate_up
+# and lm_head) at short K from 256 tokens: ping-pong 128-row swap_ab tiles. The grid runs many tiles
+# per CTA there and K is short, so one warpgroup's epilogue hidden under the other's main loop is
+# worth more than a cooperative tile's; cuBLAS runs its non-cooperative nvjet kernels at such
+# shapes (128x168, 2x1, at 328x16384x2048). Up to 1150 tokens the cluster pairs two token tiles
+# (1 x 2: each weight tile multicast to both; an even token tile count, an odd one pads a whole
+# column of CTAs), above it two weight tiles (2 x 1). Width: the fewest waves x width /
+# `_swap_width_efficiency`, the wider on a tie, in steps of 8 up to 192 (a ping-pong warpgroup's
+# whole-tile accumulator). H100, same runs, vs the picks before it, N >= 16384 and K <= 2048:
+# 1 x 2 on a held-out draw (`gemm_probe_pingpong_swap_heldout_h100.md`) 10 of 10 faster
+# (1.02x-1.21x); a second draw (`gemm_probe_pingpong_swap_vocab_h100.md`) 1.00x-1.23x on all 14
+# of 286-1200 tokens (378x16384x2048 0.92x -> 1.05x cuBLAS), 0.86x-0.98x on 7 of 11 from 1463
+# tokens and 0.84x / 0.92x at 121 / 127 (one token tile); a third (`gemm_probe_vocab_pp_rule_h100.md`)
+# 1.091x over 23 (20 faster, 0.90x and 0.97x at 1242 and 1197 tokens: the 1 x 2 range stops at
+# 1150). 2 x 1 at 1308-6648 tokens (`gemm_probe_vocab_pp_c21_large_h100.md`): 1.071x over 15, all
+# faster (2699x128256x2048 0.91x -> 1.00x cuBLAS). Over every wide weight (N >= 2048, 56 shapes of
+# 256-2500 tokens) the 1 x 2 form lost (0.948x): 0.48x-0.94x at N <= 3072, 0.74x-0.96x on long K
+# at N 3584-7168.
+VOCAB_PP_MIN_N = 16384
+VOCAB_PP_MAX_K = 2048
+VOCAB_PP_M = (256, 8192)
+_VOCAB_PP_PAIRED_MAX_M = 1150
+_VOCAB_PP_WIDTHS = tuple(range(96, 193, 8))
+
+
+def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The ping-pong 128-row swap_ab config for a 16-bit M x N x K problem on a wide weight at
+    short K (notes above: VOCAB_PP_*), or None outside that range."""
+    if not (VOCAB_PP_M[0] <= m <= VOCAB_PP_M[1] and n >= VOCAB_PP_MIN_N and NARROW_MIN_K <= k <= VOCAB_PP_MAX_K):
+        return None
+    paired = m <= _VOCAB_PP_PAIRED_MAX_M
+    best = None
+    for w in _VOCAB_PP_WIDTHS:
+        if paired and math.ceil(m / w) % 2:
+            continue
+        cfg = GemmConfig(128, w, 1, 2, pingpong=True, swap_ab=True) if paired else \
+            GemmConfig(128, w, 2, 1, pingpong=True, swap_ab=True)
+        cost = config_waves(cfg, m, n, num_sms) * w / _swap_width_efficiency(w)
+        if best is None or cost <= best[0]:
+            best = (cost, cfg)
+    return None if best is None else best[1]
+
+
 def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *, tile_m: int = 128,
                    num_sms: int = H100_SMS) -> list[GemmConfig]:
     """The tile_m-row swap_ab configs of `widths` (in their order) in `cluster` whose grid runs
