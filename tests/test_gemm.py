@@ -969,6 +969,12 @@ SWAP_CFGS = {
     "128x232c12": GemmConfig(128, 232, 1, 2, swap_ab=True),  # 8-column slabs
     "64x104c12": GemmConfig(64, 104, 1, 2, swap_ab=True),  # 8-column slabs
     "128x112c12pp": GemmConfig(128, 112, 1, 2, pingpong=True, swap_ab=True),
+    # wide weights at short K (heuristics.vocab_pingpong_config): ping-pong, widths of 8 mod 16
+    "128x184c12pp": GemmConfig(128, 184, 1, 2, pingpong=True, swap_ab=True),
+    "128x168c21pp": GemmConfig(128, 168, 2, 1, pingpong=True, swap_ab=True),
+    # one wave in 4 x 1 at short K (heuristics.wave_swap_c41_config)
+    "128x112c41": GemmConfig(128, 112, 4, 1, swap_ab=True),
+    "128x136c41": GemmConfig(128, 136, 4, 1, swap_ab=True),
     # 256-row tiles (heuristics.swap_256_config), 16-bit inputs only
     "256x160c21": GemmConfig(256, 160, 2, 1, swap_ab=True),
     "256x144c12": GemmConfig(256, 144, 1, 2, swap_ab=True),  # 16-column slabs
@@ -1119,13 +1125,41 @@ def test_vocab_pingpong_picks():
         not api._pick_config(1099, 50257, 1600, 1, False, None, True, 2).swap_ab  # 16-bit only
 
 
+def test_wave_swap_c41_picks():
+    """One full wave of 128-row swap_ab tiles in 4 x 1 clusters on 2048-8192-row weights whose
+    128-row tiles come in fours, at K <= 2048, over 128-row picks other than unswapped
+    cooperative 128 x 96: the most token tiles the wave holds, the narrowest width that covers M."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import wave_swap_c41_config
+
+    pp = GemmConfig(128, 128, 1, 2, pingpong=True, raster_m=False)
+
+    def pick(m, n, k, current=pp):
+        c = wave_swap_c41_config(m, n, k, current)
+        return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.swap_ab)
+
+    assert pick(330, 5120, 1280) == (128, 112, 4, 1, True)  # 40 weight tiles x 3 token tiles: 30 clusters
+    assert pick(260, 5120, 1280) == (128, 88, 4, 1, True)  # cuBLAS's nvjet 128x88 4x1
+    assert pick(641, 3072, 1024) == (128, 136, 4, 1, True)  # 24 weight tiles x 5
+    assert pick(1188, 2048, 2048) == (128, 176, 4, 1, True)  # 16 x 7: 28 clusters
+    assert pick(620, 4096, 1024) is None  # 8 x 3 = 24 clusters: the wave not full
+    assert pick(330, 5120, 4096) is None  # long K
+    assert pick(330, 3840, 1280) is None  # 30 weight tiles: not in fours
+    assert pick(900, 5120, 1280) is None  # 300 columns a token tile
+    assert pick(330, 5120, 1280, GemmConfig(64, 112, 1, 2, swap_ab=True)) is None  # 64-row picks stay
+    assert pick(508, 3072, 1024, GemmConfig(128, 96, 2, 1)) is None  # so does unswapped 128 x 96
+    assert pick(574, 3072, 1024, GemmConfig(256, 112, 2, 1, swap_ab=True)) is None
+    api.clear_dispatch_caches()
+    assert api._pick_config(330, 5120, 1280, 2, True, None, True, 2) == GemmConfig(128, 112, 4, 1, swap_ab=True)
+
+
 def test_bf16_picks_build():
     """Every 16-bit pick validates (swap_ab widths, 256-row tiles at most 192 wide), over the
     token counts each rule covers on the narrow and wide weights of the grid's models."""
     from cute_kernels.matmul.api import _pick_config
 
     for n, k in ((768, 3072), (1024, 1024), (1024, 4096), (1280, 5120), (1600, 6400), (2048, 8192), (4096, 14336),
-                 (16384, 2048), (50257, 768), (128256, 2048)):
+                 (16384, 2048), (50257, 768), (128256, 2048), (5120, 1280), (3072, 768), (2048, 2048)):
         for m in [*range(1, 300, 3), *range(300, 16384, 97)]:
             _pick_config(m, n, k, 2, True, None, True, 2).validate()
 

@@ -23,6 +23,7 @@ from .heuristics import (
     swap_256_config,
     swap_config,
     vocab_pingpong_config,
+    wave_swap_c41_config,
     wave_swap_config,
 )
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
@@ -188,7 +189,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         pick = default_config(M, N, K, in_bytes=in_bytes)
     if swappable and in_bytes == 2:
         return (vocab_pingpong_config(M, N, K) or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
-                or pick)
+                or wave_swap_c41_config(M, N, K, pick) or pick)
     return pick
 
 
