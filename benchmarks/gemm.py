@@ -256,9 +256,10 @@ def _grid_providers(dtype: str, pad_baseline: bool = True):
         def make(M, N, K):
             return (torch.randint(-128, 128, (max(M, _INT_MM_MIN_M) if pad_baseline else M, K), device="cuda",
                                   dtype=torch.int8),
-                    torch.randint(-128, 128, (N, K), device="cuda", dtype=torch.int8).t(), M)
+                    torch.randint(-128, 128, (_pad(N, _CUBLAS_N_ALIGN), K), device="cuda", dtype=torch.int8).t(), M, N)
 
-        return make, {"cute": lambda a, b, m: ck.int8_mm(a[:m], b), "cublas": lambda a, b, m: torch._int_mm(a, b)}, True
+        return make, {"cute": lambda a, b, m, n: ck.int8_mm(a[:m], b[:, :n]),
+                      "cublas": lambda a, b, m, n: torch._int_mm(a, b)}, True
     raise ValueError(f"grid dtypes are {GRID_DTYPES}, got {dtype!r}")
 
 
