@@ -162,12 +162,12 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     tile its tuning never met pads M less (below), else the
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
-    (heuristics.split_config); for 16-bit inputs one wave of swap_ab tiles replaces that pick
-    on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config), else a
-    256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config). integer: int8
-    inputs (their swap_ab widths step by 16). Ahead of those two, a wide weight at short K from
-    256 tokens takes ping-pong swap_ab tiles (heuristics.vocab_pingpong_config). Memoised: a
-    dispatch pays the lookup once per shape."""
+    (heuristics.split_config). For 16-bit inputs the first of these replaces that pick: ping-pong
+    swap_ab tiles on a wide weight at short K from 256 tokens (heuristics.vocab_pingpong_config),
+    one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
+    a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
+    clusters at short K (heuristics.wave_swap_c41_config). integer: int8 inputs (their swap_ab
+    widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)

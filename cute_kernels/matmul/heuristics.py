@@ -729,8 +729,8 @@ def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) ->
 # 0.86x -> 0.95x / 0.98x / 0.96x cuBLAS in our kernel). Only where the wave is at least 28 of
 # the 30 clusters of 4 the H100 holds (5120 rows: 10 x 3, 3072: 6 x 5, 2048: 4 x 7; 4096 rows
 # fill 24: 620x4096x1024 0.91x) and over 128-row picks: same run on the H100, 28 shapes of
-# 156-1168 tokens (`gemm_probe_swap_c41_short_k_h100.md`), every 64-row pick replaced was
-# faster (0.78x-0.97x), the 128-row ones 1.006x-1.179x but the 4096-row one. On a held-out
+# 156-1168 tokens (`gemm_probe_swap_c41_short_k_h100.md`), replacing a 64-row pick lost every
+# time (0.78x-0.97x), a 128-row one won 1.006x-1.179x but on the 4096-row weight. On a held-out
 # draw of 24 shapes whose pick the rule changes (`gemm_probe_swap_c41_short_k_rule_h100.md`):
 # 1.068x (17 faster; 404x5120x1280 0.75x -> 0.93x cuBLAS, 641x3072x1024 0.71x -> 0.97x), the
 # three replaced unswapped 128 x 96 picks (cooperative, 2 x 1 / 2 x 2) 0.90x-0.96x, so those
@@ -743,13 +743,14 @@ _C41_MIN_CLUSTERS = 28
 def wave_swap_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """The one-wave 4 x 1 swap_ab config for a 16-bit M x N x K problem (notes above: C41_*) to
     replace `current`, or None."""
-    fours = math.ceil(n / 128) // 4
+    weight_tiles = math.ceil(n / 128)
     unswapped_96 = current.tile_n == 96 and not (current.swap_ab or current.pingpong)
-    if (current.tile_m != 128 or unswapped_96 or n < C41_MIN_N or not NARROW_MIN_K <= k <= C41_MAX_K or math.ceil(n / 128) % 4
-            or num_sms != H100_SMS):
+    # Clusters of 4 resident at once are known for the H100's 132 SMs only (MAX_ACTIVE_CLUSTERS).
+    if (current.tile_m != 128 or unswapped_96 or n < C41_MIN_N or not NARROW_MIN_K <= k <= C41_MAX_K
+            or weight_tiles % 4 or num_sms != H100_SMS):
         return None
-    per_wave = _per_wave(4, num_sms)
-    t = per_wave // fours
+    fours = weight_tiles // 4
+    t = _per_wave(4, num_sms) // fours  # token tiles: the most one wave holds
     if fours * t < _C41_MIN_CLUSTERS:
         return None
     w = math.ceil(math.ceil(m / t) / 8) * 8
