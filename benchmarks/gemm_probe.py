@@ -516,6 +516,13 @@ def run_cublas(shapes, dtype: str = "bf16", rounds: int = 2) -> tuple[list[Row],
         print(f"[cublas] {m}x{n}x{k}: {name} -> {label(cfg) if cfg else 'no config of ours'}", flush=True)
         if cfg is not None and _fits(p, cfg) and label(cfg) != pick:
             spec[f"{m}x{n}x{k}"] = [pick, label(cfg)]
+        elif cfg is not None and label(cfg) != pick:
+            try:
+                p.check(cfg)
+                why = "it does not fit the problem (a tile or cluster wider than its grid)"
+            except ValueError as e:
+                why = str(e)
+            print(f"[cublas] {m}x{n}x{k}: {label(cfg)} not timed: {why}", flush=True)
     rows, summary = run_configs(spec, rounds, rule=False, dtype=dtype) if spec else ([], {"dtype": dtype})
     for r in rows:
         r.extra["cublas_kernel"] = names.get(r.case)
