@@ -28,3 +28,18 @@ def test_benchmark_peaks_follow_the_part(monkeypatch):
 
     monkeypatch.setattr(hardware, "current", lambda device_index=0: hardware.PARTS["H100 PCIe"])
     assert common.PEAK_TFLOPS["bf16"] == 756.0 and common.peak_tbps() == 2.0
+
+
+def test_results_json_one_row_a_line():
+    """Results files hold one row a line and load back to the same payload."""
+    import json
+
+    from benchmarks.common import results_json
+
+    payload = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27",
+               "rows": [{"case": "a", "provider": "cute", "ms": 0.1}, {"case": "a", "provider": "cublas", "ms": 0.2}],
+               "summary": {"geomean": 2.0, "spec": {"a": [1, 2]}}}
+    text = results_json(payload)
+    assert json.loads(text) == payload
+    assert text.splitlines()[4:6] == ['{"case": "a", "provider": "cute", "ms": 0.1},', '{"case": "a", "provider": "cublas", "ms": 0.2}']
+    assert json.loads(results_json({"rows": {"ab": [1]}})) == {"rows": {"ab": [1]}}  # rows that are not a list
