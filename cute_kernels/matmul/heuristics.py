@@ -709,12 +709,12 @@ def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) ->
     if not (VOCAB_PP_M[0] <= m <= VOCAB_PP_M[1] and n >= VOCAB_PP_MIN_N and NARROW_MIN_K <= k <= VOCAB_PP_MAX_K):
         return None
     paired = m <= _VOCAB_PP_PAIRED_MAX_M
+    cluster = (1, 2) if paired else (2, 1)
     best = None
     for w in _VOCAB_PP_WIDTHS:
         if paired and math.ceil(m / w) % 2:
             continue
-        cfg = GemmConfig(128, w, 1, 2, pingpong=True, swap_ab=True) if paired else \
-            GemmConfig(128, w, 2, 1, pingpong=True, swap_ab=True)
+        cfg = GemmConfig(128, w, *cluster, pingpong=True, swap_ab=True)
         cost = config_waves(cfg, m, n, num_sms) * w / _swap_width_efficiency(w)
         if best is None or cost <= best[0]:
             best = (cost, cfg)
