@@ -2,7 +2,7 @@
 
     python -m benchmarks.gemm [--providers cute,cublas,quack,triton] [--quick]
     python -m benchmarks.gemm --decode [--no-gemv]
-    python -m benchmarks.gemm --grid [--seed S] [--count 60] [--dtypes bf16,fp8,int8]
+    python -m benchmarks.gemm --grid [--seed S] [--count 60] [--dtypes bf16,fp8,int8] [--rounds 3]
 
 Layout is the F.linear one (A [M, K] row-major, B = W.t() with W [N, K]) for every
 provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
@@ -20,7 +20,9 @@ per-row scales and fast accumulation, `int8_mm`) against cuBLAS (`F.linear`,
 (gemm_grid_<gpu>.*). cuBLAS gets its operands padded to what it needs for free (N to a
 multiple of 16, int8 M to 17 rows; --unpadded-baseline: as they are). --slice START:STOP
 times part of the draw (gemm_grid_slice<START>-<STOP>_<gpu>.*); QuACK's autotuning results
-persist under the cache root, so later slices and reruns skip its per-shape tuning.
+persist under the cache root, so later slices and reruns skip its per-shape tuning. Every
+provider of a case is timed --rounds times (3), the order reversed each round, the median
+kept: single timings of one config moved by up to 7% against cuBLAS between runs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import math
 import os
 import random
+import statistics
 import time
 
 import torch
@@ -176,6 +179,7 @@ def summarize(rows):
 DEFAULT_PROVIDERS = "cute,cublas,quack,triton"
 GRID_M_MAX = 16384
 GRID_DTYPES = ("bf16", "fp8", "int8")
+GRID_ROUNDS = 3  # run_grid: timings per provider and case (alternating order, median)
 
 
 def grid_shapes(seed: int, count: int = 60) -> list[tuple[str, int, int, int]]:
@@ -306,12 +310,17 @@ def compile_grid_ahead(shapes, dtypes, jobs: int | None = None) -> dict:
 
 
 def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None, pad_baseline: bool = True,
-             part: slice = slice(None)):
+             part: slice = slice(None), rounds: int = 1):
     """Time every provider on the seed's shapes; a provider that fails or disagrees with
     cuBLAS (bf16/fp8: 2% of the largest value; int8: bit-exact) gets no row. `providers`
     (names) limits the peers timed; cuBLAS is always timed, as the reference, on operands
     padded to its alignment unless pad_baseline is False (_grid_providers). `part` times a
-    slice of the seed's draw (the same shapes whatever the slice)."""
+    slice of the seed's draw (the same shapes whatever the slice). `rounds` > 1 times every
+    provider of a case that many times, the order reversed each round, and keeps each one's
+    median: on the H100 one config's ratio to cuBLAS moved by up to 7% between single timings
+    of separate runs (the clock follows power), which decided a draw's minimum."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     rows: list[Row] = []
     shapes = grid_shapes(seed, count)[part]
     stats = compile_grid_ahead(shapes, dtypes)
@@ -334,6 +343,7 @@ def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None,
             except Exception as e:  # then the others are timed unchecked, and say so
                 print(f"[gemm-grid] no cuBLAS reference for {case}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                 ref = None
+            timed = {}  # provider -> its fn, once its output checked
             for prov, fn in provs.items():
                 try:
                     if ref is not None:
@@ -348,12 +358,22 @@ def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None,
                         if not ok:
                             print(f"[gemm-grid] {prov} {case}: WRONG; not timed")
                             continue
-                    ms = time_ms(lambda i, fn=fn: fn(*sets[i]), n_rotate=nrot)
+                    timed[prov] = fn
                 except Exception as e:
                     print(f"[gemm-grid] {prov} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            times = {prov: [] for prov in timed}
+            for r in range(rounds):
+                for prov in (list(timed) if r % 2 == 0 else list(timed)[::-1]):
+                    try:
+                        times[prov].append(time_ms(lambda i, fn=timed[prov]: fn(*sets[i]), n_rotate=nrot))
+                    except Exception as e:
+                        print(f"[gemm-grid] {prov} {case} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            for prov, ts in times.items():
+                if not ts:
                     continue
+                ms = statistics.median(ts)
                 tflops = 2 * M * N * K / ms / 1e9
-                extra = {"dtype": dtype, "linear": name, "checked": ref is not None}
+                extra = {"dtype": dtype, "linear": name, "checked": ref is not None, "rounds": len(ts)}
                 if prov == "cute":
                     extra["config"] = _grid_label(dtype, M, N, K)
                 rows.append(Row(case, prov, ms, tflops, 100 * tflops / PEAK_TFLOPS[dtype], extra=extra))
@@ -415,6 +435,8 @@ def main(argv=None):
                    help="with --grid: time only these shapes of the draw (e.g. 0:20), to split a grid over runs")
     p.add_argument("--unpadded-baseline", action="store_true",
                    help="with --grid: time cuBLAS on the unpadded operands (no ratio where it needs alignment)")
+    p.add_argument("--rounds", type=int, default=GRID_ROUNDS,
+                   help="with --grid: timings per provider and case, alternating order, median kept")
     args = p.parse_args(argv)
     if args.slice is not None and not args.grid:
         raise SystemExit("error: --slice selects shapes of --grid")
@@ -427,8 +449,10 @@ def main(argv=None):
             raise SystemExit(f"error: --dtypes from {','.join(GRID_DTYPES)} and --count >= 1 (got {args.dtypes}, "
                              f"{args.count})")
         provs = None if args.providers == DEFAULT_PROVIDERS else set(args.providers.split(","))
-        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs, not args.unpadded_baseline, part)
+        suite, rows = "gemm_grid", run_grid(args.seed, args.count, dtypes, provs, not args.unpadded_baseline, part,
+                                             args.rounds)
         summary = summarize_grid(rows, args.seed, args.count, dtypes)
+        summary["rounds"] = args.rounds
         summary["cublas_padded"] = not args.unpadded_baseline
         if args.slice:
             summary["slice"] = args.slice

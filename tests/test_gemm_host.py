@@ -893,3 +893,15 @@ def test_tune_gemm_config_labels_round_trip():
         assert parse_label(_label(c)) == c
     with pytest.raises(ValueError, match="not a config label"):
         parse_label("128x256")
+
+
+def test_grid_rounds_are_checked_before_any_timing():
+    """benchmarks.gemm's grid takes rounds >= 1 (timings per provider, alternating order, median)."""
+    from benchmarks.gemm import GRID_ROUNDS, main, run_grid
+
+    assert GRID_ROUNDS >= 1
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+            run_grid(seed=1, count=1, rounds=bad)
+    with pytest.raises(SystemExit):  # --rounds parses as an int
+        main(["--grid", "--rounds", "x"])
