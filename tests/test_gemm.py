@@ -1153,6 +1153,23 @@ def test_wave_swap_c41_picks():
     assert api._pick_config(330, 5120, 1280, 2, True, None, True, 2) == GemmConfig(128, 112, 4, 1, swap_ab=True)
 
 
+def test_swap_one_wave_picks():
+    """Where the costed swap_ab width takes two or more waves (16-bit, K >= 2048, up to 1024
+    tokens), the narrowest width that runs in one wave without padding M more than 128-row tiles."""
+    from cute_kernels.matmul.heuristics import swap_config
+
+    def pick(m, n, k, in_bytes=2):
+        c = swap_config(m, n, k, in_bytes=in_bytes)
+        return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.split_k)
+
+    assert pick(330, 8192, 28672) == (128, 176, 1, 2, 1)  # 112 wide: 3 x 64 tiles, 1.45 waves
+    assert pick(649, 4096, 4096) == (128, 176, 1, 2, 1)  # 96 wide: 7 x 32 tiles; 176: 4 x 32
+    assert pick(325, 6144, 4096) == (128, 176, 1, 2, 1)
+    assert pick(330, 8192, 28672, in_bytes=1)[1] != 176  # 8-bit inputs keep the costed width
+    assert pick(436, 10240, 8192) == (128, 112, 1, 2, 1)  # no width fits one wave: unchanged
+    assert pick(330, 5120, 1280) != (128, 176, 1, 2, 1)  # short K: unchanged
+
+
 def test_bf16_picks_build():
     """Every 16-bit pick validates (swap_ab widths, 256-row tiles at most 192 wide), over the
     token counts each rule covers on the narrow and wide weights of the grid's models."""

@@ -798,7 +798,7 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
         return None
     if m > _SWAP_LOOSE_PAD_M and k < _SWAP_LARGE_M_MIN_K:
         return None
-    return _wide_swap_config(m, n, k, num_sms)
+    return _wide_swap_config(m, n, k, num_sms, one_wave=in_bytes == 2)
 
 
 # Where every width takes more than this many waves, the last wave's quantisation matters less
@@ -818,7 +818,22 @@ def _swap_width_efficiency(w: int) -> float:
     return min(1.0, 0.7 + w / 640)
 
 
-def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None:
+# Where the costed width takes two or more waves and a 16-bit problem's K is 2048+, up to 1024
+# tokens: the narrowest width (steps of 16) that runs the grid in one wave, padding M no more than
+# 128-row tiles do. A tile's time grows with its width, but a second, mostly empty wave costs a
+# whole tile's time: cuBLAS runs 128 x 168 in 2 x 1 at 330x8192x28672
+# (`gemm_probe_s1077_bf16_h100.md`), where the costed 128 x 112 (192 tiles: 1.45 waves) ran 0.65x
+# it. H100, same runs, 3 alternating rounds: the 9 shapes of grid seeds 3000-3199 this changes and
+# seed 1077's 330x8192x28672 (`gemm_probe_swap_fewer_waves_h100.md`) 0.61x-0.90x -> 0.87x-1.32x
+# cuBLAS; held out, the 53 shapes of seeds 3200-4199 whose pick it changes (321-336 and 642-671
+# tokens; `gemm_probe_swap_one_wave_rule_h100.md`) all faster, 1.41x the picks before (min
+# 1.16x), 0.68x -> 0.95x cuBLAS. The narrowest fewer-waves width where it still takes two or more
+# waves lost (1812x37888x3584 -0.4%, 1846x37888x3584 -4%, 436x10240x8192 -1%); above 1024 tokens
+# it would displace unmeasured 256-row picks (1714-1870 tokens on 2048-row weights).
+_ONE_WAVE_MIN_K = 2048
+
+
+def _wide_swap_config(m: int, n: int, k: int, num_sms: int, one_wave: bool = False) -> GemmConfig | None:
     padded = math.ceil(m / 128) * 128
     limit = padded - 1 if m > _SWAP_LOOSE_PAD_M else _SWAP_MAX_PAD * padded
     tiles_m = math.ceil(n / 128)  # the swapped kernel's rows are the weight's
@@ -843,6 +858,13 @@ def _wide_swap_config(m: int, n: int, k: int, num_sms: int) -> GemmConfig | None
     if best is None:
         return None
     _, w, cm, cn = best
+    if one_wave and k >= _ONE_WAVE_MIN_K and m <= _SWAP_LOOSE_PAD_M and _waves(tiles_m, math.ceil(m / w), cm, cn, num_sms) >= 2:
+        for w1 in _SWAP_WIDTHS:
+            tiles_n = math.ceil(m / w1)
+            c1 = (1, 2) if tiles_n % 2 == 0 else (2, 1)
+            if tiles_n * w1 <= padded and _waves(tiles_m, tiles_n, *c1, num_sms) == 1:
+                w, (cm, cn) = w1, c1
+                break
     # A grid that fills at most a quarter of a wave, or half of one with long K, splits K as
     # many ways as one wave holds, each split at least _SWAP_SPLIT_MIN_K_TILES long (its fixup
     # reads whole fp32 tiles back). H100, 2026-11-26, ms unsplit -> split: 129x1024x4096
