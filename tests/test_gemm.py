@@ -1170,6 +1170,22 @@ def test_swap_one_wave_picks():
     assert pick(330, 5120, 1280) != (128, 176, 1, 2, 1)  # short K: unchanged
 
 
+def test_large_m_pp192_picks():
+    """From 4096 tokens on 3072+ row weights a 16-bit 128 x 128 ping-pong pick widens to
+    128 x 192 ping-pong (cluster and raster kept); not below, not swapped, not for 8-bit inputs."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import large_m_pp192_config
+
+    pp = GemmConfig(128, 128, 2, 1, pingpong=True)
+    assert large_m_pp192_config(7249, 3584, pp) == GemmConfig(128, 192, 2, 1, pingpong=True)
+    assert large_m_pp192_config(4000, 3584, pp) is None
+    assert large_m_pp192_config(7249, 2048, pp) is None
+    assert large_m_pp192_config(7249, 3584, GemmConfig(128, 128, 2, 1)) is None  # cooperative
+    assert large_m_pp192_config(7249, 3584, GemmConfig(128, 128, 2, 1, pingpong=True, swap_ab=True)) is None
+    api.clear_dispatch_caches()
+    assert api._pick_config(7249, 3584, 18944, 2, True, None, True, 2) == GemmConfig(128, 192, 2, 1, pingpong=True)
+
+
 def test_bf16_picks_build():
     """Every 16-bit pick validates (swap_ab widths, 256-row tiles at most 192 wide), over the
     token counts each rule covers on the narrow and wide weights of the grid's models."""

@@ -18,6 +18,7 @@ from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supported, swapped_epilogue
 from .heuristics import (
     default_config,
+    large_m_pp192_config,
     skinny_gemv,
     split_config,
     swap_256_config,
@@ -166,7 +167,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     swap_ab tiles on a wide weight at short K from 256 tokens (heuristics.vocab_pingpong_config),
     one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
     a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
-    clusters at short K (heuristics.wave_swap_c41_config). integer: int8 inputs (their swap_ab
+    clusters at short K (heuristics.wave_swap_c41_config); then a 128 x 128 ping-pong pick from 4096
+    tokens widens to 128 x 192 (heuristics.large_m_pp192_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
@@ -188,8 +190,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     else:
         pick = default_config(M, N, K, in_bytes=in_bytes)
     if swappable and in_bytes == 2:
-        return (vocab_pingpong_config(M, N, K) or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
+        pick = (vocab_pingpong_config(M, N, K) or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
                 or wave_swap_c41_config(M, N, K, pick) or pick)
+        return large_m_pp192_config(M, N, pick) or pick
     return pick
 
 

@@ -946,3 +946,24 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
     if pick_cost(m, n, k, best, num_sms) < _SWAP_256_MARGIN * pick_cost(m, n, k, current, num_sms):
         return best
     return None
+
+
+# From 4096 tokens on weights of 3072+ rows, a 128 x 128 ping-pong pick runs 128 x 192 ping-pong
+# instead: the cost model rates 128 x 128 by its wave fill, but at these sizes the wider tile's
+# fewer loads per flop win. H100, same run, 3 alternating rounds: at 7249x3584x18944 (grid seed
+# 1079's worst bf16 row) 0.68x -> 0.88x cuBLAS, 6942x3840x1280 0.92x -> 1.03x
+# (`gemm_probe_large_m_pp128_h100.md`, 128 x 192 the best of six tiles at three of four shapes);
+# then 24 grid draws (seeds 3000-4199) of 4246-13527 tokens whose pick is 128 x 128 ping-pong
+# (`gemm_probe_large_m_pp192_h100.md`): 1.072x, 20 faster (5290x5120x27648 0.70x -> 0.96x,
+# 6492x4096x14336 0.79x -> 0.93x), the slowest 0.947x (7389x3584x3584).
+PP192_MIN_M = 4096
+PP192_MIN_N = 3072
+
+
+def large_m_pp192_config(m: int, n: int, current: GemmConfig) -> GemmConfig | None:
+    """128 x 192 ping-pong for a 16-bit 128 x 128 ping-pong pick `current` (notes above: PP192_*),
+    else None."""
+    if (m >= PP192_MIN_M and n >= PP192_MIN_N and current.tile_mn == (128, 128) and current.pingpong
+            and not current.swap_ab and current.split_k == 1):
+        return dataclasses.replace(current, tile_n=192)
+    return None
