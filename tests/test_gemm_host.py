@@ -905,3 +905,37 @@ def test_grid_rounds_are_checked_before_any_timing():
             run_grid(seed=1, count=1, rounds=bad)
     with pytest.raises(SystemExit):  # --rounds parses as an int
         main(["--grid", "--rounds", "x"])
+
+
+def test_gemm_profile_summarizes_an_ncu_source_page(tmp_path):
+    """benchmarks.gemm_profile reads Nsight Compute's SASS source page: stall reasons, opcodes
+    (predicates dropped), the wgmma share and the span of the output stores."""
+    from benchmarks.gemm_profile import _opcode, format_summary, main, summarize
+
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+           "stall_barrier (Not Issued)", "stall_long_sb"]
+    body = [["0x10", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR16], R9", "6", "8", "0", "0", "6"],
+            ["0x20", "HGMMA.64x176x16.F32.BF16 R24, gdesc[UR20], R24", "3", "64", "0", "0", "0"],
+            ["0x30", "WARPGROUP.DEPBAR.LE gsb0, 0x1", "5", "8", "5", "5", "0"],
+            ["0x40", "STSM.16.MT88.4 [R7], R116", "2", "8", "0", "0", "0"],
+            ["0x50", "@!P0  BAR.SYNC.DEFER_BLOCKING 0x4, 0x80", "4", "8", "4", "4", "0"],
+            ["0x60", "UTMASTG.2D desc[URZ], [UR16], [UR20]", "0", "2", "0", "0", "0"]]
+    path = tmp_path / "k_sass.csv"
+    with open(path, "w") as f:
+        f.write('"Kernel Name","nvjet_sm90_tst_128x176_64x5_2x1_v_bz_TNT",\n')
+        for r in [hdr] + body:
+            f.write(",".join(f'"{c}"' for c in r) + "\n")
+    s = summarize(str(path), top=2)
+    assert s["kernel"].startswith("nvjet_sm90") and s["samples"] == 20 and s["instructions_executed"] == 98
+    assert s["by_reason"] == {"barrier": 9, "long_sb": 6}
+    assert s["mma_share"] == 8 / 20 and s["epilogue_share"] == 6 / 20  # STSM .. UTMASTG
+    assert s["top"] == [("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR16], R9", 6),
+                        ("WARPGROUP.DEPBAR.LE gsb0, 0x1", 5)]
+    assert _opcode("@!P0  BAR.SYNC.DEFER_BLOCKING 0x4, 0x80") == "BAR.SYNC.DEFER_BLOCKING"
+    assert "| barrier | 9 | 45.0% |" in format_summary("k", s)
+    assert main(["summarize", str(path), "--top", "3"]) == 0
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+        summarize(str(tmp_path / "bad.csv"))
+    with pytest.raises(SystemExit):
+        main(["run", "--shape", "12x34"])  # a shape is MxNxK
