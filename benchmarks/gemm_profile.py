@@ -6,9 +6,9 @@
 `run` (an H100 and `ncu` on the PATH or under /usr/local/cuda/bin): for ours (the dispatch pick
 of bf16 `linear`, or --config, a tuning.tune.label) and cuBLAS (`F.linear`), profiles one launch
 after warm-up with the SpeedOfLight, WarpStateStats, SourceCounters and InstructionStats
-sections, and writes under --out (default benchmarks/results/profile): <provider>_<shape>.ncu-rep,
-its SASS source page as CSV (<provider>_<shape>_sass.csv) and the summary of each side by side
-(profile_<shape>.md).
+sections, and writes under --out (default gemm_profile_out/, git-ignored: the reports are
+0.4-0.6 MB each): <provider>_<shape>.ncu-rep, its SASS source page as CSV
+(<provider>_<shape>_sass.csv) and the summary of each side by side (profile_<shape>.md).
 
 `summarize`: for a source-page CSV, the warp-stall samples by stall reason and by opcode, the share
 on wgmma instructions and their waits (HGMMA / IGMMA / QGMMA, WARPGROUP.*), and the share of the
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="profile ours and cuBLAS on one shape (ncu), then summarize both")
     r.add_argument("--shape", type=_shape, required=True)
     r.add_argument("--config", default=None, help="our config label (default: the dispatch pick)")
-    r.add_argument("--out", default=os.path.join("benchmarks", "results", "profile"))
+    r.add_argument("--out", default="gemm_profile_out")
     s = sub.add_parser("summarize", help="warp-stall samples of an ncu source-page CSV")
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=25)
