@@ -952,8 +952,8 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
 # instead: the cost model rates 128 x 128 by its wave fill, but at these sizes the wider tile's
 # fewer loads per flop win. H100, same run, 3 alternating rounds: at 7249x3584x18944 (grid seed
 # 1079's worst bf16 row) 0.68x -> 0.88x cuBLAS, 6942x3840x1280 0.92x -> 1.03x
-# (`gemm_probe_large_m_pp128_h100.md`, 128 x 192 the best of six tiles at three of four shapes);
-# then 24 grid draws (seeds 3000-4199) of 4246-13527 tokens whose pick is 128 x 128 ping-pong
+# (`gemm_probe_large_m_pp128_h100.md`: of six tiles, 128 x 192 the fastest or within 2% of it
+# at four shapes); then 24 grid draws (seeds 3000-4199) of 4246-13527 tokens whose pick is 128 x 128 ping-pong
 # (`gemm_probe_large_m_pp192_h100.md`): 1.072x, 20 faster (5290x5120x27648 0.70x -> 0.96x,
 # 6492x4096x14336 0.79x -> 0.93x), the slowest 0.947x (7389x3584x3584).
 PP192_MIN_M = 4096
