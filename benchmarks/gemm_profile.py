@@ -140,8 +140,8 @@ def _launch(provider: str, shape: tuple[int, int, int], label: str | None) -> No
 
 
 def _ncu() -> str:
-    found = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu",) if os.path.exists(p)), None)
-    if found is None:
+    found = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not os.path.exists(found):
         raise SystemExit("error: Nsight Compute's ncu is not on the PATH nor at /usr/local/cuda/bin/ncu")
     return found
 

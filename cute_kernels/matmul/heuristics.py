@@ -840,31 +840,26 @@ def _wide_swap_config(m: int, n: int, k: int, num_sms: int, one_wave: bool = Fal
     # Or no more padding than 128-row tiles and fewer waves than the unswapped pick:
     # 845x4096x1024 in four 224-wide tiles, one wave, 0.92x cuBLAS; 128 x 128 in two waves 0.67x.
     waves = config_waves(default_config(m, n, k, num_sms=num_sms), m, n, num_sms)
-    options = []  # (waves, w, cm, cn) of every width that pads M little enough
+    widths = []  # (waves, w, cm, cn, padded M) of every width the epilogue and M allow
     for w in _SWAP_WIDTHS:
         if (w % 32 and k < _SWAP_SLAB16_MIN_K) or (m > _SWAP_LOOSE_PAD_M and w < _SWAP_LARGE_M_MIN_W):
             continue
         tiles_n = math.ceil(m / w)
         cm, cn = (1, 2) if tiles_n % 2 == 0 else (2, 1)
-        if tiles_n * w > limit and not (tiles_n * w <= padded and _waves(tiles_m, tiles_n, cm, cn, num_sms) < waves):
-            continue
-        options.append((_waves(tiles_m, tiles_n, cm, cn, num_sms), w, cm, cn))
+        widths.append((_waves(tiles_m, tiles_n, cm, cn, num_sms), w, cm, cn, tiles_n * w))
+    # Those that pad M little enough
+    options = [o for o in widths if o[4] <= limit or (o[4] <= padded and o[0] < waves)]
     many = bool(options) and min(o[0] for o in options) > _SWAP_FEW_WAVES
     best = None
-    for w_waves, w, cm, cn in options:
+    for w_waves, w, cm, cn, _ in options:
         cost = w_waves * w / (_swap_width_efficiency(w) if many else 1.0)
         if best is None or cost <= best[0]:
-            best = (cost, w, cm, cn)
+            best = (cost, w_waves, w, cm, cn)
     if best is None:
         return None
-    _, w, cm, cn = best
-    if one_wave and k >= _ONE_WAVE_MIN_K and m <= _SWAP_LOOSE_PAD_M and _waves(tiles_m, math.ceil(m / w), cm, cn, num_sms) >= 2:
-        for w1 in _SWAP_WIDTHS:
-            tiles_n = math.ceil(m / w1)
-            c1 = (1, 2) if tiles_n % 2 == 0 else (2, 1)
-            if tiles_n * w1 <= padded and _waves(tiles_m, tiles_n, *c1, num_sms) == 1:
-                w, (cm, cn) = w1, c1
-                break
+    _, w_waves, w, cm, cn = best
+    if one_wave and k >= _ONE_WAVE_MIN_K and m <= _SWAP_LOOSE_PAD_M and w_waves >= 2:
+        w, cm, cn = next(((o[1], o[2], o[3]) for o in widths if o[0] == 1 and o[4] <= padded), (w, cm, cn))
     # A grid that fills at most a quarter of a wave, or half of one with long K, splits K as
     # many ways as one wave holds, each split at least _SWAP_SPLIT_MIN_K_TILES long (its fixup
     # reads whole fp32 tiles back). H100, 2026-11-26, ms unsplit -> split: 129x1024x4096
