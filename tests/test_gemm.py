@@ -1171,19 +1171,35 @@ def test_swap_one_wave_picks():
 
 
 def test_large_m_pp192_picks():
-    """From 4096 tokens on 3072+ row weights a 16-bit 128 x 128 ping-pong pick widens to
-    128 x 192 ping-pong (cluster and raster kept); not below, not swapped, not for 8-bit inputs."""
+    """A 128 x 128 ping-pong pick on a 3072+ row weight widens to 128 x 192 ping-pong (cluster and
+    raster kept): 16-bit from 4096 tokens, or from 2048 in 2 x 1 clusters; fp8 from 2048 tokens.
+    Not below, not swapped, cooperative or promoted, not for int8."""
+    import dataclasses
+
     from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import large_m_pp192_config
 
     pp = GemmConfig(128, 128, 2, 1, pingpong=True)
-    assert large_m_pp192_config(7249, 3584, pp) == GemmConfig(128, 192, 2, 1, pingpong=True)
-    assert large_m_pp192_config(4000, 3584, pp) is None
+    pp12 = GemmConfig(128, 128, 1, 2, pingpong=True)
+    wide = GemmConfig(128, 192, 2, 1, pingpong=True)
+    assert large_m_pp192_config(7249, 3584, pp) == wide
+    assert large_m_pp192_config(3250, 8192, pp) == wide  # 2 x 1 from 2048 tokens
+    assert large_m_pp192_config(3250, 8192, pp12) is None  # 1 x 2 below 4096 tokens: lost
+    assert large_m_pp192_config(7249, 3584, pp12) == GemmConfig(128, 192, 1, 2, pingpong=True)
+    assert large_m_pp192_config(2000, 3584, pp) is None
     assert large_m_pp192_config(7249, 2048, pp) is None
     assert large_m_pp192_config(7249, 3584, GemmConfig(128, 128, 2, 1)) is None  # cooperative
     assert large_m_pp192_config(7249, 3584, GemmConfig(128, 128, 2, 1, pingpong=True, swap_ab=True)) is None
+    assert large_m_pp192_config(2850, 4800, pp, in_bytes=1) == wide
+    assert large_m_pp192_config(2000, 4800, pp, in_bytes=1) is None
+    assert large_m_pp192_config(2850, 4800, dataclasses.replace(pp, promote=True), in_bytes=1) is None
+    with pytest.raises(ValueError, match="in_bytes"):
+        large_m_pp192_config(2850, 4800, pp, in_bytes=4)
     api.clear_dispatch_caches()
-    assert api._pick_config(7249, 3584, 18944, 2, True, None, True, 2) == GemmConfig(128, 192, 2, 1, pingpong=True)
+    assert api._pick_config(7249, 3584, 18944, 2, True, None, True, 2) == wide
+    for m, n, k in ((2850, 4800, 1600), (12417, 4096, 1024), (5148, 5120, 5120)):
+        assert api._pick_config(m, n, k, 1, False, None, False, 2).tile_mn == (128, 192)  # fp8
+        assert api._pick_config(m, n, k, 1, False, None, False, 4, integer=True).tile_mn != (128, 192)  # int8
 
 
 def test_bf16_picks_build():

@@ -943,22 +943,37 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
     return None
 
 
-# From 4096 tokens on weights of 3072+ rows, a 128 x 128 ping-pong pick runs 128 x 192 ping-pong
-# instead: the cost model rates 128 x 128 by its wave fill, but at these sizes the wider tile's
-# fewer loads per flop win. H100, same run, 3 alternating rounds: at 7249x3584x18944 (grid seed
-# 1079's worst bf16 row) 0.68x -> 0.88x cuBLAS, 6942x3840x1280 0.92x -> 1.03x
-# (`gemm_probe_large_m_pp128_h100.md`: of six tiles, 128 x 192 the fastest or within 2% of it
-# at four shapes); then 24 grid draws (seeds 3000-4199) of 4246-13527 tokens whose pick is 128 x 128 ping-pong
-# (`gemm_probe_large_m_pp192_h100.md`): 1.072x, 20 faster (5290x5120x27648 0.70x -> 0.96x,
-# 6492x4096x14336 0.79x -> 0.93x), the slowest 0.947x (7389x3584x3584).
+# A 128 x 128 ping-pong pick on a weight of 3072+ rows runs 128 x 192 ping-pong instead: the
+# cost model rates 128 x 128 by its wave fill, but at these sizes the wider tile's fewer loads
+# per flop win. H100, same run, 3 alternating rounds, vs the 128 x 128 pick:
+# - 16-bit from 4096 tokens: at 7249x3584x18944 (grid seed 1079's worst bf16 row) 0.68x -> 0.88x
+#   cuBLAS, 6942x3840x1280 0.92x -> 1.03x (`gemm_probe_large_m_pp128_h100.md`: of six tiles,
+#   128 x 192 the fastest or within 2% of it at four shapes); then 24 grid draws (seeds
+#   3000-4199) of 4246-13527 tokens (`gemm_probe_large_m_pp192_h100.md`): 1.072x, 20 faster
+#   (5290x5120x27648 0.70x -> 0.96x), the slowest 0.947x (7389x3584x3584).
+# - 16-bit at 2048-4095 tokens, 2 x 1 clusters only (`gemm_probe_pp192_mid_h100.md`, 30 grid
+#   draws of seeds 4200-4799 at 1351-4095 tokens): the 23 picks in 2 x 1 clusters (2570-4095
+#   tokens) 1.098x, every one faster (3250x8192x28672 0.70x -> 0.95x cuBLAS, 3692x7168x5120
+#   0.89x -> 1.01x); the 7 in 1 x 2 clusters (1351-2917 tokens) 0.931x, 2 faster.
+# - fp8 from 2048 tokens (`gemm_probe_pp192_fp8_h100.md`, 16 draws of 2578-15893 tokens, all
+#   2 x 1): 1.034x, 14 faster (2850x4800x1600 0.96x -> 1.11x), the slowest 0.993x; 128 x 256
+#   cooperative 0.913x. int8 not measured: unchanged.
 PP192_MIN_M = 4096
 PP192_MIN_N = 3072
+PP192_C21_MIN_M = 2048
+PP192_FP8_MIN_M = 2048
 
 
-def large_m_pp192_config(m: int, n: int, current: GemmConfig) -> GemmConfig | None:
-    """128 x 192 ping-pong for a 16-bit 128 x 128 ping-pong pick `current` (notes above: PP192_*),
-    else None."""
-    if (m >= PP192_MIN_M and n >= PP192_MIN_N and current.tile_mn == (128, 128) and current.pingpong
-            and not current.swap_ab and current.split_k == 1):
-        return dataclasses.replace(current, tile_n=192)
-    return None
+def large_m_pp192_config(m: int, n: int, current: GemmConfig, in_bytes: int = 2) -> GemmConfig | None:
+    """128 x 192 ping-pong for a 128 x 128 ping-pong pick `current` of 16-bit (in_bytes=2) or
+    fp8 (in_bytes=1) inputs (notes above: PP192_*), else None."""
+    if not (n >= PP192_MIN_N and current.tile_mn == (128, 128) and current.pingpong and not current.swap_ab
+            and current.split_k == 1 and not current.promote):
+        return None
+    if in_bytes == 2:
+        wide = m >= PP192_MIN_M or (m >= PP192_C21_MIN_M and current.cluster_mn == (2, 1))
+    elif in_bytes == 1:
+        wide = m >= PP192_FP8_MIN_M
+    else:
+        raise ValueError(f"in_bytes must be 1 or 2, got {in_bytes!r}")
+    return dataclasses.replace(current, tile_n=192) if wide else None
