@@ -182,22 +182,31 @@ def _cublas_on_timer_inputs(timer, dtype: str = "bf16") -> float:
     import torch
     import torch.nn.functional as F
 
+    from benchmarks.gemm import _CUBLAS_N_ALIGN
     from cute_kernels.runtime.timing import time_ms
+
+    def padded_rows(t):  # the weight (or its column scales) padded to cuBLAS's N alignment, as the grid does
+        extra = -t.shape[0] % _CUBLAS_N_ALIGN
+        return torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) if extra else t
 
     sets = timer._sets
     if dtype == "int8":
         # torch._int_mm needs M > 16: padded rows outside the timed call, as the grid pads them.
         from benchmarks.gemm import _INT_MM_MIN_M
 
-        padded = [torch.cat([a, a.new_zeros(max(_INT_MM_MIN_M - a.shape[0], 0), a.shape[1])]) for a, *_ in sets]
-        return time_ms(lambda i: torch._int_mm(padded[i], sets[i][1].t()), n_rotate=len(sets), rep_ms=10.0)
+        padded = [(torch.cat([a, a.new_zeros(max(_INT_MM_MIN_M - a.shape[0], 0), a.shape[1])]), padded_rows(w))
+                  for a, w, *_ in sets]
+        return time_ms(lambda i: torch._int_mm(padded[i][0], padded[i][1].t()), n_rotate=len(sets), rep_ms=10.0)
     if dtype == "fp8":
+        fp8 = [(a, padded_rows(w), args["row_scale"].view(-1, 1), padded_rows(args["col_scale"].view(-1)).view(1, -1))
+               for a, w, _, args in sets]
+
         def run(i):
-            a, w, _, args = sets[i]
-            return torch._scaled_mm(a, w.t(), args["row_scale"].view(-1, 1), args["col_scale"].view(1, -1),
-                                    out_dtype=torch.bfloat16, use_fast_accum=True)
-        return time_ms(run, n_rotate=len(sets), rep_ms=10.0)
-    return time_ms(lambda i: F.linear(sets[i][0], sets[i][1]), n_rotate=len(sets), rep_ms=10.0)
+            a, w, rs, cs = fp8[i]
+            return torch._scaled_mm(a, w.t(), rs, cs, out_dtype=torch.bfloat16, use_fast_accum=True)
+        return time_ms(run, n_rotate=len(fp8), rep_ms=10.0)
+    weights = [padded_rows(w) for _, w, *_ in sets]
+    return time_ms(lambda i: F.linear(sets[i][0], weights[i]), n_rotate=len(sets), rep_ms=10.0)
 
 
 def run_widths(shapes, widths: range, top: int) -> tuple[list[Row], dict]:

@@ -1202,6 +1202,18 @@ def test_large_m_pp192_picks():
         assert api._pick_config(m, n, k, 1, False, None, False, 4, integer=True).tile_mn != (128, 192)  # int8
 
 
+def test_no_lone_128x96_over_many_waves():
+    """128 x 96 without a cluster is not picked for three or more waves (3921x1600x1600: four exact
+    waves of it ran 0.65x cuBLAS); fewer waves keep it available."""
+    from cute_kernels.matmul.heuristics import default_config
+
+    for m, n, k in ((3921, 1600, 1600), (3847, 1600, 6400), (3968, 1600, 6400)):
+        for in_bytes in (1, 2):
+            pick = default_config(m, n, k, in_bytes=in_bytes)
+            assert (pick.tile_mn, pick.cluster_mn) != ((128, 96), (1, 1)), (m, n, k, in_bytes, pick)
+    assert default_config(3921, 1600, 1600) == GemmConfig(128, 160, 2, 1, pingpong=True)
+
+
 def test_bf16_picks_build():
     """Every 16-bit pick validates (swap_ab widths, 256-row tiles at most 192 wide), over the
     token counts each rule covers on the narrow and wide weights of the grid's models."""

@@ -53,6 +53,11 @@ _TILE_EFFICIENCY = {
     # 0.82x); fp8 per-tensor 0.96x `_scaled_mm` (128x96: 0.79x), per-row 1.40x (1.17x).
     (64, 128, True): 0.75,
 }
+# 128 x 96 without a cluster (where an odd tile count along M would pad 2 x 1 clusters into one
+# more wave) wins the cost model by its wave fill alone, but with neither panel multicast its
+# L2 -> SM traffic bounds it: 3921x1600x1600 (grid seed 1081, 4 exact waves) ran it at 0.71x
+# cuBLAS, fp8 0.86x. From this many waves on, the next tile in the model runs instead.
+_TILE_128x96_MAX_WAVES_ALONE = 3
 # A cooperative kernel's epilogue stalls the tensor cores; ping-pong hides it
 # under the other warpgroup's main loop. Expressed as extra K per tile.
 _EPILOGUE_K = {False: 128, True: 16}
@@ -221,6 +226,8 @@ def default_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes:
             continue  # only as one wave of its clusters; 8-bit inputs only past short K
         if (tm, tn) == (128, 256) and in_bytes == 1 and k < _TILE_128x256_MIN_K_8BIT:
             continue
+        if (tm, tn) == (128, 96) and (cm, cn) == (1, 1) and _waves(tiles_m, tiles_n, 1, 1, num_sms) >= _TILE_128x96_MAX_WAVES_ALONE:
+            continue  # no multicast over many waves: see _TILE_128x96_MAX_WAVES_ALONE
         cost = model_cost(m, n, k, GemmConfig(tm, tn, cm, cn, pingpong=pp), num_sms=num_sms, in_bytes=in_bytes,
                           weigh_cluster=False)
         if cost < best_cost - 1e-9:
