@@ -1202,6 +1202,30 @@ def test_large_m_pp192_picks():
         assert api._pick_config(m, n, k, 1, False, None, False, 4, integer=True).tile_mn != (128, 192)  # int8
 
 
+def test_wide_long_k_swap_picks():
+    """A wide weight (N >= 16384) at long K from 288 to 704 tokens runs ceil(M / 256) token tiles
+    of 128-row swap_ab tiles, ping-pong up to 192 wide, 1 x 2 for an even tile count, else 2 x 1;
+    not over a swapped pick, not at short K, narrow weights or outside the token range."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import wide_long_k_swap_config
+
+    coop = GemmConfig(128, 256, 1, 2)
+    assert wide_long_k_swap_config(347, 152064, 5120, coop) == GemmConfig(128, 176, 1, 2, pingpong=True, swap_ab=True)
+    assert wide_long_k_swap_config(459, 37888, 3584, coop) == GemmConfig(128, 232, 1, 2, swap_ab=True)
+    assert wide_long_k_swap_config(627, 152064, 5120, coop) == GemmConfig(128, 216, 2, 1, swap_ab=True)
+    assert wide_long_k_swap_config(576, 37888, 3584, coop) == GemmConfig(128, 192, 2, 1, pingpong=True, swap_ab=True)
+    assert wide_long_k_swap_config(347, 152064, 5120, GemmConfig(128, 240, 1, 2, swap_ab=True)) is None
+    assert wide_long_k_swap_config(347, 152064, 2048, coop) is None  # short K
+    assert wide_long_k_swap_config(347, 8192, 5120, coop) is None  # narrow weight
+    assert wide_long_k_swap_config(256, 152064, 5120, coop) is None
+    assert wide_long_k_swap_config(800, 152064, 5120, coop) is None
+    api.clear_dispatch_caches()
+    for m in (300, 347, 382, 450, 512, 600, 704):
+        cfg = api._pick_config(m, 152064, 5120, 2, True, None, True, 2)
+        assert cfg.swap_ab and cfg.tile_m == 128, (m, cfg)
+        cfg.validate()
+
+
 def test_no_lone_128x96_over_many_waves():
     """128 x 96 without a cluster is not picked for three or more waves (3921x1600x1600: four exact
     waves of it ran 0.65x cuBLAS); fewer waves keep it available."""

@@ -26,6 +26,7 @@ from .heuristics import (
     vocab_pingpong_config,
     wave_swap_c41_config,
     wave_swap_config,
+    wide_long_k_swap_config,
 )
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
@@ -165,6 +166,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). For 16-bit inputs the first of these replaces that pick: ping-pong
     swap_ab tiles on a wide weight at short K from 256 tokens (heuristics.vocab_pingpong_config),
+    swap_ab tiles over ceil(M / 256) token tiles on a wide weight at long K from 288 to 704 tokens
+    (heuristics.wide_long_k_swap_config),
     one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
     a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
     clusters at short K (heuristics.wave_swap_c41_config); then a 128 x 128 ping-pong pick from 4096
@@ -190,7 +193,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     else:
         pick = default_config(M, N, K, in_bytes=in_bytes)
     if swappable and in_bytes == 2:
-        pick = (vocab_pingpong_config(M, N, K) or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
+        pick = (vocab_pingpong_config(M, N, K) or wide_long_k_swap_config(M, N, K, pick)
+                or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
                 or wave_swap_c41_config(M, N, K, pick) or pick)
         return large_m_pp192_config(M, N, pick) or pick
     if in_bytes == 1 and not integer:

@@ -728,6 +728,37 @@ def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) ->
     return None if best is None else best[1]
 
 
+# Wide weights (N >= 16384: lm_heads, Llama 70B's and Qwen's gate_up) at long K (>= 3584) from
+# 288 to 704 tokens: 128-row swap_ab tiles over ceil(M / 256) token tiles of the narrowest width
+# in steps of 8 that covers M, ping-pong where a warpgroup's accumulator holds the width (<= 192),
+# the cluster pairing two token tiles (1 x 2) when their count is even, else two weight tiles
+# (2 x 1), over an unswapped pick (128 x 256 cooperative, 128 x 192 ping-pong). cuBLAS runs
+# 192-row tiles there (nvjet 192x176 / 192x192 1x2 at 347 / 382 x 152064 x 5120), which lost in
+# our kernel (docs/tried-and-not-kept.md). H100, same run, 3 rounds (`gemm_probe_wide_mid_h100.md`,
+# draws of seeds 7600-8199 and seed 1081's 360x57344x8192): at 346-627 tokens this form was the
+# fastest of four or five configs at all 10 shapes, 1.02x-1.44x the pick (347x152064x5120 0.72x ->
+# 1.03x cuBLAS, 627x152064x5120 0.76x -> 0.90x); at 256 tokens the pick won (1.03x vs 0.97x),
+# at 736-1021 tokens the picks won or tied at 7 of 13. Held out: 24 draws of seeds 8200-9399
+# whose pick it changes (`gemm_probe_wide_long_k_swap_rule_h100.md`): 1.074x, 22 faster
+# (337x152064x3584 0.79x -> 1.06x cuBLAS), the slowest 0.918x (631x28672x4096 over 128 x 160
+# ping-pong in 1 x 2).
+WIDE_LONG_K_SWAP_M = (288, 704)
+WIDE_LONG_K_SWAP_MIN_N = 16384
+WIDE_LONG_K_SWAP_MIN_K = 3584
+
+
+def wide_long_k_swap_config(m: int, n: int, k: int, current: GemmConfig) -> GemmConfig | None:
+    """The swap_ab config for a 16-bit M x N x K problem on a wide weight at long K (notes above:
+    WIDE_LONG_K_SWAP_*) to replace the unswapped pick `current`, or None."""
+    if not (WIDE_LONG_K_SWAP_M[0] <= m <= WIDE_LONG_K_SWAP_M[1] and n >= WIDE_LONG_K_SWAP_MIN_N
+            and k >= WIDE_LONG_K_SWAP_MIN_K) or current.swap_ab:
+        return None
+    token_tiles = math.ceil(m / 256)
+    width = math.ceil(m / token_tiles / 8) * 8
+    cluster = (1, 2) if token_tiles % 2 == 0 else (2, 1)
+    return GemmConfig(128, width, *cluster, pingpong=width <= 192, swap_ab=True)
+
+
 # Weights of 2048-8192 rows whose 128-row tiles come in fours at short K: one full wave of
 # 128-row swap_ab tiles in 4 x 1 clusters (each token tile multicast to four weight tiles), the
 # most token tiles the wave holds and the narrowest width in steps of 8 that covers M in them,
