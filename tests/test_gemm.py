@@ -1226,6 +1226,31 @@ def test_wide_long_k_swap_picks():
         cfg.validate()
 
 
+def test_long_k_c41_picks():
+    """At K >= 3584 from 256 to 1400 tokens a 128+-row pick runs one wave of 4 x 1 swap_ab
+    clusters: 128-row weight tiles where their fours fill 27+ clusters, else 256-row ones on 6144+
+    row weights at least 80 wide; over whichever earlier rule won, before the 128 x 192 widening."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import long_k_c41_config
+
+    pick = GemmConfig(128, 112, 2, 1, swap_ab=True)
+    assert long_k_c41_config(295, 5120, 27648, pick) == GemmConfig(128, 104, 4, 1, swap_ab=True)
+    assert long_k_c41_config(292, 4608, 3584, pick) == GemmConfig(128, 104, 4, 1, swap_ab=True)
+    assert long_k_c41_config(393, 10240, 8192, pick) == GemmConfig(256, 136, 4, 1, swap_ab=True)
+    assert long_k_c41_config(299, 6144, 4096, pick) is None  # 256 x 64: too narrow
+    assert long_k_c41_config(655, 4096, 4096, pick) is None  # 256-row tiles on 4096 rows: 7 token tiles
+    assert long_k_c41_config(1749, 2048, 8192, pick) is None  # past 1400 tokens
+    assert long_k_c41_config(250, 5120, 27648, pick) is None
+    assert long_k_c41_config(295, 5120, 2048, pick) is None  # short K: wave_swap_c41_config's range
+    assert long_k_c41_config(295, 5120, 27648, GemmConfig(64, 176, 1, 2, swap_ab=True)) is None
+    assert long_k_c41_config(347, 152064, 5120, pick) is None  # too many weight tiles for one wave
+    api.clear_dispatch_caches()
+    for m, n, k, want in ((274, 5120, 27648, (128, 96)), (637, 3584, 3584, (128, 160)), (258, 10240, 8192, (256, 88))):
+        cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
+        assert (cfg.tile_mn, cfg.cluster_mn, cfg.swap_ab) == (want, (4, 1), True), (m, n, k, cfg)
+        cfg.validate()
+
+
 def test_no_lone_128x96_over_many_waves():
     """128 x 96 without a cluster is not picked for three or more waves (3921x1600x1600: four exact
     waves of it ran 0.65x cuBLAS); fewer waves keep it available."""

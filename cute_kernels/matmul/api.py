@@ -19,6 +19,7 @@ from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supp
 from .heuristics import (
     default_config,
     large_m_pp192_config,
+    long_k_c41_config,
     skinny_gemv,
     split_config,
     swap_256_config,
@@ -170,7 +171,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     (heuristics.wide_long_k_swap_config),
     one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
     a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
-    clusters at short K (heuristics.wave_swap_c41_config); then a 128 x 128 ping-pong pick from 4096
+    clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at long K over
+    whichever of these won (heuristics.long_k_c41_config), and a 128 x 128 ping-pong pick from 4096
     tokens (2048 in 2 x 1 clusters, and for fp8) widens to 128 x 192 (heuristics.large_m_pp192_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
@@ -196,6 +198,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         pick = (vocab_pingpong_config(M, N, K) or wide_long_k_swap_config(M, N, K, pick)
                 or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
                 or wave_swap_c41_config(M, N, K, pick) or pick)
+        pick = long_k_c41_config(M, N, K, pick) or pick
         return large_m_pp192_config(M, N, pick) or pick
     if in_bytes == 1 and not integer:
         return large_m_pp192_config(M, N, pick, in_bytes=1) or pick

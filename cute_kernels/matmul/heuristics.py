@@ -797,6 +797,47 @@ def wave_swap_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms
     return GemmConfig(128, w, 4, 1, swap_ab=True)
 
 
+# The same one wave of 4 x 1 clusters at long K (>= 3584) from 256 to 1400 tokens, from 128-row
+# weight tiles where their fours leave a wave of at least 27 clusters, else from 256-row ones on
+# weights of 6144+ rows (at most 5 token tiles) at least 80 tokens wide: cuBLAS's own choice at a
+# few hundred tokens on 3584-10240-row weights (nvjet 128x104 4x1 at 295x5120x27648 and
+# 292x4608x3584, 128x128 at 377x5120x27648, 256x112 / 256x136 / 256x152 4x1 at 323 / 393 / 435 x
+# 10240 x 8192), where the long-K one-wave rule's 2 x 1 / 1 x 2 tiles ran 0.65-0.88x cuBLAS; in
+# our kernel 0.935-1.008x (`gemm_probe_long_k_mid_n_h100.md`, same run on the H100). The bounds
+# are fitted on two draws, same runs, 3 rounds. Seeds 10600-11799, K the only bound
+# (`gemm_probe_long_k_c41_h100.md`): 1.042x over 26, 14 faster; below 256 tokens 0.84-0.99x (4),
+# 3472x1024x4096 0.955x, 256-row tiles on 4096-row weights (7 token tiles) 0.77-0.95x (5).
+# Seeds 11800-12999 with those bounds (`gemm_probe_long_k_c41_rule_h100.md`): 1.033x over 26, 18
+# faster; 256 x 64 tiles at 286 / 299 x 6144 x 4096 0.68x / 0.80x, 1432 / 1749 x 2048 x 8192
+# 0.955x / 0.874x. Inside all the bounds, that draw's 22 shapes: 1.077x, 18 faster
+# (274x5120x27648 0.76x -> 0.99x cuBLAS, 637x3584x3584 0.82x -> 0.98x), the slowest 0.968x.
+C41_LONG_MIN_K = 3584
+C41_LONG_M = (256, 1400)
+_C41_LONG_MIN_CLUSTERS = 27
+_C41_LONG_256_MIN_N = 6144
+_C41_LONG_256_MIN_W = 80
+
+
+def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The one-wave 4 x 1 swap_ab config for a 16-bit M x N x K problem at long K (notes above:
+    C41_LONG_*) to replace a pick `current` of 128+ rows, or None."""
+    if (k < C41_LONG_MIN_K or not C41_LONG_M[0] <= m <= C41_LONG_M[1] or current.tile_m < 128
+            or num_sms != H100_SMS):
+        return None
+    for tile_m, max_w in ((128, 256), (256, 192)):
+        weight_tiles = math.ceil(n / tile_m)
+        if weight_tiles % 4 or (tile_m == 256 and n < _C41_LONG_256_MIN_N):
+            continue
+        fours = weight_tiles // 4
+        t = _per_wave(4, num_sms) // fours
+        if t < 1 or fours * t < _C41_LONG_MIN_CLUSTERS:
+            continue
+        w = math.ceil(math.ceil(m / t) / 8) * 8
+        min_w = _C41_LONG_256_MIN_W if tile_m == 256 else 64
+        return GemmConfig(tile_m, w, 4, 1, swap_ab=True) if min_w <= w <= max_w else None
+    return None
+
+
 def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *, tile_m: int = 128,
                    num_sms: int = H100_SMS) -> list[GemmConfig]:
     """The tile_m-row swap_ab configs of `widths` (in their order) in `cluster` whose grid runs
