@@ -171,9 +171,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     (heuristics.wide_long_k_swap_config),
     one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
     a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
-    clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at long K over
-    whichever of these won (heuristics.long_k_c41_config), and a 128 x 128 ping-pong pick from 4096
-    tokens (2048 in 2 x 1 clusters, and for fp8) widens to 128 x 192 (heuristics.large_m_pp192_config). integer: int8 inputs (their swap_ab
+    clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
+    long K over whichever of these won (heuristics.long_k_c41_config). Last, for 16-bit and fp8
+    inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
+    clusters, and for fp8; heuristics.large_m_pp192_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
