@@ -996,6 +996,9 @@ SWAP_CFGS = {
     "64x112c12W": GemmConfig(64, 112, 1, 2, swap_ab=True, whole_tile_epi=True),
     "128x88c21R": GemmConfig(128, 88, 2, 1, swap_ab=True, whole_tile_epi=False),  # 8-column slabs through the ring
     "128x80c41": GemmConfig(128, 80, 4, 1, swap_ab=True),  # WAVE_SWAP_NARROW on 1024-row weights
+    # one wave in 4 x 1 at long K (heuristics.long_k_c41_config): 256-row weight tiles too
+    "256x88c41": GemmConfig(256, 88, 4, 1, swap_ab=True),  # 8-column slabs
+    "256x136c41": GemmConfig(256, 136, 4, 1, swap_ab=True),
 }
 
 
@@ -1003,7 +1006,8 @@ SWAP_CFGS = {
 @pytest.mark.parametrize("cfg_name", ["128x96c21", "128x160c12pp", "128x96c21s3", "128x144c21", "128x112c12pp",
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
-                                      "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41"])
+                                      "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41",
+                                      "256x88c41"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
