@@ -754,7 +754,7 @@ def wide_long_k_swap_config(m: int, n: int, k: int, current: GemmConfig) -> Gemm
             and k >= WIDE_LONG_K_SWAP_MIN_K) or current.swap_ab:
         return None
     token_tiles = math.ceil(m / 256)
-    width = math.ceil(m / token_tiles / 8) * 8
+    width = _covering_width(m, token_tiles)
     cluster = (1, 2) if token_tiles % 2 == 0 else (2, 1)
     return GemmConfig(128, width, *cluster, pingpong=width <= 192, swap_ab=True)
 
@@ -781,20 +781,35 @@ _C41_MIN_CLUSTERS = 28
 def wave_swap_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """The one-wave 4 x 1 swap_ab config for a 16-bit M x N x K problem (notes above: C41_*) to
     replace `current`, or None."""
-    weight_tiles = math.ceil(n / 128)
     unswapped_96 = current.tile_n == 96 and not (current.swap_ab or current.pingpong)
     # Clusters of 4 resident at once are known for the H100's 132 SMs only (MAX_ACTIVE_CLUSTERS).
     if (current.tile_m != 128 or unswapped_96 or n < C41_MIN_N or not NARROW_MIN_K <= k <= C41_MAX_K
-            or weight_tiles % 4 or num_sms != H100_SMS):
+            or num_sms != H100_SMS):
         return None
-    fours = weight_tiles // 4
-    t = _per_wave(4, num_sms) // fours  # token tiles: the most one wave holds
-    if fours * t < _C41_MIN_CLUSTERS:
+    t = _c41_token_tiles(n, 128, _C41_MIN_CLUSTERS, num_sms)
+    if t is None:
         return None
-    w = math.ceil(math.ceil(m / t) / 8) * 8
+    w = _covering_width(m, t)
     if not 64 <= w <= 256:
         return None
     return GemmConfig(128, w, 4, 1, swap_ab=True)
+
+
+def _c41_token_tiles(n: int, tile_m: int, min_clusters: int, num_sms: int) -> int | None:
+    """Token tiles of one wave of 4 x 1 swap_ab clusters over an N-row weight in tile_m-row tiles:
+    the most one wave holds, or None where the weight tiles do not come in fours or the wave
+    would hold fewer than `min_clusters` clusters."""
+    weight_tiles = math.ceil(n / tile_m)
+    if weight_tiles % 4:
+        return None
+    fours = weight_tiles // 4
+    t = _per_wave(4, num_sms) // fours
+    return t if t >= 1 and fours * t >= min_clusters else None
+
+
+def _covering_width(m: int, tiles: int) -> int:
+    """The narrowest width in steps of 8 (wgmma's N) that covers M tokens in `tiles` tiles."""
+    return math.ceil(math.ceil(m / tiles) / 8) * 8
 
 
 # The same one wave of 4 x 1 clusters at long K (>= 3584) from 256 to 1400 tokens, from 128-row
@@ -824,16 +839,11 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     if (k < C41_LONG_MIN_K or not C41_LONG_M[0] <= m <= C41_LONG_M[1] or current.tile_m < 128
             or num_sms != H100_SMS):
         return None
-    for tile_m, max_w in ((128, 256), (256, 192)):
-        weight_tiles = math.ceil(n / tile_m)
-        if weight_tiles % 4 or (tile_m == 256 and n < _C41_LONG_256_MIN_N):
+    for tile_m, min_w, max_w in ((128, 64, 256), (256, _C41_LONG_256_MIN_W, 192)):
+        t = _c41_token_tiles(n, tile_m, _C41_LONG_MIN_CLUSTERS, num_sms)
+        if t is None or (tile_m == 256 and n < _C41_LONG_256_MIN_N):
             continue
-        fours = weight_tiles // 4
-        t = _per_wave(4, num_sms) // fours
-        if t < 1 or fours * t < _C41_LONG_MIN_CLUSTERS:
-            continue
-        w = math.ceil(math.ceil(m / t) / 8) * 8
-        min_w = _C41_LONG_256_MIN_W if tile_m == 256 else 64
+        w = _covering_width(m, t)
         return GemmConfig(tile_m, w, 4, 1, swap_ab=True) if min_w <= w <= max_w else None
     return None
 
