@@ -999,6 +999,9 @@ SWAP_CFGS = {
     # one wave in 4 x 1 at long K (heuristics.long_k_c41_config): 256-row weight tiles too
     "256x88c41": GemmConfig(256, 88, 4, 1, swap_ab=True),  # 8-column slabs
     "256x136c41": GemmConfig(256, 136, 4, 1, swap_ab=True),
+    # the least-padding swap_ab tile from 1400 tokens at long K (heuristics.long_k_wave_swap_config)
+    "256x152c21": GemmConfig(256, 152, 2, 1, swap_ab=True),  # 8-column slabs
+    "128x248c21": GemmConfig(128, 248, 2, 1, swap_ab=True),  # 8-column slabs
 }
 
 
@@ -1007,7 +1010,7 @@ SWAP_CFGS = {
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
                                       "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41",
-                                      "256x88c41"])
+                                      "256x88c41", "256x152c21", "128x248c21"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -1037,8 +1040,11 @@ def test_swap_256_picks():
         c = api._pick_config(m, n, k, in_bytes, in_bytes == 2, None, True)
         return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.swap_ab)
 
-    assert pick(1355, 3584, 3584) == (256, 160, 2, 1, True)  # 14 x 9 tiles: one wave of 63 clusters
-    assert pick(1065, 4096, 14336) == (256, 144, 2, 1, True)
+    # 14 x 9 tiles: one wave of 63 clusters (at long K the least-padding width, 152, then replaces 160)
+    assert swap_256_config(1355, 3584, 3584, GemmConfig(128, 160, 1, 2, pingpong=True)) == \
+        GemmConfig(256, 160, 2, 1, swap_ab=True)
+    assert pick(1355, 3584, 3584) == (256, 152, 2, 1, True)
+    assert pick(1065, 4096, 14336) == (256, 136, 2, 1, True)
     assert pick(1931, 3584, 3584)[0] == 128  # 256 x 112 costs what 128 x 224 swapped does
     assert pick(781, 4800, 1600)[:2] == (256, 144)  # a 16-column-slab width at K < 2048
     assert pick(1809, 768, 3072)[0] != 256 and pick(300, 4096, 4096)[0] != 256 and pick(8192, 4096, 4096)[1] != 144
@@ -1252,6 +1258,55 @@ def test_long_k_c41_picks():
     for m, n, k, want in ((274, 5120, 27648, (128, 96)), (637, 3584, 3584, (128, 160)), (258, 10240, 8192, (256, 88))):
         cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
         assert (cfg.tile_mn, cfg.cluster_mn, cfg.swap_ab) == (want, (4, 1), True), (m, n, k, cfg)
+        cfg.validate()
+
+
+def test_long_k_wave_swap_picks():
+    """From 400 tokens at K >= 3584 the swap_ab tile padding the fewest waves x tile area (256-row
+    128-192 wide, 128-row 192-256 wide, steps of 8) replaces a pick padding 1 / 0.96x as much, in
+    at most six waves; never at shorter K, fewer tokens, over a split pick or at equal padding."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import long_k_wave_swap_config
+
+    coop = GemmConfig(128, 256, 2, 1)
+    assert long_k_wave_swap_config(8786, 1280, 5120, coop) == GemmConfig(128, 232, 2, 1, swap_ab=True)
+    assert long_k_wave_swap_config(4888, 2048, 8192, GemmConfig(128, 160, 2, 1)) == GemmConfig(256, 152, 2, 1, swap_ab=True)
+    assert long_k_wave_swap_config(1482, 6144, 4096, GemmConfig(256, 144, 2, 1, swap_ab=True)) == \
+        GemmConfig(256, 136, 2, 1, swap_ab=True)
+    assert long_k_wave_swap_config(8786, 1280, 2048, coop) is None  # K below 3584
+    assert long_k_wave_swap_config(390, 6144, 4096, GemmConfig(256, 144, 2, 1, swap_ab=True)) is None
+    assert long_k_wave_swap_config(761, 4096, 14336, GemmConfig(256, 112, 2, 1, swap_ab=True)) == \
+        GemmConfig(128, 192, 2, 1, swap_ab=True)
+    assert long_k_wave_swap_config(8786, 1280, 5120, GemmConfig(128, 256, 2, 1, split_k=2)) is None
+    # the same padding: 128 x 256 vs 128 x 256 swapped at 2246x7168x5120
+    assert long_k_wave_swap_config(2246, 7168, 5120, GemmConfig(128, 256, 2, 1)) is None
+    assert long_k_wave_swap_config(15000, 8192, 8192, coop) is None  # more than six waves
+    api.clear_dispatch_caches()
+    for m, n, k, want in ((6763, 2048, 8192, (128, 208)), (4863, 4096, 4096, (256, 152)), (2432, 8192, 28672, (256, 152))):
+        cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
+        assert (cfg.tile_mn, cfg.cluster_mn, cfg.swap_ab) == (want, (2, 1), True), (m, n, k, cfg)
+        cfg.validate()
+
+
+def test_equal_pad_narrow_picks():
+    """Where 64-row swap_ab tiles pad M as much as 128-row ones, their clustered config up to 224
+    wide replaces a 16-bit 128-row pick; not 256 wide, not unclustered, not over a 64-row pick."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import equal_pad_narrow_config, narrow_swap_config
+
+    split_pp = GemmConfig(128, 128, 2, 1, pingpong=True, split_k=2)
+    assert equal_pad_narrow_config(251, 4096, 4096, split_pp) == narrow_swap_config(251, 4096, 4096)
+    assert equal_pad_narrow_config(251, 4096, 4096, split_pp).tile_mn == (64, 128)
+    assert equal_pad_narrow_config(384, 4096, 14336, GemmConfig(128, 96, 1, 2)).tile_mn == (64, 192)
+    assert equal_pad_narrow_config(240, 4096, 4096, split_pp) is None  # 64-row tiles pad less: swap_config's
+    assert equal_pad_narrow_config(498, 3072, 1024, GemmConfig(128, 96, 2, 1)) is None  # 256 wide
+    assert equal_pad_narrow_config(252, 6400, 1600, GemmConfig(128, 128, 2, 2, pingpong=True)) is None  # 1 x 1
+    assert equal_pad_narrow_config(489, 1024, 1024, GemmConfig(64, 64, 1, 1, pingpong=True)) is None
+    assert equal_pad_narrow_config(100, 4096, 4096, split_pp) is None
+    api.clear_dispatch_caches()
+    for m, n, k in ((251, 4096, 4096), (372, 3072, 1024), (744, 2048, 2048)):
+        cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
+        assert cfg.swap_ab and cfg.tile_m == 64 and cfg.cluster_mn == (1, 2), (m, n, k, cfg)
         cfg.validate()
 
 

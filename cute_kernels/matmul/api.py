@@ -18,8 +18,10 @@ from ..tuning import cache as tuning
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supported, swapped_epilogue
 from .heuristics import (
     default_config,
+    equal_pad_narrow_config,
     large_m_pp192_config,
     long_k_c41_config,
+    long_k_wave_swap_config,
     skinny_gemv,
     split_config,
     swap_256_config,
@@ -174,7 +176,11 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
     long K over whichever of these won (heuristics.long_k_c41_config). Last, for 16-bit and fp8
     inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
-    clusters, and for fp8; heuristics.large_m_pp192_config). integer: int8 inputs (their swap_ab
+    clusters, and for fp8; heuristics.large_m_pp192_config); for 16-bit inputs from 1400 tokens at
+    long K, the swap_ab tile that pads the fewest waves x tile area replaces a pick that pads
+    1 / 0.96x as much (heuristics.long_k_wave_swap_config), and where 64-row swap_ab tiles pad M
+    as much as 128-row ones, their clustered config up to 224 wide replaces a 128-row pick
+    (heuristics.equal_pad_narrow_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
@@ -200,7 +206,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                 or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
                 or wave_swap_c41_config(M, N, K, pick) or pick)
         pick = long_k_c41_config(M, N, K, pick) or pick
-        return large_m_pp192_config(M, N, pick) or pick
+        pick = large_m_pp192_config(M, N, pick) or pick
+        return long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick) or pick
     if in_bytes == 1 and not integer:
         return large_m_pp192_config(M, N, pick, in_bytes=1) or pick
     return pick

@@ -460,6 +460,29 @@ def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_by
     return cfg
 
 
+# Where 64-row tiles pad the tokens exactly as much as 128-row ones (M just under a multiple of
+# 128: 241-256, 369-384, ...), `swap_config` leaves the narrow config out and a 128-row pick
+# runs; over a final 16-bit pick of 128 rows the narrow config in a cluster, at most 224 wide,
+# ran faster. Same run on the H100, 3 rounds (`gemm_probe_narrow_equal_pad_h100.md`, 24 draws of
+# seeds 14400-14999): the 11 such 1.01-1.41x (383x4096x14336 0.81x -> 1.14x cuBLAS, 617x2048x2048
+# 0.85x -> 1.20x); 256 wide 0.85-1.02x (4), unclustered 0.97-1.02x, over 64-row picks 0.88-1.07x.
+EQUAL_PAD_NARROW_MAX_W = 224
+
+
+def equal_pad_narrow_config(m: int, n: int, k: int, current: GemmConfig, *,
+                            num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The 64-row swap_ab config for a 16-bit M x N x K problem (M > 128) where it pads the tokens
+    as much as 128-row tiles (notes above: EQUAL_PAD_NARROW_MAX_W) to replace a 128-row pick
+    `current`, or None."""
+    if m <= 128 or n < NARROW_MIN_N or k < NARROW_MIN_K or current.tile_m != 128:
+        return None
+    cfg = narrow_swap_config(m, n, k, num_sms=num_sms)
+    if (cfg is None or cfg.tile_n > EQUAL_PAD_NARROW_MAX_W or cfg.cluster_m * cfg.cluster_n == 1
+            or math.ceil(m / cfg.tile_n) * cfg.tile_n != math.ceil(m / 128) * 128):
+        return None
+    return cfg
+
+
 def narrow_step(integer: bool) -> int:
     """The token-width step of 64-row swap_ab tiles: 8, or 16 for int8 (NARROW_INT8)."""
     return _NARROW_STEP_INT if integer else _NARROW_STEP_16BIT
@@ -845,6 +868,51 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
             continue
         w = _covering_width(m, t)
         return GemmConfig(tile_m, w, 4, 1, swap_ab=True) if min_w <= w <= max_w else None
+    return None
+
+
+# From 400 tokens at long K (>= 3584), the swap_ab tile whose grid pads the least work: 256-row
+# tiles 128-192 tokens wide or 128-row ones 192-256 wide, in steps of 8, 2 x 1 or 1 x 2, by
+# fewest waves x tile area (the wider, then 2 x 1, on a tie), where that is at most 0.96x the
+# pick's waves x tile area and at most 6 waves. cuBLAS's own choice: at 1477-15645 tokens its
+# nvjet kernels are these tiles with these widths (256x136 at 1477x6144x4096, 256x152 at
+# 4888x2048x8192, 128x208 at 5382x1280x5120, 128x240 at 3109x1280x5120; `gemm_probe_losers1083_h100.md`,
+# where our kernel in them ran 0.965-0.997x cuBLAS against the picks' 0.84-0.90x). Fitted on 48
+# draws of seeds 13100-13699 (`gemm_probe_wf_long_h100.md`, H100, same run, 3 rounds): the 12
+# whose pick pads at least 1 / 0.96x the work 1.058x geomean, none slower (2645x8192x28672 1.22x,
+# 8786x1280x5120 0.93x -> 0.98x cuBLAS); at 0.96-0.97x, 0.96-1.08x; at equal padding, 0.88-1.11x
+# (the form alone is no gain). Held out (seeds 13800-14399, `gemm_probe_long_k_wave_swap_rule_h100.md`):
+# 30 draws it changes 1.063x, 29 faster, slowest 0.991x. At 400-1399 tokens (seeds 15600-16199,
+# `gemm_probe_wf_low_h100.md`): 28 of 28 faster, 1.008-1.239x (761x4096x14336 1.23x over a
+# 256 x 112 pick, 558x7168x5120 1.14x over a 64-row one). At K 1024-3583 the rule lost
+# (`gemm_probe_wf_mid_h100.md`: 0.85-1.05x, ping-pong picks hide their epilogue there).
+LONG_K_WAVE_SWAP_MIN_K = 3584
+LONG_K_WAVE_SWAP_MIN_M = 400
+_LONG_K_WAVE_SWAP_GAIN = 0.96
+_LONG_K_WAVE_SWAP_MAX_WAVES = 6
+_LONG_K_WAVE_SWAP_CFGS = tuple(
+    GemmConfig(tile_m, w, cm, cn, swap_ab=True)
+    for tile_m, widths in ((256, range(128, 193, 8)), (128, range(192, 257, 8)))
+    for w in widths for cm, cn in ((2, 1), (1, 2)))
+
+
+def _padded_area(cfg: GemmConfig, m: int, n: int, num_sms: int) -> int:
+    """Waves of cfg's grid x its tile area: the work a wave-quantised grid pays for, per unit of K."""
+    return config_waves(cfg, m, n, num_sms) * cfg.tile_m * cfg.tile_n
+
+
+def long_k_wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
+                            num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The least-padding swap_ab config for a 16-bit M x N x K problem at long K (notes above:
+    LONG_K_WAVE_SWAP_*) to replace the pick `current`, or None."""
+    if k < LONG_K_WAVE_SWAP_MIN_K or m < LONG_K_WAVE_SWAP_MIN_M or current.split_k > 1:
+        return None
+    best = min(_LONG_K_WAVE_SWAP_CFGS,
+               key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n, c.cluster_n))
+    if config_waves(best, m, n, num_sms) > _LONG_K_WAVE_SWAP_MAX_WAVES:
+        return None
+    if _padded_area(best, m, n, num_sms) <= _LONG_K_WAVE_SWAP_GAIN * _padded_area(current, m, n, num_sms):
+        return best
     return None
 
 
