@@ -163,6 +163,23 @@ def test_shipped_table_answers_what_the_user_cache_lacks(tuning_env):
     assert cache.lookup(Problem(*PLAIN, 128, 4096, 4096)) is None
 
 
+def test_long_k_least_padding_swap_replaces_a_tuned_entry(tuning_env):
+    """At long K the least-padding swap_ab tile (heuristics.long_k_wave_swap_config) replaces a
+    16-bit tuned entry that pads 1 / 0.96x as much; an entry it does not beat, or a class that
+    cannot swap (a bias), keeps its config."""
+    from cute_kernels.matmul import api
+
+    entry_cfg = GemmConfig(256, 112, 2, 1, swap_ab=True)
+    vector = ("bf16", "bf16", "kk", "vector")
+    cache.store([_entry(761, 4096, 14336, cfg=entry_cfg), _entry(761, 4096, 1024, cfg=entry_cfg),
+                 _entry(761, 4096, 14336, cfg=GemmConfig(128, 192, 2, 1), cls=vector)], H100)
+    cache.forget()
+    api.clear_dispatch_caches()
+    assert api._pick_config(761, 4096, 14336, 2, True, PLAIN, True) == GemmConfig(128, 192, 2, 1, swap_ab=True)
+    assert api._pick_config(761, 4096, 1024, 2, True, PLAIN, True) == entry_cfg  # short K: the entry
+    assert api._pick_config(761, 4096, 14336, 2, True, vector, False) == GemmConfig(128, 192, 2, 1)
+
+
 def test_the_shipped_tables_match_this_code():
     """A shipped table made for other kernel sources or another DSL is ignored: after an edit of
     matmul/kernel.py or matmul/config.py (not heuristics.py), re-tune on the GPU (docs/gemm.md, Tuning) or, for an

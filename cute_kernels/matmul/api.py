@@ -164,7 +164,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                  swappable: bool = False, out_bytes: int = 2, integer: bool = False) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
     has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache) and no swap_ab
-    tile its tuning never met pads M less (below), else the
+    tile its tuning never met pads M less (below; for 16-bit inputs the long-K least-padding
+    swap_ab tile still replaces it, heuristics.long_k_wave_swap_config), else the
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). For 16-bit inputs the first of these replaces that pick: ping-pong
@@ -194,6 +195,12 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         if entry is not None and (swapped is None or entry.config.swap_ab or K < _UNTUNED_SWAP_MIN_K
                                   or swap_config(entry.problem.m, N, K, in_bytes=in_bytes, out_bytes=out_bytes,
                                                  integer=integer) is not None):
+            # The long-K least-padding swap_ab tile also replaces a tuned entry: the shipped table's
+            # entries at 400-1023 tokens were tuned without it, and on 28 shapes they covered it ran
+            # 1.008-1.239x faster (`gemm_probe_wf_low_h100.md`; 2966x1024x4096 1.15x,
+            # `gemm_probe_long_k_wave_swap_rule_h100.md`).
+            if swappable and in_bytes == 2:
+                return long_k_wave_swap_config(M, N, K, entry.config) or entry.config
             return entry.config
     if swapped is not None:
         pick = swapped
