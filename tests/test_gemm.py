@@ -1206,7 +1206,9 @@ def test_large_m_pp192_picks():
     with pytest.raises(ValueError, match="in_bytes"):
         large_m_pp192_config(2850, 4800, pp, in_bytes=4)
     api.clear_dispatch_caches()
-    assert api._pick_config(7249, 3584, 18944, 2, True, None, True, 2) == wide
+    assert api._pick_config(7249, 3584, 2048, 2, True, None, True, 2) == wide
+    # at long K the least-padding swap_ab tile replaces the widened pick (long_k_wave_swap_config)
+    assert api._pick_config(7249, 3584, 18944, 2, True, None, True, 2) == GemmConfig(128, 224, 2, 1, swap_ab=True)
     for m, n, k in ((2850, 4800, 1600), (12417, 4096, 1024), (5148, 5120, 5120)):
         assert api._pick_config(m, n, k, 1, False, None, False, 2).tile_mn == (128, 192)  # fp8
         assert api._pick_config(m, n, k, 1, False, None, False, 4, integer=True).tile_mn != (128, 192)  # int8
@@ -1263,8 +1265,8 @@ def test_long_k_c41_picks():
 
 def test_long_k_wave_swap_picks():
     """From 400 tokens at K >= 3584 the swap_ab tile padding the fewest waves x tile area (256-row
-    128-192 wide, 128-row 192-256 wide, steps of 8) replaces a pick padding 1 / 0.96x as much, in
-    at most six waves; never at shorter K, fewer tokens, over a split pick or at equal padding."""
+    128-192 wide, 128-row 192-256 wide, steps of 8) replaces a pick padding 1 / 0.96x as much (1 / 0.95x
+    over 7-12 waves, never more); never at shorter K, fewer tokens, over a split pick or at equal padding."""
     from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import long_k_wave_swap_config
 
@@ -1280,7 +1282,9 @@ def test_long_k_wave_swap_picks():
     assert long_k_wave_swap_config(8786, 1280, 5120, GemmConfig(128, 256, 2, 1, split_k=2)) is None
     # the same padding: 128 x 256 vs 128 x 256 swapped at 2246x7168x5120
     assert long_k_wave_swap_config(2246, 7168, 5120, GemmConfig(128, 256, 2, 1)) is None
-    assert long_k_wave_swap_config(15000, 8192, 8192, coop) is None  # more than six waves
+    assert long_k_wave_swap_config(30000, 8192, 8192, coop) is None  # more than 12 waves
+    # 7-12 waves at <= 0.95x the pick's padding
+    assert long_k_wave_swap_config(3665, 10240, 8192, GemmConfig(128, 160, 2, 1)) == GemmConfig(256, 160, 2, 1, swap_ab=True)
     api.clear_dispatch_caches()
     for m, n, k, want in ((6763, 2048, 8192, (128, 208)), (4863, 4096, 4096, (256, 152)), (2432, 8192, 28672, (256, 152))):
         cfg = api._pick_config(m, n, k, 2, True, None, True, 2)

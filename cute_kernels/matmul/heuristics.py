@@ -874,7 +874,7 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # From 400 tokens at long K (>= 3584), the swap_ab tile whose grid pads the least work: 256-row
 # tiles 128-192 tokens wide or 128-row ones 192-256 wide, in steps of 8, 2 x 1 or 1 x 2, by
 # fewest waves x tile area (the wider, then 2 x 1, on a tie), where that is at most 0.96x the
-# pick's waves x tile area and at most 6 waves. cuBLAS's own choice: at 1477-15645 tokens its
+# pick's waves x tile area (0.95x over 7-12 waves, below; none past 12). cuBLAS's own choice: at 1477-15645 tokens its
 # nvjet kernels are these tiles with these widths (256x136 at 1477x6144x4096, 256x152 at
 # 4888x2048x8192, 128x208 at 5382x1280x5120, 128x240 at 3109x1280x5120; `gemm_probe_losers1083_h100.md`,
 # where our kernel in them ran 0.965-0.997x cuBLAS against the picks' 0.84-0.90x). Fitted on 48
@@ -886,10 +886,15 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # `gemm_probe_wf_low_h100.md`): 28 of 28 faster, 1.008-1.239x (761x4096x14336 1.23x over a
 # 256 x 112 pick, 558x7168x5120 1.14x over a 64-row one). At K 1024-3583 the rule lost
 # (`gemm_probe_wf_mid_h100.md`: 0.85-1.05x, ping-pong picks hide their epilogue there).
+# Over 7-12 waves (`gemm_probe_long_k_wave_swap_7_12_h100.md`, 20 draws of seeds 16500-17099):
+# at <= 0.95x the pick's padding all 17 faster, 1.011-1.136x (3680x10240x8192 1.14x); at
+# 0.952-0.958x 0.94x-1.05x, so many waves take the tighter bound.
 LONG_K_WAVE_SWAP_MIN_K = 3584
 LONG_K_WAVE_SWAP_MIN_M = 400
 _LONG_K_WAVE_SWAP_GAIN = 0.96
-_LONG_K_WAVE_SWAP_MAX_WAVES = 6
+_LONG_K_WAVE_SWAP_FEW_WAVES = 6
+_LONG_K_WAVE_SWAP_MANY_GAIN = 0.95
+_LONG_K_WAVE_SWAP_MAX_WAVES = 12
 _LONG_K_WAVE_SWAP_CFGS = tuple(
     GemmConfig(tile_m, w, cm, cn, swap_ab=True)
     for tile_m, widths in ((256, range(128, 193, 8)), (128, range(192, 257, 8)))
@@ -909,9 +914,11 @@ def long_k_wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
         return None
     best = min(_LONG_K_WAVE_SWAP_CFGS,
                key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n, c.cluster_n))
-    if config_waves(best, m, n, num_sms) > _LONG_K_WAVE_SWAP_MAX_WAVES:
+    waves = config_waves(best, m, n, num_sms)
+    if waves > _LONG_K_WAVE_SWAP_MAX_WAVES:
         return None
-    if _padded_area(best, m, n, num_sms) <= _LONG_K_WAVE_SWAP_GAIN * _padded_area(current, m, n, num_sms):
+    gain = _LONG_K_WAVE_SWAP_GAIN if waves <= _LONG_K_WAVE_SWAP_FEW_WAVES else _LONG_K_WAVE_SWAP_MANY_GAIN
+    if _padded_area(best, m, n, num_sms) <= gain * _padded_area(current, m, n, num_sms):
         return best
     return None
 
