@@ -34,15 +34,18 @@ gemm_probe_pdl_<gpu>.{json,md}.
 config space (`nvjet_config`) and timed against the dispatch pick, as `configs` times them.
 cuBLAS computes the column-major product D^T = W X^T, so an nvjet tile's first dimension runs
 along the weight's rows: our swap_ab tile (`nvjet_sm90_tst_128x80_64x8_4x1` -> 128x80c41T;
-`qqtst` for fp8). Its stage count is left to our default ring. Writes
-gemm_probe_cublas_<gpu>.{json,md}.
+`qqtst` for fp8, timed without a bias as `--scales-only` below). Its stage count is left to our
+default ring. Writes gemm_probe_cublas_<gpu>.{json,md}.
 
 `configs`: named configs per shape, side by side with cuBLAS: --spec is a JSON file of
 {"MxNxK": [label, ...]} (tuning.tune.label's format), or a results file of this probe, whose
 summary holds the spec it ran. The first label of a shape is the reference its others' outputs
 are checked against; --rounds rounds alternate the order, medians reported. With --rule, the
 summary sets the first label (the pick before a heuristic change) against the heuristic's
-current pick where that was timed. Writes gemm_probe_configs_<gpu>.{json,md}.
+current pick where that was timed. --dtype fp8 times the tuner's fp8 per-row class, whose
+epilogue carries a bias (so no swap_ab config runs); --scales-only drops the bias, as the grid's
+`scaled_mm` call does, and --rule then compares against the grid's pick. Writes
+gemm_probe_configs_<gpu>.{json,md}.
 
 All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16 unless said, H100-class GPU.
 """
@@ -165,14 +168,15 @@ def run_tuned(shapes) -> tuple[list[Row], dict]:
     return rows, summary
 
 
-def _start_builds(cands: dict):
+def _start_builds(cands: dict, scales_only: bool = False):
     """The tuner's compile pool started on every config of `cands` ({problem: configs}), and
-    the tuner's timer (its output check against each problem's first config included)."""
+    the tuner's timer (its output check against each problem's first config included).
+    scales_only: fp8 per-row without the bias its tuning class carries (`tune._kernel_args`)."""
     from cute_kernels.tuning.tune import GpuTimer, _dedupe, _Ready, compile_entries, precompile_build
 
     ready = _Ready(precompile_build())
-    ready.start(_dedupe(e for p, cs in cands.items() for e in compile_entries(p, cs)))
-    return ready, GpuTimer(rep_ms=10.0, warm_ms=300.0)
+    ready.start(_dedupe(e for p, cs in cands.items() for e in compile_entries(p, cs, scales_only)))
+    return ready, GpuTimer(rep_ms=10.0, warm_ms=300.0, scales_only=scales_only)
 
 
 def _cublas_on_timer_inputs(timer, dtype: str = "bf16") -> float:
@@ -423,12 +427,18 @@ def load_spec(path: str) -> dict[str, list[str]]:
     return spec
 
 
-def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "bf16") -> tuple[list[Row], dict]:
+def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "bf16",
+                scales_only: bool = False) -> tuple[list[Row], dict]:
     """The `configs` probe: every named config compiled ahead in the tuner's pool, timed by its
-    timer (outputs checked against the first label's) in `rounds` alternating rounds."""
+    timer (outputs checked against the first label's) in `rounds` alternating rounds.
+    scales_only (fp8): per-row scales without the bias of the tuner's class, the grid's call,
+    which swap_ab configs can run; --rule then sets the first label against the grid's pick."""
     import statistics
 
-    from benchmarks.gemm import grid_problem
+    from benchmarks.gemm import _grid_label, grid_problem
+
+    if scales_only and dtype != "fp8":
+        raise ValueError(f"scales_only is for dtype 'fp8', got {dtype!r}")
     from benchmarks.tune_gemm import parse_label
     from cute_kernels.tuning.tune import _time_all, heuristic, label
 
@@ -436,7 +446,7 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
     for shape, labels in spec.items():
         (m, n, k), = parse_shapes(shape)
         probs[grid_problem(dtype, m, n, k)] = [parse_label(x) for x in labels]
-    ready, timer = _start_builds(probs)
+    ready, timer = _start_builds(probs, scales_only)
     rows, firsts, picks, pick_first = [], [], [], []
     for p, cfgs in probs.items():
         acc, cubs = {}, []
@@ -453,13 +463,16 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
         for lab, ms in med.items():
             rows.append(_row(case, f"cute {lab}", p.m, p.n, p.k, ms, dtype, config=lab))
         rows.append(_row(case, "cublas", p.m, p.n, p.k, cub, dtype))
-        first, pick = label(cfgs[0]), label(heuristic(p))
+        first = label(cfgs[0])
+        pick = _grid_label(dtype, p.m, p.n, p.k) if scales_only else label(heuristic(p))
         print(f"[configs] {case}: " + "  ".join(f"{lab} {cub / ms:.3f}" for lab, ms in med.items()), flush=True)
         if rule and first in med and pick in med:
             firsts.append(cub / med[first])
             picks.append(cub / med[pick])
             pick_first.append(med[first] / med[pick])
     summary = {"dtype": dtype, "shapes": len(probs), "rounds": rounds, "spec": spec}
+    if scales_only:
+        summary["scales_only"] = True
     if pick_first:
         summary.update({"rule_shapes": len(pick_first), "geomean_pick_vs_first": geomean(pick_first),
                         "geomean_first_vs_cublas": geomean(firsts), "geomean_pick_vs_cublas": geomean(picks),
@@ -507,23 +520,35 @@ def cublas_kernel(call, args) -> str:
     return max(kernels, key=lambda e: e.device_time_total).key if kernels else ""
 
 
+def _fits_validated(cfg) -> bool:
+    """A config cuBLAS ran on the problem fits its grid; ours need only build it for fp8 inputs."""
+    try:
+        cfg.validate(in_bytes=1)
+    except ValueError:
+        return False
+    return True
+
+
 def run_cublas(shapes, dtype: str = "bf16", rounds: int = 2) -> tuple[list[Row], dict]:
     """The `cublas` probe: cuBLAS's own config in our kernel against the dispatch pick."""
-    from benchmarks.gemm import _grid_providers, grid_problem
+    from benchmarks.gemm import _grid_label, _grid_providers, grid_problem
     from cute_kernels.tuning.tune import _fits, dispatch_config, label
 
     # The grid's cuBLAS call (`F.linear`, or per-row `_scaled_mm` with fast accumulation) on its
-    # padded operands.
+    # padded operands. fp8 runs ours as the grid does, without a bias (`run_configs`' scales_only):
+    # cuBLAS's fp8 kernels are swap_ab ones, which the tuner's fp8 class (bias included) cannot run.
+    scales_only = dtype == "fp8"
     make, provs, _ = _grid_providers(dtype)
     spec, names = {}, {}
     for m, n, k in shapes:
         name = cublas_kernel(provs["cublas"], make(m, n, k))
         cfg = nvjet_config(name)
         p = grid_problem(dtype, m, n, k)
-        pick = label(dispatch_config(p))
+        pick = _grid_label(dtype, m, n, k) if scales_only else label(dispatch_config(p))
         names[f"{m}x{n}x{k}"] = name
         print(f"[cublas] {m}x{n}x{k}: {name} -> {label(cfg) if cfg else 'no config of ours'}", flush=True)
-        if cfg is not None and _fits(p, cfg) and label(cfg) != pick:
+        fits = _fits(p, cfg) if cfg is not None and not scales_only else cfg is not None and _fits_validated(cfg)
+        if fits and label(cfg) != pick:
             spec[f"{m}x{n}x{k}"] = [pick, label(cfg)]
         elif cfg is not None and label(cfg) != pick:
             try:
@@ -532,7 +557,8 @@ def run_cublas(shapes, dtype: str = "bf16", rounds: int = 2) -> tuple[list[Row],
             except ValueError as e:
                 why = str(e)
             print(f"[cublas] {m}x{n}x{k}: {label(cfg)} not timed: {why}", flush=True)
-    rows, summary = run_configs(spec, rounds, rule=False, dtype=dtype) if spec else ([], {"dtype": dtype})
+    rows, summary = (run_configs(spec, rounds, rule=False, dtype=dtype, scales_only=scales_only) if spec
+                     else ([], {"dtype": dtype}))
     for r in rows:
         r.extra["cublas_kernel"] = names.get(r.case)
     firsts, theirs = [], []
@@ -577,6 +603,8 @@ def main(argv=None) -> int:
     c.add_argument("--rule", action="store_true", help="summarise the heuristic's pick against each first label")
     c.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"],
                    help="bf16 `linear`, fp8 per-row `scaled_mm` or int8 `int8_mm`")
+    c.add_argument("--scales-only", action="store_true",
+                   help="fp8: per-row scales without the bias of the tuner's class (the grid's call; swap_ab can run)")
     for s in (t, w, e, d, cb, c):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
@@ -606,8 +634,10 @@ def main(argv=None) -> int:
             if args.rounds < 1:
                 raise ValueError("--rounds must be >= 1")
             spec = load_spec(args.spec)
+            if args.scales_only and args.dtype != "fp8":
+                raise ValueError("--scales-only is for --dtype fp8")
             flags = (f"configs --spec {args.spec} --rounds {args.rounds} --dtype {args.dtype}"
-                     f"{' --rule' if args.rule else ''}")
+                     f"{' --rule' if args.rule else ''}{' --scales-only' if args.scales_only else ''}")
         else:
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
@@ -627,7 +657,7 @@ def main(argv=None) -> int:
     elif args.probe == "cublas":
         rows, summary = run_cublas(shapes, args.dtype, args.rounds)
     elif args.probe == "configs":
-        rows, summary = run_configs(spec, args.rounds, args.rule, args.dtype)
+        rows, summary = run_configs(spec, args.rounds, args.rule, args.dtype, args.scales_only)
     else:
         rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))

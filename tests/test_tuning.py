@@ -660,3 +660,19 @@ def test_precompile_reports_cached_kernels_at_once(tmp_path, monkeypatch):
     seen = []
     assert precompile(entries, on_ready=lambda k, s: seen.append((k, s)))["cached"] == 2
     assert seen == [(k, "cached") for k, _ in entries]
+
+
+def test_scales_only_times_fp8_per_row_without_its_bias():
+    """Probes time fp8 per-row as the grid calls it (scale vectors, no bias), so swap_ab configs
+    build; the tuner's class keeps its bias, and other classes refuse the flag."""
+    from cute_kernels.tuning import tune
+
+    p = Problem("fp8-row", "bf16", "kk", "vector", 301, 5120, 5120)
+    assert tune._kernel_args(p)["epi"].bias
+    epi = tune._kernel_args(p, scales_only=True)["epi"]
+    assert not epi.bias and (epi.row_scale, epi.col_scale) == ("vector", "vector")
+    key, _ = tune.compile_entries(p, [GemmConfig(128, 104, 4, 1, swap_ab=True)], scales_only=True)[0]
+    assert '"bias":false' in key.recipe
+    assert tune.GpuTimer(rep_ms=1.0, warm_ms=0.0, scales_only=True).scales_only
+    with pytest.raises(ValueError, match="scales_only"):
+        tune._kernel_args(Problem(*PLAIN, 64, 4096, 4096), scales_only=True)

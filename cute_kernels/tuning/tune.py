@@ -380,11 +380,16 @@ def last_wave_splits(problem: Problem, configs: Iterable[GemmConfig]) -> list[Ge
 # --------------------------------------------------------------------------- how a problem runs
 
 
-def _kernel_args(problem: Problem) -> dict:
+def _kernel_args(problem: Problem, scales_only: bool = False) -> dict:
     """dtypes, kernel name, accumulator and Epilogue of the op `problem` names, with the
     epilogue operands its class stands for (bias for "vector", bias + residual for
-    "residual"; fp8-row's scale vectors are vectors already)."""
+    "residual"; fp8-row's scale vectors are vectors already). scales_only: a scaled op's
+    "vector" class without the bias (the call `scaled_mm` makes without one, which swap_ab can
+    run; probes only: the tuner times the class with its bias, so its entries serve both)."""
     import torch
+
+    if scales_only and not (problem.epilogue == "vector" and problem.op.startswith(("fp8-row", "int8"))):
+        raise ValueError(f"scales_only is for the 'vector' class of fp8-row or scaled int8, got {problem}")
 
     op = problem.op
     if op in ("bf16", "fp16"):
@@ -403,16 +408,17 @@ def _kernel_args(problem: Problem) -> dict:
     if problem.epilogue == "swiglu":
         epi = Epilogue(activation="swiglu")
     else:
-        epi = Epilogue(row_scale=row, col_scale=col, bias=problem.epilogue != "plain",
+        epi = Epilogue(row_scale=row, col_scale=col, bias=problem.epilogue != "plain" and not scales_only,
                        residual=problem.epilogue == "residual")
     return {"in_dtype": in_dt, "out_dtype": out_dt, "kernel_name": kernel, "acc_name": acc, "epi": epi}
 
 
-def compile_entries(problem: Problem, configs: Iterable[GemmConfig]) -> list:
-    """(CompileKey, recipe) of each config's kernel for `problem`, as dispatch builds it."""
+def compile_entries(problem: Problem, configs: Iterable[GemmConfig], scales_only: bool = False) -> list:
+    """(CompileKey, recipe) of each config's kernel for `problem`, as dispatch builds it
+    (scales_only: `_kernel_args`)."""
     from ..matmul.api import compile_entry
 
-    kw = _kernel_args(problem)
+    kw = _kernel_args(problem, scales_only)
     majors = (problem.majors[0], problem.majors[1])
     out, seen = [], set()
     for cfg in configs:
@@ -429,12 +435,13 @@ class GpuTimer:
 
     Inputs are made once per problem. The first call warms the GPU up (`warm_ms` of large
     GEMMs); the first config timed per problem gives the reference output that every later
-    config must match (int32 exactly, 16-bit within 2% of the largest value)."""
+    config must match (int32 exactly, 16-bit within 2% of the largest value). scales_only:
+    time a scaled op's "vector" class without its bias (`_kernel_args`)."""
 
-    def __init__(self, rep_ms: float = 50.0, warm_ms: float = 300.0):
+    def __init__(self, rep_ms: float = 50.0, warm_ms: float = 300.0, scales_only: bool = False):
         if not (rep_ms > 0 and warm_ms >= 0):
             raise ValueError("rep_ms must be > 0 and warm_ms >= 0")
-        self.rep_ms, self.warm_ms = rep_ms, warm_ms
+        self.rep_ms, self.warm_ms, self.scales_only = rep_ms, warm_ms, scales_only
         self._problem, self._sets, self._ref, self._warm = None, [], None, False
 
     def _make(self, problem: Problem):
@@ -444,7 +451,7 @@ class GpuTimer:
         from ..quantized.api import block_scales_for_kernel
         from ..runtime.timing import rotation_count
 
-        kw = _kernel_args(problem)
+        kw = _kernel_args(problem, self.scales_only)
         M, N, K = problem.m, problem.n, problem.k
         epi, in_dt, out_dt = kw["epi"], kw["in_dtype"], kw["out_dtype"]
 
@@ -492,7 +499,7 @@ class GpuTimer:
         if not self._warm:
             warm_up(self.warm_ms)
             self._warm = True
-        kw = _kernel_args(problem)
+        kw = _kernel_args(problem, self.scales_only)
         run_kw = dict(epi=kw["epi"], config=cfg, kernel_name=kw["kernel_name"], acc_name=kw["acc_name"])
 
         def run(i):
@@ -609,9 +616,10 @@ def _time_all(problem, configs, ready: _Ready, timer, log, reference_first: bool
     """{config: ms} of `configs` timed in the order their kernels become ready; failures are
     left out. With reference_first the first config is timed before any other (the timer
     checks the others against its output), and nothing else is timed if it fails."""
+    scales_only = getattr(timer, "scales_only", False)  # a GpuTimer's; a plain callable times the class
     by_key: dict = {}  # split counts share one kernel: configs per compile key
     for cfg in configs:
-        by_key.setdefault(compile_entries(problem, [cfg])[0][0], []).append(cfg)
+        by_key.setdefault(compile_entries(problem, [cfg], scales_only)[0][0], []).append(cfg)
     times: dict = {}
     order = list(by_key)
     first = order[0] if reference_first else None
