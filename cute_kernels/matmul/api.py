@@ -177,9 +177,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
     long K over whichever of these won (heuristics.long_k_c41_config). Last, for 16-bit and fp8
     inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
-    clusters, and for fp8; heuristics.large_m_pp192_config); for 16-bit inputs from 1400 tokens at
+    clusters, and for fp8; heuristics.large_m_pp192_config); for 16-bit inputs from 400 tokens at
     long K, the swap_ab tile that pads the fewest waves x tile area replaces a pick that pads
-    1 / 0.96x as much (heuristics.long_k_wave_swap_config), and where 64-row swap_ab tiles pad M
+    1 / 0.96x as much (1 / 0.95x over 7-12 waves; heuristics.long_k_wave_swap_config), and where 64-row swap_ab tiles pad M
     as much as 128-row ones, their clustered config up to 224 wide replaces a 128-row pick
     (heuristics.equal_pad_narrow_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""

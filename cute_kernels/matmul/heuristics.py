@@ -874,10 +874,11 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # From 400 tokens at long K (>= 3584), the swap_ab tile whose grid pads the least work: 256-row
 # tiles 128-192 tokens wide or 128-row ones 192-256 wide, in steps of 8, 2 x 1 or 1 x 2, by
 # fewest waves x tile area (the wider, then 2 x 1, on a tie), where that is at most 0.96x the
-# pick's waves x tile area (0.95x over 7-12 waves, below; none past 12). cuBLAS's own choice: at 1477-15645 tokens its
-# nvjet kernels are these tiles with these widths (256x136 at 1477x6144x4096, 256x152 at
-# 4888x2048x8192, 128x208 at 5382x1280x5120, 128x240 at 3109x1280x5120; `gemm_probe_losers1083_h100.md`,
-# where our kernel in them ran 0.965-0.997x cuBLAS against the picks' 0.84-0.90x). Fitted on 48
+# pick's waves x tile area (0.95x over 7-12 waves, below; none past 12). cuBLAS's own choice:
+# at 1477-15645 tokens its nvjet kernels are such tiles (256x136 at 1477x6144x4096, 256x152 at
+# 4888x2048x8192, 128x208 at 5382x1280x5120, 128x240 at 3109x1280x5120;
+# `gemm_probe_losers1083_h100.md`, `gemm_probe_cublas_bf16_h100.md`: our kernel in them ran
+# 0.965-0.997x cuBLAS, the picks 0.82-0.96x). It replaces tuned entries too (matmul.api._pick_config). Fitted on 48
 # draws of seeds 13100-13699 (`gemm_probe_wf_long_h100.md`, H100, same run, 3 rounds): the 12
 # whose pick pads at least 1 / 0.96x the work 1.058x geomean, none slower (2645x8192x28672 1.22x,
 # 8786x1280x5120 0.93x -> 0.98x cuBLAS); at 0.96-0.97x, 0.96-1.08x; at equal padding, 0.88-1.11x
