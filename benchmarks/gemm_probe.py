@@ -436,11 +436,11 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
     import statistics
 
     from benchmarks.gemm import _grid_label, grid_problem
+    from benchmarks.tune_gemm import parse_label
+    from cute_kernels.tuning.tune import _time_all, heuristic, label
 
     if scales_only and dtype != "fp8":
         raise ValueError(f"scales_only is for dtype 'fp8', got {dtype!r}")
-    from benchmarks.tune_gemm import parse_label
-    from cute_kernels.tuning.tune import _time_all, heuristic, label
 
     probs = {}
     for shape, labels in spec.items():
