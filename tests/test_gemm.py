@@ -1292,6 +1292,31 @@ def test_long_k_wave_swap_picks():
         cfg.validate()
 
 
+def test_fp8_long_k_wave_swap_picks():
+    """fp8 (in_bytes = 1) takes the least-padding rule from K = 6400 over 128-row swap_ab tiles
+    128-256 wide only; int8 never (its swap widths step by 16)."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import long_k_wave_swap_config
+
+    coop = GemmConfig(128, 256, 2, 1)
+    assert long_k_wave_swap_config(2305, 8192, 8192, coop, in_bytes=1) == GemmConfig(128, 232, 2, 1, swap_ab=True)
+    assert long_k_wave_swap_config(3603, 1600, 6400, GemmConfig(128, 192, 1, 1, pingpong=True), in_bytes=1) == \
+        GemmConfig(128, 184, 1, 2, swap_ab=True)
+    assert long_k_wave_swap_config(4683, 3584, 3584, GemmConfig(128, 160, 2, 1, pingpong=True), in_bytes=1) is None
+    assert long_k_wave_swap_config(7605, 4096, 4096, GemmConfig(128, 192, 2, 1, pingpong=True), in_bytes=1) is None
+    assert long_k_wave_swap_config(380, 8192, 8192, coop, in_bytes=1) is None  # under 400 tokens
+    picks = [long_k_wave_swap_config(m, 8192, 8192, coop, in_bytes=1) for m in range(400, 9000, 97)]
+    assert {c.tile_m for c in picks if c is not None} == {128}  # 256-row swap_ab tiles are 16-bit only
+    api.clear_dispatch_caches()
+    fp8 = api._pick_config(2681, 5120, 27648, 1, False, None, True, 2)
+    assert (fp8.tile_mn, fp8.cluster_mn, fp8.swap_ab) == ((128, 208), (2, 1), True)
+    fp8.validate(in_bytes=1)
+    int8 = api._pick_config(2681, 5120, 27648, 1, False, None, True, 4, integer=True)
+    int8.validate(in_bytes=1, out_bytes=4, integer=True)
+    assert int8 != fp8
+    api.clear_dispatch_caches()
+
+
 def test_equal_pad_narrow_picks():
     """Where 64-row swap_ab tiles pad M as much as 128-row ones, their clustered config up to 224
     wide replaces a 16-bit 128-row pick; not 256 wide, not unclustered, not over a 64-row pick."""

@@ -41,6 +41,24 @@ def test_step_picks_match_their_sweeps(stems):
         assert pick in t and t[pick] <= 1.02 * min(t.values()), (N, K, kind, weights, pick)
 
 
+@pytest.mark.parametrize("stem", ["gemv_sweep_heads_m2_h100", "gemv_sweep_heads_m7_h100", "gemv_sweep_short_m2_h100",
+                                  "gemv_sweep_short_m7_h100"])
+def test_batch_picks_match_their_sweeps(stem):
+    """2-8 rows of 16-bit weights at K < 2048 (GPT-2's c_attn, c_fc, vocabulary heads): each
+    pick is the fastest config of its sweep or within 2% of it, and at least as fast as cuBLAS
+    on the vocabulary heads, where the sweep was run for that."""
+    from cute_kernels.matmul.gemv import _launch_blocks
+
+    rows = json.loads((ROOT / f"benchmarks/results/{stem}.json").read_text())["rows"]
+    assert rows
+    for r in rows:
+        t = {json.dumps(b["cfg"]): b["us"] for b in r["best"]}
+        pick = json.dumps(list(_launch_blocks(r["M"], r["N"], r["K"])))
+        assert pick in t and t[pick] <= 1.02 * min(t.values()), (stem, r["shape"], pick)
+        if r["N"] >= 32768:
+            assert t[pick] < r["cublas_us"], (stem, r["shape"])
+
+
 def test_gemv_sweep_without_a_gpu_says_so():
     import torch
 

@@ -164,8 +164,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                  swappable: bool = False, out_bytes: int = 2, integer: bool = False) -> GemmConfig:
     """The config for an M x N x K problem: the tuning cache's winner for its class when it
     has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache) and no swap_ab
-    tile its tuning never met pads M less (below; for 16-bit inputs the long-K least-padding
-    swap_ab tile still replaces it, heuristics.long_k_wave_swap_config), else the
+    tile its tuning never met pads M less (below; for 16-bit and fp8 inputs the long-K
+    least-padding swap_ab tile still replaces it, heuristics.long_k_wave_swap_config), else the
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). For 16-bit inputs the first of these replaces that pick: ping-pong
@@ -179,7 +179,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
     clusters, and for fp8; heuristics.large_m_pp192_config); for 16-bit inputs from 400 tokens at
     long K, the swap_ab tile that pads the fewest waves x tile area replaces a pick that pads
-    1 / 0.96x as much (1 / 0.95x over 7-12 waves; heuristics.long_k_wave_swap_config), and where 64-row swap_ab tiles pad M
+    1 / 0.96x as much (1 / 0.95x over 7-12 waves; heuristics.long_k_wave_swap_config; for fp8 inputs
+    the same from K = 6400 over 128-row tiles), and where 64-row swap_ab tiles pad M
     as much as 128-row ones, their clustered config up to 224 wide replaces a 128-row pick
     (heuristics.equal_pad_narrow_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
@@ -198,9 +199,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
             # The long-K least-padding swap_ab tile also replaces a tuned entry: the shipped table's
             # entries at 400-1023 tokens were tuned without it, and on 28 shapes they covered it ran
             # 1.008-1.239x faster (`gemm_probe_wf_low_h100.md`; 2966x1024x4096 1.15x,
-            # `gemm_probe_long_k_wave_swap_rule_h100.md`).
-            if swappable and in_bytes == 2:
-                return long_k_wave_swap_config(M, N, K, entry.config) or entry.config
+            # `gemm_probe_long_k_wave_swap_rule_h100.md`). The fp8 rule was fitted against the
+            # picks as dispatched, entries included (7309x4096x14336 1.10x over one).
+            if swappable and not integer:
+                return long_k_wave_swap_config(M, N, K, entry.config, in_bytes=in_bytes) or entry.config
             return entry.config
     if swapped is not None:
         pick = swapped
@@ -216,7 +218,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         pick = large_m_pp192_config(M, N, pick) or pick
         return long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick) or pick
     if in_bytes == 1 and not integer:
-        return large_m_pp192_config(M, N, pick, in_bytes=1) or pick
+        pick = large_m_pp192_config(M, N, pick, in_bytes=1) or pick
+        return (long_k_wave_swap_config(M, N, K, pick, in_bytes=1) if swappable else None) or pick
     return pick
 
 

@@ -377,8 +377,8 @@ def _launch_blocks(M: int, N: int, K: int, wbytes: int = 2, swiglu: bool = False
     without the RMSNorm prologue."""
     if M == 1 and K >= 2048:
         return _long_row_blocks(N, K, wbytes, swiglu, rms)
-    if M > 1 and wbytes == 2 and (K >= 2048 or N <= 2048):
-        return _batch_blocks(N, K)
+    if M > 1 and wbytes == 2:
+        return _batch_blocks(N, K) if K >= 2048 or N <= 2048 else _short_batch_blocks(N, K)
     return _short_row_blocks(M, N, K)
 
 
@@ -398,9 +398,29 @@ def _batch_blocks(N: int, K: int) -> tuple[int, int, int, int, int]:
     return (16, 32, 1024, 4, 3) if K <= 4096 else (16, 32, 512, 4, 4)
 
 
+def _short_batch_blocks(N: int, K: int) -> tuple[int, int, int, int, int]:
+    """_launch_blocks for 2-8 rows of 16-bit weights with K < 2048 wider than 2048 (GPT-2's
+    c_attn, c_fc and vocabulary head), from in-chain sweeps on the H100 at 2 and 7 rows with
+    cuBLAS in the same run (`python -m benchmarks.gemv_sweep --m 2 --sets gpt2-heads`, and
+    `--sets gpt2-short`, `--m 7`: `gemv_sweep_heads_m2_h100.md`, `gemv_sweep_short_m2_h100.md`,
+    and their `_m7` twins). The 50257-row heads take 128 rows of
+    128-element steps, 3 stages (the 64 x 256 x 4-stage tiles ran 2.20-2.56 TB/s, behind
+    cuBLAS's padded-N kernels: 2x50257x768 34.1 us vs 31.0; now 26.6, and 34.5 / 43.5 / 55.9 us
+    at K = 1024 / 1280 / 1600 against 40.0 / 49.3 / 60.6); rows up to K = 1024 take 512-element
+    steps over 8 warps (2x3072x1024 4.6 -> 4.0 us, 2x2304x768 3.7 -> 3.3); GPT-2 large's c_attn
+    (3840 x 1280) 32 rows of 512 (5.6 -> 5.3 us); the 4800-6400-row ones at K = 1280 / 1600 keep
+    `_blocks`' 64 x 256 (fastest there)."""
+    if N >= 32768:
+        return 16, 128, 128, 8, 3
+    if K <= 1024:
+        return 16, 64, 512, 8, 4
+    if N < 4800:
+        return 16, 32, 512, 4, 3
+    return (16, *_blocks(N, K), 4, 4)
+
+
 def _short_row_blocks(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
-    """_launch_blocks for M = 1 with K < 2048, 8-bit weights at M > 1, and 16-bit ones at M > 1
-    where `_batch_blocks` does not apply.
+    """_launch_blocks for M = 1 with K < 2048 and 8-bit weights at M > 1.
 
     M = 1 always takes the one-row form. From an in-chain sweep on the H100 (48 launches of
     one GPT-2 XL shape on distinct weights in one CUDA graph, PDL on, 2026-11-22): narrow

@@ -900,6 +900,16 @@ _LONG_K_WAVE_SWAP_CFGS = tuple(
     GemmConfig(tile_m, w, cm, cn, swap_ab=True)
     for tile_m, widths in ((256, range(128, 193, 8)), (128, range(192, 257, 8)))
     for w in widths for cm, cn in ((2, 1), (1, 2)))
+# FP8 (e4m3, per-row scales) takes the same rule from K = 6400 over 128-row swap_ab tiles 128-256
+# wide (256-row swap_ab tiles are 16-bit only). Fitted on 36 draws of seeds 18000-18299
+# (`gemm_probe_fp8_long_k_swap_fit_h100.md`, H100, same run, 3 rounds, timed as the grid calls
+# `scaled_mm`): the 13 at K >= 6400 padding <= 0.96x 1.10x geomean, 12 faster, slowest 0.955x
+# (3603x1600x6400 1.26x, 2681x5120x27648 1.21x); at K 3584-5120 it lost from 4000 tokens
+# (7605x4096x4096 0.84x, 8118x4608x3584 0.83x). Held out (seeds 18300-18599,
+# `gemm_probe_fp8_long_k_swap_held_h100.md`): the 9 draws it changes 1.061x, 7 faster, slowest 0.989x.
+FP8_LONG_K_WAVE_SWAP_MIN_K = 6400
+_FP8_LONG_K_WAVE_SWAP_CFGS = tuple(GemmConfig(128, w, cm, cn, swap_ab=True)
+                                   for w in range(128, 257, 8) for cm, cn in ((2, 1), (1, 2)))
 
 
 def _padded_area(cfg: GemmConfig, m: int, n: int, num_sms: int) -> int:
@@ -907,13 +917,16 @@ def _padded_area(cfg: GemmConfig, m: int, n: int, num_sms: int) -> int:
     return config_waves(cfg, m, n, num_sms) * cfg.tile_m * cfg.tile_n
 
 
-def long_k_wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
+def long_k_wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, in_bytes: int = 2,
                             num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The least-padding swap_ab config for a 16-bit M x N x K problem at long K (notes above:
-    LONG_K_WAVE_SWAP_*) to replace the pick `current`, or None."""
-    if k < LONG_K_WAVE_SWAP_MIN_K or m < LONG_K_WAVE_SWAP_MIN_M or current.split_k > 1:
+    """The least-padding swap_ab config for a 16-bit (in_bytes = 2) or fp8 (in_bytes = 1) M x N x K
+    problem at long K (notes above: LONG_K_WAVE_SWAP_*, FP8_LONG_K_WAVE_SWAP_*) to replace the
+    pick `current`, or None."""
+    fp8 = in_bytes == 1
+    if (k < (FP8_LONG_K_WAVE_SWAP_MIN_K if fp8 else LONG_K_WAVE_SWAP_MIN_K) or m < LONG_K_WAVE_SWAP_MIN_M
+            or current.split_k > 1):
         return None
-    best = min(_LONG_K_WAVE_SWAP_CFGS,
+    best = min(_FP8_LONG_K_WAVE_SWAP_CFGS if fp8 else _LONG_K_WAVE_SWAP_CFGS,
                key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n, c.cluster_n))
     waves = config_waves(best, m, n, num_sms)
     if waves > _LONG_K_WAVE_SWAP_MAX_WAVES:
