@@ -1212,6 +1212,15 @@ def test_large_m_pp192_picks():
     for m, n, k in ((2850, 4800, 1600), (12417, 4096, 1024), (5148, 5120, 5120)):
         assert api._pick_config(m, n, k, 1, False, None, False, 2).tile_mn == (128, 192)  # fp8
         assert api._pick_config(m, n, k, 1, False, None, False, 4, integer=True).tile_mn != (128, 192)  # int8
+    # fp8's 128 x 256 cooperative 2 x 1 pick turns 128 x 192 ping-pong at K <= 8192 (not past it, not 16-bit)
+    coop = GemmConfig(128, 256, 2, 1)
+    assert large_m_pp192_config(8669, 7168, coop, in_bytes=1, k=5120) == GemmConfig(128, 192, 2, 1, pingpong=True)
+    assert large_m_pp192_config(5528, 8192, coop, in_bytes=1, k=28672) is None
+    assert large_m_pp192_config(8669, 7168, coop, in_bytes=1) is None  # K unknown
+    assert large_m_pp192_config(8669, 7168, coop, in_bytes=2, k=5120) is None
+    assert large_m_pp192_config(1900, 7168, coop, in_bytes=1, k=5120) is None  # under 2048 tokens
+    assert large_m_pp192_config(15553, 1280, coop, in_bytes=1, k=5120) is None  # narrow weight
+    assert large_m_pp192_config(8669, 7168, GemmConfig(128, 256, 1, 2), in_bytes=1, k=5120) is None
 
 
 def test_wide_long_k_swap_picks():

@@ -177,7 +177,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
     long K over whichever of these won (heuristics.long_k_c41_config). Last, for 16-bit and fp8
     inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
-    clusters, and for fp8; heuristics.large_m_pp192_config); for 16-bit inputs from 400 tokens at
+    clusters, and for fp8, where a 128 x 256 cooperative pick at K <= 8192 also turns 128 x 192
+    ping-pong; heuristics.large_m_pp192_config); for 16-bit inputs from 400 tokens at
     long K, the swap_ab tile that pads the fewest waves x tile area replaces a pick that pads
     1 / 0.96x as much (1 / 0.95x over 7-12 waves; heuristics.long_k_wave_swap_config; for fp8 inputs
     the same from K = 6400 over 128-row tiles), and where 64-row swap_ab tiles pad M
@@ -218,7 +219,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         pick = large_m_pp192_config(M, N, pick) or pick
         return long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick) or pick
     if in_bytes == 1 and not integer:
-        pick = large_m_pp192_config(M, N, pick, in_bytes=1) or pick
+        pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
         return (long_k_wave_swap_config(M, N, K, pick, in_bytes=1) if swappable else None) or pick
     return pick
 

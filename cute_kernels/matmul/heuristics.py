@@ -1136,15 +1136,30 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
 # - fp8 from 2048 tokens (`gemm_probe_pp192_fp8_h100.md`, 16 draws of 2578-15893 tokens, all
 #   2 x 1): 1.034x, 14 faster (2850x4800x1600 0.96x -> 1.11x), the slowest 0.993x; 128 x 256
 #   cooperative 0.913x. int8 not measured: unchanged.
+# - fp8 from 2048 tokens at K <= 8192 also over the 128 x 256 cooperative pick in 2 x 1 clusters
+#   (default_config's large-M tile): fit 20 grid draws of seeds 19000-19299
+#   (`gemm_probe_fp8_large_m_pp192_h100.md`): at K <= 8192 16 draws 1.039x, 13 faster, slowest
+#   0.992x (8669x7168x5120 0.92x -> 1.05x cuBLAS); at K 14336 / 28672 0.89x-0.97x, so not there.
+#   Held out (seeds 19300-19599, `gemm_probe_fp8_large_m_pp192_coop_held_h100.md`): the 21 draws
+#   on weights of 3072+ rows 1.040x, 15 faster, slowest 0.968x (16138x5120x5120 0.95x -> 1.03x
+#   cuBLAS, 3298x32000x4096 1.02x -> 1.14x). 16-bit inputs keep 128 x 256 (the same 20-draw probe on
+#   bf16, `gemm_probe_bf16_large_m_pp192_h100.md`: 0.88x-1.06x, 13 of 20 slower).
 PP192_MIN_M = 4096
 PP192_MIN_N = 3072
 PP192_C21_MIN_M = 2048
 PP192_FP8_MIN_M = 2048
+PP192_FP8_COOP_MAX_K = 8192
 
 
-def large_m_pp192_config(m: int, n: int, current: GemmConfig, in_bytes: int = 2) -> GemmConfig | None:
+def large_m_pp192_config(m: int, n: int, current: GemmConfig, in_bytes: int = 2,
+                         k: int | None = None) -> GemmConfig | None:
     """128 x 192 ping-pong for a 128 x 128 ping-pong pick `current` of 16-bit (in_bytes=2) or
-    fp8 (in_bytes=1) inputs (notes above: PP192_*), else None."""
+    fp8 (in_bytes=1) inputs, or for fp8 with k given also for a 128 x 256 cooperative pick in
+    2 x 1 clusters at K <= PP192_FP8_COOP_MAX_K (notes above: PP192_*), else None."""
+    if (in_bytes == 1 and k is not None and k <= PP192_FP8_COOP_MAX_K and m >= PP192_FP8_MIN_M
+            and n >= PP192_MIN_N and current == GemmConfig(128, 256, 2, 1, group=current.group,
+                                                             raster_m=current.raster_m)):
+        return dataclasses.replace(current, tile_n=192, pingpong=True)
     if not (n >= PP192_MIN_N and current.tile_mn == (128, 128) and current.pingpong and not current.swap_ab
             and current.split_k == 1 and not current.promote):
         return None
