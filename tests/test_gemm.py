@@ -1221,6 +1221,8 @@ def test_large_m_pp192_picks():
     assert large_m_pp192_config(1900, 7168, coop, in_bytes=1, k=5120) is None  # under 2048 tokens
     assert large_m_pp192_config(15553, 1280, coop, in_bytes=1, k=5120) is None  # narrow weight
     assert large_m_pp192_config(8669, 7168, GemmConfig(128, 256, 1, 2), in_bytes=1, k=5120) is None
+    assert large_m_pp192_config(4096, 4096, coop, in_bytes=1, k=4096) is None  # pads 1.125x the work
+    assert large_m_pp192_config(8192, 8192, coop, in_bytes=1, k=8192) == GemmConfig(128, 192, 2, 1, pingpong=True)
 
 
 def test_wide_long_k_swap_picks():

@@ -1142,13 +1142,18 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
 #   0.992x (8669x7168x5120 0.92x -> 1.05x cuBLAS); at K 14336 / 28672 0.89x-0.97x, so not there.
 #   Held out (seeds 19300-19599, `gemm_probe_fp8_large_m_pp192_coop_held_h100.md`): the 21 draws
 #   on weights of 3072+ rows 1.040x, 15 faster, slowest 0.968x (16138x5120x5120 0.95x -> 1.03x
-#   cuBLAS, 3298x32000x4096 1.02x -> 1.14x). 16-bit inputs keep 128 x 256 (the same 20-draw probe on
+#   cuBLAS, 3298x32000x4096 1.02x -> 1.14x); the 20 the padding bound below keeps 1.043x. 16-bit inputs keep 128 x 256 (the same 20-draw probe on
 #   bf16, `gemm_probe_bf16_large_m_pp192_h100.md`: 0.88x-1.06x, 13 of 20 slower).
 PP192_MIN_M = 4096
 PP192_MIN_N = 3072
 PP192_C21_MIN_M = 2048
 PP192_FP8_MIN_M = 2048
 PP192_FP8_COOP_MAX_K = 8192
+# ... and where 128 x 192 pads at most 1.05x the work of 128 x 256 (waves x tile area): the probed
+# draws ran 0.99x-1.13x the 128 x 256 pick; at 1.07x (4815x6144x4096) 0.98x, and the fp8 suite's
+# 4096^3 (1.125x: 5.3 waves of 128 x 192 against 3.9 of 128 x 256) 0.94x / 0.97x cuBLAS per-row /
+# per-tensor where 128 x 256 ran 1.03x / 1.04x (`fp8_h100.md`, 2026-11-23).
+PP192_FP8_COOP_MAX_PAD = 1.05
 
 
 def large_m_pp192_config(m: int, n: int, current: GemmConfig, in_bytes: int = 2,
@@ -1159,7 +1164,10 @@ def large_m_pp192_config(m: int, n: int, current: GemmConfig, in_bytes: int = 2,
     if (in_bytes == 1 and k is not None and k <= PP192_FP8_COOP_MAX_K and m >= PP192_FP8_MIN_M
             and n >= PP192_MIN_N and current == GemmConfig(128, 256, 2, 1, group=current.group,
                                                              raster_m=current.raster_m)):
-        return dataclasses.replace(current, tile_n=192, pingpong=True)
+        narrow = dataclasses.replace(current, tile_n=192, pingpong=True)
+        if _padded_area(narrow, m, n, H100_SMS) <= PP192_FP8_COOP_MAX_PAD * _padded_area(current, m, n, H100_SMS):
+            return narrow
+        return None
     if not (n >= PP192_MIN_N and current.tile_mn == (128, 128) and current.pingpong and not current.swap_ab
             and current.split_k == 1 and not current.promote):
         return None
