@@ -1142,8 +1142,9 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
 #   0.992x (8669x7168x5120 0.92x -> 1.05x cuBLAS); at K 14336 / 28672 0.89x-0.97x, so not there.
 #   Held out (seeds 19300-19599, `gemm_probe_fp8_large_m_pp192_coop_held_h100.md`): the 21 draws
 #   on weights of 3072+ rows 1.040x, 15 faster, slowest 0.968x (16138x5120x5120 0.95x -> 1.03x
-#   cuBLAS, 3298x32000x4096 1.02x -> 1.14x); the 20 the padding bound below keeps 1.043x. 16-bit inputs keep 128 x 256 (the same 20-draw probe on
-#   bf16, `gemm_probe_bf16_large_m_pp192_h100.md`: 0.88x-1.06x, 13 of 20 slower).
+#   cuBLAS, 3298x32000x4096 1.02x -> 1.14x); the 20 the padding bound below keeps 1.043x.
+#   16-bit inputs keep 128 x 256 (the same 20-draw probe on bf16,
+#   `gemm_probe_bf16_large_m_pp192_h100.md`: 0.88x-1.06x, 13 of 20 slower).
 PP192_MIN_M = 4096
 PP192_MIN_N = 3072
 PP192_C21_MIN_M = 2048
@@ -1152,7 +1153,8 @@ PP192_FP8_COOP_MAX_K = 8192
 # ... and where 128 x 192 pads at most 1.05x the work of 128 x 256 (waves x tile area): the probed
 # draws ran 0.99x-1.13x the 128 x 256 pick; at 1.07x (4815x6144x4096) 0.98x, and the fp8 suite's
 # 4096^3 (1.125x: 5.3 waves of 128 x 192 against 3.9 of 128 x 256) 0.94x / 0.97x cuBLAS per-row /
-# per-tensor where 128 x 256 ran 1.03x / 1.04x (`fp8_h100.md`, 2026-11-23).
+# per-tensor without this bound (`benchmarks.quantized --kind fp8`, H100, 2026-11-28), where
+# 128 x 256 ran 1.03x / 1.04x (`fp8_h100.md` of 2026-11-23, in git at d552a65).
 PP192_FP8_COOP_MAX_PAD = 1.05
 
 
