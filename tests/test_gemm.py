@@ -1249,11 +1249,22 @@ def test_wide_long_k_swap_picks():
         cfg.validate()
 
 
+def _assert_swapped_picks(cases, cluster):
+    """16-bit dispatch (swappable, no table) picks a valid swap_ab tile of each case's (tile_m, tile_n)
+    in `cluster`."""
+    from cute_kernels.matmul import api
+
+    api.clear_dispatch_caches()
+    for m, n, k, want in cases:
+        cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
+        assert (cfg.tile_mn, cfg.cluster_mn, cfg.swap_ab) == (want, cluster, True), (m, n, k, cfg)
+        cfg.validate()
+
+
 def test_long_k_c41_picks():
     """At K >= 3584 from 256 to 1400 tokens a 128+-row pick runs one wave of 4 x 1 swap_ab
     clusters: 128-row weight tiles where their fours fill 27+ clusters, else 256-row ones on 6144+
     row weights at least 80 wide; over whichever earlier rule won, before the 128 x 192 widening."""
-    from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import long_k_c41_config
 
     pick = GemmConfig(128, 112, 2, 1, swap_ab=True)
@@ -1267,18 +1278,14 @@ def test_long_k_c41_picks():
     assert long_k_c41_config(295, 5120, 2048, pick) is None  # short K: wave_swap_c41_config's range
     assert long_k_c41_config(295, 5120, 27648, GemmConfig(64, 176, 1, 2, swap_ab=True)) is None
     assert long_k_c41_config(347, 152064, 5120, pick) is None  # too many weight tiles for one wave
-    api.clear_dispatch_caches()
-    for m, n, k, want in ((274, 5120, 27648, (128, 96)), (637, 3584, 3584, (128, 160)), (258, 10240, 8192, (256, 88))):
-        cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
-        assert (cfg.tile_mn, cfg.cluster_mn, cfg.swap_ab) == (want, (4, 1), True), (m, n, k, cfg)
-        cfg.validate()
+    _assert_swapped_picks(((274, 5120, 27648, (128, 96)), (637, 3584, 3584, (128, 160)), (258, 10240, 8192, (256, 88))),
+                          (4, 1))
 
 
 def test_long_k_wave_swap_picks():
     """From 400 tokens at K >= 3584 the swap_ab tile padding the fewest waves x tile area (256-row
     128-192 wide, 128-row 192-256 wide, steps of 8) replaces a pick padding 1 / 0.96x as much (1 / 0.95x
     over 7-12 waves, never more); never at shorter K, fewer tokens, over a split pick or at equal padding."""
-    from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import long_k_wave_swap_config
 
     coop = GemmConfig(128, 256, 2, 1)
@@ -1296,11 +1303,8 @@ def test_long_k_wave_swap_picks():
     assert long_k_wave_swap_config(30000, 8192, 8192, coop) is None  # more than 12 waves
     # 7-12 waves at <= 0.95x the pick's padding
     assert long_k_wave_swap_config(3665, 10240, 8192, GemmConfig(128, 160, 2, 1)) == GemmConfig(256, 160, 2, 1, swap_ab=True)
-    api.clear_dispatch_caches()
-    for m, n, k, want in ((6763, 2048, 8192, (128, 208)), (4863, 4096, 4096, (256, 152)), (2432, 8192, 28672, (256, 152))):
-        cfg = api._pick_config(m, n, k, 2, True, None, True, 2)
-        assert (cfg.tile_mn, cfg.cluster_mn, cfg.swap_ab) == (want, (2, 1), True), (m, n, k, cfg)
-        cfg.validate()
+    _assert_swapped_picks(((6763, 2048, 8192, (128, 208)), (4863, 4096, 4096, (256, 152)), (2432, 8192, 28672, (256, 152))),
+                          (2, 1))
 
 
 def test_fp8_long_k_wave_swap_picks():
