@@ -33,6 +33,10 @@ COMPILE_CASES = [(cfg, {}, "k", "k", torch.bfloat16) for cfg in CANDIDATES] + [
     (GemmConfig(128, 192, 2, 1, pingpong=True), dict(activation="gelu_tanh", bias=True, residual=True, alpha=True,
                                                      beta=True), "k", "k", torch.bfloat16),
     (GemmConfig(128, 160, 2, 1, pingpong=True), dict(bias=True, residual=True), "m", "n", torch.float16),
+    # 192-row tiles: three consumer warpgroups under ptxas's 128-register cap (512 threads)
+    (GemmConfig(192, 192, 2, 1), dict(activation="gelu_tanh", bias=True, alpha=True), "k", "k", torch.bfloat16),
+    (GemmConfig(192, 160, 1, 2), dict(row_scale="vector", col_scale="vector"), "k", "k", torch.bfloat16),
+    (GemmConfig(192, 168, 2, 1, swap_ab=True), {}, "k", "k", torch.bfloat16),
 ]
 
 
@@ -260,6 +264,18 @@ def test_config_validation_and_heuristic():
     assert whole_tile_epilogue(GemmConfig(64, 104, swap_ab=True), 2) and whole_tile_epilogue(GemmConfig(128, 152, swap_ab=True), 2)
     assert not whole_tile_epilogue(GemmConfig(128, 168, swap_ab=True), 2)  # 4 stages with it
     assert not whole_tile_epilogue(GemmConfig(64, 112, swap_ab=True), 2)  # 16-column slabs
+    # 192-row tiles: three cooperative warpgroups of 64 rows, 16-bit, unsplit, tile_n <= 192
+    from cute_kernels.matmul.config import epi_tile
+
+    assert GemmConfig(192, 176).num_mma_warpgroups == 3 and epi_tile(GemmConfig(192, 176)) == (192, 16)
+    GemmConfig(192, 184, swap_ab=True).validate()
+    for cfg, why in [(GemmConfig(192, 128, pingpong=True), "cooperative"), (GemmConfig(192, 208), "tile_n"),
+                     (GemmConfig(192, 128, split_k=2), "split-K"), (GemmConfig(192, 120), "multiple of 16"),
+                     (GemmConfig(192, 200, swap_ab=True), "tile_n")]:
+        with pytest.raises(ValueError, match=why):
+            cfg.validate()
+    with pytest.raises(ValueError, match="16-bit"):
+        GemmConfig(192, 128).validate(in_bytes=1)
     assert not whole_tile_epilogue(GemmConfig(128, 160, swap_ab=True), 2)  # 32-column slabs
     assert not whole_tile_epilogue(GemmConfig(128, 104, swap_ab=True), 4)  # int32 out: per-warp boxes
     assert whole_tile_epilogue(GemmConfig(128, 160, whole_tile_epi=True), 2)
@@ -322,6 +338,42 @@ def _err_rule(ours: torch.Tensor, torch_op: torch.Tensor, ref: torch.Tensor) -> 
     e_torch = (torch_op.float() - ref).abs().max().item()
     scale = ref.abs().max().item()
     assert e_ours <= 2 * e_torch + 1e-6 * max(scale, 1.0), f"error {e_ours:.4g} vs torch {e_torch:.4g} (|ref| max {scale:.3g})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,cfg,epi", [
+    (1001, 1536, 1024, GemmConfig(192, 128), {}),
+    (1001, 1536, 1024, GemmConfig(192, 192, 1, 2), dict(bias=True)),
+    (777, 2304, 640, GemmConfig(192, 176, 2, 1), dict(activation="gelu_tanh", bias=True)),
+    (2049, 1920, 4096, GemmConfig(192, 160), dict(row_scale="vector", col_scale="vector")),
+    (5, 1536, 512, GemmConfig(192, 64), dict(alpha=True)),
+    (300, 2304, 1024, GemmConfig(192, 152, swap_ab=True), {}),
+    (83, 1152, 768, GemmConfig(192, 88, swap_ab=True), {}),
+])
+def test_gemm_192_row_tiles(M, N, K, cfg, epi):
+    """The three-warpgroup 192-row tile with each epilogue it takes, ragged M and N tiles."""
+    from cute_kernels.matmul.api import run_gemm
+    from cute_kernels.matmul.config import Epilogue
+
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if epi.get("bias") else None
+    rs = torch.rand(M, device="cuda") + 0.5 if epi.get("row_scale") else None
+    cs = torch.rand(N, device="cuda") + 0.5 if epi.get("col_scale") else None
+    alpha = 0.5 if epi.get("alpha") else 1.0
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    run_gemm(a, w, out, epi=Epilogue(**epi), bias=bias, row_scale=rs, col_scale=cs, alpha=alpha, config=cfg)
+
+    def epilogue(acc):
+        acc = acc * alpha
+        if rs is not None:
+            acc = acc * rs[:, None] * cs[None, :]
+        if bias is not None:
+            acc = acc + bias.float()
+        return apply_activation(acc, epi.get("activation"))
+
+    _err_rule(out, epilogue(torch.nn.functional.linear(a, w).float()).to(torch.bfloat16),
+              epilogue(a.double() @ w.double().t()).float())
 
 
 MS = [1, 7, 128, 129, 4096]

@@ -43,7 +43,7 @@ class GemmConfig:
     tiles of whole waves before it run unsplit.
     The kernel is compiled once for "split or not"; the split count is a runtime value.
     swap_ab: the launch computes D^T = B A^T. The kernel's M runs along N (the weight's
-    rows, 64, 128 or 256 a tile) and its N along the tokens, so a token count M is padded to a
+    rows, 64, 128, 192 or 256 a tile) and its N along the tokens, so a token count M is padded to a
     multiple of tile_n (16..256 in steps of 16) instead of 64 / 128 rows: M = 273 runs as
     3 x 96 = 288 rather than 3 x 128 = 384. D is stored M-major (transposed stmatrix, or
     M-major per-warp boxes for 32-bit outputs; TMA). Epilogues without bias, residual or
@@ -55,6 +55,8 @@ class GemmConfig:
     barriers and a wait for the store to read its buffer per slab (13 slabs at widths of 8
     mod 16). It costs tile_m x tile_n x 2 bytes of shared memory, often one A/B stage.
     None (default): `whole_tile_epilogue` decides; True / False force it.
+    tile_m = 192 (16-bit, cooperative, unsplit, tile_n <= 192) runs three consumer warpgroups
+    of 64 rows; the heuristic never picks it (docs/gemm.md, "192-row tiles").
     """
 
     tile_m: int = 128
@@ -84,8 +86,11 @@ class GemmConfig:
 
     @property
     def num_mma_warpgroups(self) -> int:
-        # Cooperative: two warpgroups split the M of a 128+ tile (64 or 128 rows each),
-        # which keeps the fp32 accumulator at <= 128 registers per thread.
+        # Cooperative: two warpgroups split the M of a 128- or 256-row tile (64 or 128 rows
+        # each), which keeps the fp32 accumulator at <= 128 registers per thread; three split
+        # a 192-row tile (64 rows each).
+        if self.tile_m == 192:
+            return 3
         return 2 if self.tile_m >= 128 or self.pingpong else 1
 
     def tile_k(self, in_bytes: int) -> int:
@@ -98,17 +103,26 @@ class GemmConfig:
         """The one validity check for a config; raises ValueError with the reason. integer:
         int8 inputs (int32 accumulation), whose wgmma shapes step N by 16 above 8 (e4m3 and
         16-bit ones by 8)."""
-        if self.tile_m not in (64, 128, 256):
-            raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
+        if self.tile_m not in (64, 128, 192, 256):
+            raise ValueError(f"tile_m must be 64, 128, 192 or 256, got {self.tile_m}")
+        if self.tile_m == 192:
+            # Three consumer warpgroups (512 threads): ptxas compiles the kernel under 128
+            # registers a thread, so a warpgroup's 64 x tile_n fp32 accumulator (tile_n / 2
+            # registers) stays at <= 96 (at 208 ptxas ran out of registers for the wgmma).
+            if self.pingpong or self.promote or in_bytes != 2 or self.split_k > 1:
+                raise ValueError(f"a 192-row tile is built cooperative, for 16-bit inputs, without split-K, got {self}")
+            if not (64 <= self.tile_n <= 192 and self.tile_n % (8 if self.swap_ab else 16) == 0):
+                raise ValueError(f"a 192-row tile takes tile_n in 64..192 (a multiple of {8 if self.swap_ab else 16}), "
+                                 f"got {self.tile_n}")
         if self.swap_ab:
             # The swapped kernel's N is the token count: any multiple of 8 pads it least, as cuBLAS
             # pads it (128 x 88 at 260 tokens). The epilogue stores 16-column slabs where 32 does
             # not divide the tile and 8-column ones (stmatrix x2) at widths of 8 mod 16; checked on
             # the H100 against 16-multiple widths' outputs at 24 shapes, widths 88-248.
-            if not (16 <= self.tile_n <= 256 and self.tile_n % 8 == 0 and self.tile_m in (64, 128, 256)):
-                raise ValueError(f"swap_ab takes a 64-, 128- or 256-row tile and tile_n in 16..256, a multiple of 8, "
+            if not (16 <= self.tile_n <= 256 and self.tile_n % 8 == 0 and self.tile_m in (64, 128, 192, 256)):
+                raise ValueError(f"swap_ab takes a 64-, 128-, 192- or 256-row tile and tile_n in 16..256, a multiple of 8, "
                                  f"got {self.tile_mn}")
-        elif self.tile_n not in (64, 96, 128, 160, 192, 256):
+        elif self.tile_n not in (64, 96, 128, 160, 192, 256) and self.tile_m != 192:
             raise ValueError(f"tile_n must be 64, 96, 128, 160, 192 or 256, got {self.tile_n}")
         if integer and self.tile_n % 16:
             raise ValueError(f"int8 takes tile_n in multiples of 16, got {self.tile_n}")
@@ -153,7 +167,7 @@ def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
     width = 32 if cfg.tile_n % 32 == 0 else 16 if cfg.tile_n % 16 == 0 else 8
     if out_bytes == 4:
         return (16, min(width, cfg.tile_n))
-    rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 128
+    rows = 64 if cfg.pingpong or cfg.tile_m == 64 else 64 * cfg.num_mma_warpgroups
     return (rows, min(width, cfg.tile_n))
 
 

@@ -146,6 +146,8 @@ class GemmSm90:
                             or epilogue != Epilogue(activation="swiglu")):
             raise ValueError("the swiglu epilogue takes no other epilogue operand, no split-K, a [2N, K] B "
                              f"and tile_n in (64, 128, 192, 256), got {cfg} {epilogue}")
+        if cfg.tile_m == 192 and (epilogue.residual or self.swiglu or epilogue.block_scaled):
+            raise ValueError(f"a 192-row tile takes no residual, SwiGLU or block scales, got {epilogue}")
         if cfg.swap_ab:
             why = swap_supported(epilogue, 2)
             if why or b_kn:
@@ -170,7 +172,8 @@ class GemmSm90:
         self.threads_per_wg = 128
         self.num_threads = 128 * (1 + self.num_mma_wg)
         self.num_mma_threads = 128 * self.num_mma_wg
-        self.load_regs, self.mma_regs = 40, 232
+        # setmaxnreg budgets (64K registers a CTA): 40 + 2 x 232 x 128, 40 + 3 x 152 x 128.
+        self.load_regs, self.mma_regs = (40, 152) if self.num_mma_wg == 3 else (40, 232)
         self.epi_store_warp = 4  # first warp of the first consumer warpgroup
         # Named barriers: 0 is __syncthreads, 2/3 hand the tensor cores between ping-pong
         # warpgroups, 4/5 are the epilogue barriers (one per warpgroup in ping-pong).
