@@ -427,6 +427,27 @@ def test_the_swiglu_class_tunes_only_configs_its_epilogue_runs(tuning_env):
     assert {p.op: p.epilogue for p in ps if p.n == 16384} == {"bf16": "swiglu", "fp8-row": "vector"}
 
 
+def test_tile_192_candidates():
+    """192-row tiles: 16-bit from TILE_192_MIN_M rows, the cheapest per form, all valid for
+    the class; swapped only where the class swaps."""
+    from cute_kernels.tuning.tune import TILE_192_MIN_M, TILE_192_PER_FORM, candidates, tile_192_candidates
+
+    p = Problem("bf16", "bf16", "kk", "plain", 1175, 10240, 8192)
+    got = tile_192_candidates(p)
+    assert all(c.tile_m == 192 and not c.pingpong and c.split_k == 1 for c in got)
+    assert sum(c.swap_ab for c in got) == sum(not c.swap_ab for c in got) == TILE_192_PER_FORM
+    # the probe's winner there (gemm_probe_tile192_h100.md)
+    assert GemmConfig(192, 168, 2, 1, swap_ab=True) in got and set(got) <= set(candidates(p))
+    for c in got:
+        p.check(c)
+    assert not tile_192_candidates(Problem("bf16", "bf16", "kk", "plain", TILE_192_MIN_M - 1, 4096, 4096))
+    assert not tile_192_candidates(Problem("fp8-row", "bf16", "kk", "vector", 2048, 4096, 4096))
+    for epilogue in ("residual", "swiglu"):  # the kernel builds neither on 192-row tiles
+        assert not tile_192_candidates(Problem("bf16", "bf16", "kk", epilogue, 2048, 4096, 4096))
+    vector = tile_192_candidates(Problem("bf16", "bf16", "kk", "vector", 2048, 4096, 4096))
+    assert vector and not any(c.swap_ab for c in vector)
+
+
 def test_first_round_is_the_cheapest_by_the_cost_model():
     """Ranked by the cost model, a sparse last wave counted as its split (`_ranking_cost`)."""
     from cute_kernels.tuning.tune import FIRST_ROUND, _ranking_cost, candidates, heuristic
@@ -434,9 +455,10 @@ def test_first_round_is_the_cheapest_by_the_cost_model():
     for m, n, k in ((627, 4096, 14336), (138, 28672, 4096), (8192, 1600, 6400), (1, 4800, 1600)):
         p = Problem("bf16", "bf16", "kk", "plain", m, n, k)
         every, first = candidates(p, None), candidates(p)
-        # swap_ab configs come last, unranked (test_swap_candidates)
-        every = every[:1] + [c for c in every[1:] if not c.swap_ab]
-        first = first[:1] + [c for c in first[1:] if not c.swap_ab]
+        # swap_ab and 192-row configs come last, unranked (test_swap_candidates,
+        # test_tile_192_candidates)
+        every = every[:1] + [c for c in every[1:] if not c.swap_ab and c.tile_m != 192]
+        first = first[:1] + [c for c in first[1:] if not c.swap_ab and c.tile_m != 192]
         assert first[0] == every[0] == heuristic(p)
         assert set(first) <= set(every) and len(first) == min(len(every), FIRST_ROUND + 1)
         costs = [_ranking_cost(p, c) for c in first[1:]]

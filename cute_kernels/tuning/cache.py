@@ -193,6 +193,8 @@ class Problem:
         if cfg.swap_ab and (self.epilogue != "plain" or not (self.out_bytes == 2 or self.out == "int32")):
             raise ValueError(f"swap_ab runs the plain epilogue class with 16-bit or int32 outputs, got "
                              f"{self.epilogue} {self.out}")
+        if cfg.tile_m == 192 and self.epilogue in ("residual", "swiglu"):
+            raise ValueError(f"a 192-row tile takes no residual or SwiGLU epilogue, got {self.epilogue}")
         if self.epilogue == "swiglu" and not swiglu_fits(cfg, self.n // 2):
             raise ValueError(f"the swiglu epilogue needs split_k 1 and tile_n / 2 dividing {self.n // 2}, got {cfg}")
 

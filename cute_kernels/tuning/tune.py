@@ -139,7 +139,8 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
     cluster shape that validates for `problem` and fits it (no tile twice the problem, no
     cluster wider than the tile grid; 4 x 2 clusters only for 64-row tiles, as cuBLAS runs
     them) the `limit` cheapest by the cost model (None: all of them); then the swap_ab
-    configs of `swap_candidates`, which the cost model does not rank."""
+    configs of `swap_candidates` and its siblings and the 192-row tiles of
+    `tile_192_candidates`, which the cost model does not rank."""
 
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
@@ -156,7 +157,7 @@ def candidates(problem: Problem, limit: int | None = FIRST_ROUND) -> list[GemmCo
         cost = {c: _ranking_cost(problem, c) for c in rest}
         rest = sorted(rest, key=cost.get)[:limit]  # stable: ties keep the table's order
     swaps = list(dict.fromkeys(swap_candidates(problem) + narrow_candidates(problem) + swap_256_candidates(problem)
-                               + wave_swap_candidates(problem)))
+                               + wave_swap_candidates(problem) + tile_192_candidates(problem)))
     return [first] + rest + [c for c in swaps if c != first and c not in rest]
 
 
@@ -231,6 +232,43 @@ def wave_swap_candidates(problem: Problem) -> list[GemmConfig]:
                                if _fits(problem, c)]
     fours = fitting((4, 1))[:2] if narrow_band and math.ceil(problem.n / 128) % 4 == 0 else []
     return fours + fitting((2, 1))[:3] + fitting((1, 2))[:1]
+
+
+# 192-row tiles (three consumer warpgroups, GemmConfig): 16-bit problems from this many rows,
+# swapped up to TILE_192_SWAP_MAX_M tokens; per form the TILE_192_PER_FORM cheapest configs
+# (tile_192_candidates). On 16 grid shapes where the picks trailed cuBLAS (H100,
+# `gemm_probe_tile192_h100.md`) the best of them beat the pick on 7 (1175x10240x8192
+# 192 x 168 swap_ab 2 x 1 0.880x -> 0.967x cuBLAS, 2230x28672x4096 192 x 160 swap_ab 1 x 2
+# 0.915x -> 1.004x, 363x8192x28672 192 x 128 1 x 2 0.783x -> 0.898x) and lost on 9, with no
+# rule between them: the heuristic does not pick them, the tuner times them.
+TILE_192_MIN_M = 256
+TILE_192_SWAP_MAX_M = 4096
+TILE_192_PER_FORM = 3
+# A tile's time modelled as its width plus this many columns: each k-step loads 192 + w rows
+# for 192 x w products, so narrow tiles run below the tensor cores' rate (the probe's winners
+# were 128-168 wide).
+TILE_192_WIDTH_COST = 64
+
+
+def tile_192_candidates(problem: Problem) -> list[GemmConfig]:
+    """192-row cooperative configs for a 16-bit problem of at least TILE_192_MIN_M rows:
+    unswapped (widths 64-192 by 16) and, where the class swaps and M <= TILE_192_SWAP_MAX_M,
+    swap_ab (by 8), each form's TILE_192_PER_FORM of fewest waves x (width +
+    TILE_192_WIDTH_COST) (the wider on a tie) in 2 x 1 and 1 x 2 clusters."""
+    from ..matmul.heuristics import config_waves
+
+    if problem.promoted or problem.in_bytes != 2 or problem.m < TILE_192_MIN_M:
+        return []
+    forms = [False] + ([True] if problem.m <= TILE_192_SWAP_MAX_M and _swappable(problem) else [])
+    out = []
+    for swap in forms:
+        ranked = [GemmConfig(192, w, cm, cn, swap_ab=swap) for w in range(64, 193, 8 if swap else 16)
+                  for cm, cn in ((2, 1), (1, 2))]
+        ranked = [c for c in ranked if _fits(problem, c)]
+        ranked.sort(key=lambda c: (config_waves(c, problem.m, problem.n) * (c.tile_n + TILE_192_WIDTH_COST),
+                                   -c.tile_n, c.cluster_n))
+        out += ranked[:TILE_192_PER_FORM]
+    return out
 
 
 def narrow_candidates(problem: Problem) -> list[GemmConfig]:
