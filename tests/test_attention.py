@@ -523,6 +523,27 @@ def test_decode_many_wave_config():
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("kv_pack", [2, 4])
+def test_decode_kv_pack_compiles(tmp_path, kv_pack):
+    """The SIMT kernel with kv_pack KV heads a CTA, with and without cache lengths, no spills."""
+    from dataclasses import replace
+
+    from cute_kernels.attention.api import _compile_decode
+    from cute_kernels.attention.config import decode_config
+    from tests.test_gemm import _ptxas_report
+
+    cfg = replace(decode_config(64, 64 * 12, 1024), kv_pack=kv_pack)
+    for seqlens in (False, True):
+        out = tmp_path / str(seqlens)
+        out.mkdir()
+        _compile_decode(torch.bfloat16, cfg, 1, False, seqlens, False, 1, False, keep_dir=str(out))
+        report = _ptxas_report(glob.glob(str(out / "*.ptx"))[0])
+        assert not report or "0 bytes spill stores" in report
+    with pytest.raises(ValueError, match="kv_pack"):
+        replace(cfg, kv_pack=3).validate()
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("seqlen_k", [8192, 1024])
 def test_decode_many_wave_config_compiles(tmp_path, seqlen_k):
     from cute_kernels.attention.api import _compile_decode
@@ -724,6 +745,39 @@ def test_decode_many_waves(longest):
     sdpa_err = _kvcache_sdpa_err(q, kc, vc, lens, ref)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert (out.float() - ref).abs().max().item() <= 2 * sdpa_err + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_pack", [2, 4])
+@pytest.mark.parametrize("seqlens", [False, True])
+def test_decode_kv_pack(kv_pack, seqlens):
+    """MHA with kv_pack adjacent KV heads a CTA (each thread its own head's softmax), ragged and
+    empty caches with seqlens, against the fp32 reference; GQA falls back to one head a CTA."""
+    from dataclasses import replace
+
+    from cute_kernels.attention import api
+    from cute_kernels.attention.config import decode_config
+    from cute_kernels.attention.reference import flash_attn_ref, flash_attn_with_kvcache_ref
+
+    B, hq, D, S = 40, 12, 64, 1000
+    cfg = replace(decode_config(D, B * hq, S), kv_pack=kv_pack)
+    q = torch.randn(B, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(B, S, hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = None
+    if seqlens:
+        lens = torch.randint(0, S + 1, (B,), dtype=torch.int32, device="cuda")
+        lens[0], lens[1] = 0, S
+        ref = flash_attn_with_kvcache_ref(q.float(), kc.float(), vc.float(), lens)
+    else:
+        ref = flash_attn_ref(q.float(), kc.float(), vc.float())
+    out, lse = api._run_decode(q, kc, vc, None, seqlens_k=lens, num_splits=1, config=cfg)
+    plain, _ = api._run_decode(q, kc, vc, None, seqlens_k=lens, num_splits=1, config=replace(cfg, kv_pack=1))
+    assert (out.float() - ref).abs().max().item() <= 2 * (plain.float() - ref).abs().max().item() + 1e-3
+    if seqlens:
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+    kg, vg = kc[:, :, :4], vc[:, :, :4]  # GQA 3: one KV head a CTA
+    gq, _ = api._run_decode(q, kg, vg, None, num_splits=1, config=cfg)
+    assert (gq.float() - flash_attn_ref(q.float(), kg.float(), vg.float())).abs().max().item() < 2e-2
 
 
 def _check_full_cache_decode(q, kc, vc, num_splits, sdpa_err):

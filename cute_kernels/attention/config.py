@@ -253,6 +253,8 @@ class DecodeConfig:
     so D / (8 vec) threads share a row and the CTA covers `rows` rows at once, `unroll` times
     per step (block_n keys), through a `stages`-deep cp.async ring. max_heads: the most query
     heads of one KV head that share a CTA (the host packs a divisor of the GQA ratio).
+    kv_pack: adjacent KV heads per CTA for MHA (one query head each, unsplit): a key row's
+    threads cover kv_pack heads' D columns, each thread the online softmax of its own head.
     """
 
     head_dim: int
@@ -261,6 +263,7 @@ class DecodeConfig:
     unroll: int = 2
     stages: int = 4
     threads: int = 256
+    kv_pack: int = 1
 
     @property
     def threads_per_row(self) -> int:
@@ -269,13 +272,14 @@ class DecodeConfig:
     @property
     def block_n(self) -> int:
         """Keys per CTA step (the split heuristic's unit)."""
-        return self.threads // self.threads_per_row * self.unroll
+        return self.threads // (self.threads_per_row * self.kv_pack) * self.unroll
 
     def smem_bytes(self, heads: int | None = None, cluster: int = MAX_CLUSTER_SPLITS, in_bytes: int = _IN_BYTES) -> int:
         """The cp.async ring, the row groups' (max, sum, O) for the merge, split weights and
         a cluster merge's landing buffers, for `heads` packed heads (default max_heads)."""
         h, d = heads or self.max_heads, self.head_dim
-        rows = self.threads // self.threads_per_row
+        rows = self.threads // (self.threads_per_row * self.kv_pack)
+        h = h * self.kv_pack
         ring = 2 * self.stages * self.unroll * self.vec * self.threads * 8 * in_bytes
         merge = rows * h * (2 + d) * 4 + h * MAX_DECODE_SPLITS * 4 + 16
         partials = cluster * h * (d + 1) * 4 if cluster > 1 else 0
@@ -292,6 +296,9 @@ class DecodeConfig:
                              "number that divides a warp")
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"threads must be a multiple of 32 in 32..1024, got {self.threads}")
+        if self.kv_pack not in (1, 2, 4) or (self.threads_per_row * self.kv_pack) > 32:
+            raise ValueError(f"kv_pack must be 1, 2 or 4 with a key row's threads (D / (8 vec) x kv_pack) within a "
+                             f"warp, got {self.kv_pack}")
         if self.threads // 32 < self.max_heads:
             raise ValueError(f"max_heads = {self.max_heads} needs {32 * self.max_heads} threads (the split merge "
                              f"gives each head one warp), got {self.threads}")

@@ -106,8 +106,13 @@ class FlashDecodeSm90:
         # ring 84-92%: the softmax state left too few registers for loads in flight.)
         assert cfg.stages >= 2
         self.stages = cfg.stages
-        self.tpr = head_dim // self.cols  # threads per key row
-        self.rows = num_threads // self.tpr  # key rows in flight per unrolled step
+        self.tpr = head_dim // self.cols  # threads per key row and head
+        # kv_pack adjacent KV heads (MHA) share a CTA: a key row's tpr x kv_pack threads read
+        # kv_pack x D contiguous elements, each thread's softmax is its own head's.
+        self.kv_pack = cfg.kv_pack
+        assert self.kv_pack == 1 or (heads == 1 and not split and cluster == 1)
+        self.out_heads = heads * self.kv_pack  # heads the row-group merge folds
+        self.rows = num_threads // (self.tpr * self.kv_pack)  # key rows in flight per unrolled step
         self.block_n = self.rows * self.unroll
 
     @cute.jit
@@ -143,7 +148,7 @@ class FlashDecodeSm90:
         # With a cluster merge the grid's x extent is the cluster: num_splits must equal it.
         self.kernel(mQ, mK, mV, mO, mLSE, mOpart, mLpart, mSem, mSeqlens, mMask, scale_log2, qheads_per_kvhead,
                     num_splits).launch(
-            grid=(num_splits, Hq // self.heads, B), block=(self.num_threads, 1, 1), stream=stream,
+            grid=(num_splits, Hq // self.out_heads, B), block=(self.num_threads, 1, 1), stream=stream,
             cluster=(self.cluster, 1, 1) if cutlass.const_expr(self.cluster > 1) else None, use_pdl=True)
 
     @cute.kernel
@@ -152,18 +157,21 @@ class FlashDecodeSm90:
         tid, _, _ = cute.arch.thread_idx()
         split, hg, b = cute.arch.block_idx()
         H, D, R, TPR, C = self.heads, self.head_dim, self.rows, self.tpr, self.cols
+        HO = self.out_heads
         # This thread's place in its key row's TPR-thread group: its j-th 16-byte chunk of a
         # row is chunk j * TPR + col of it (see `chunk`), so the group's copies of one j are
         # contiguous (whole 32-byte sectors when vec > 1).
         col = tid % TPR
-        grp = tid // TPR
-        hq0 = hg * H
-        h_kv = hq0 // qheads_per_kvhead
+        grp = tid // (TPR * self.kv_pack)
+        hk = (tid // TPR) % self.kv_pack  # this thread's head among the CTA's kv_pack (MHA)
+        hq0 = hg * HO  # the CTA's first query head (its merge's outputs: HO heads from here)
+        h_kv = hq0 // qheads_per_kvhead + hk
+        hq = hq0 + hk  # this thread's first query head
 
         smem = cutlass.memory.SmemAllocator()
-        sM = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, H)), byte_alignment=16)
-        sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, H)), byte_alignment=16)
-        sO = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, H, D), stride=(H * D, D, 1)),
+        sM = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, HO)), byte_alignment=16)
+        sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, HO)), byte_alignment=16)
+        sO = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, HO, D), stride=(HO * D, D, 1)),
                                   byte_alignment=16)
         sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, MAX_DECODE_SPLITS)), byte_alignment=16)
         sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
@@ -224,7 +232,7 @@ class FlashDecodeSm90:
         qv = cute.make_rmem_tensor((8,), mQ.element_type)
         for h in cutlass.range_constexpr(H):
             for j in cutlass.range_constexpr(self.vec):
-                cute.autovec_copy(cute.local_tile(mQ[b, 0, hq0 + h, None], (8,), (self.chunk(col, j),)), qv)
+                cute.autovec_copy(cute.local_tile(mQ[b, 0, hq + h, None], (8,), (self.chunk(col, j),)), qv)
                 for i in cutlass.range_constexpr(8):
                     q[h, j * 8 + i] = qv[i].to(cutlass.Float32) * scale_log2
 
@@ -264,12 +272,12 @@ class FlashDecodeSm90:
         # (head, column) outputs and folds the R groups into them.
         if tid % TPR == 0:
             for h in cutlass.range_constexpr(H):
-                sM[grp, h] = m[h]
-                sL[grp, h] = lsum[h]
+                sM[grp, hk + h] = m[h]
+                sL[grp, hk + h] = lsum[h]
         for h in cutlass.range_constexpr(H):
             for j in cutlass.range_constexpr(self.vec):
                 for i in cutlass.range_constexpr(8):
-                    sO[grp, h, self.chunk(col, j) * 8 + i] = acc[h, j * 8 + i]
+                    sO[grp, hk + h, self.chunk(col, j) * 8 + i] = acc[h, j * 8 + i]
         cute.arch.sync_threads()
         self.finish(sM, sL, sO, sPart, sLp, sW, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
                     split, tid)
@@ -324,7 +332,7 @@ class FlashDecodeSm90:
     def merge_groups(self, sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid):
         """Fold the R row groups' softmax states (sM, sL in log2 units, sO unnormalised) into
         this CTA's answer: O and LSE, or with several splits this split's fp32 partial."""
-        H, D, R = self.heads, self.head_dim, self.rows
+        H, D, R = self.out_heads, self.head_dim, self.rows
         neg_inf = -cutlass.Float32.inf
         for idx in cutlass.range(tid, H * D, self.num_threads):
             h = idx // D
@@ -562,6 +570,7 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         self.early_trigger = early_trigger
         self.head_dim = head_dim
         self.heads = heads
+        self.out_heads = heads  # no kv_pack: FlashDecodeSm90.merge_groups folds these
         self.split = split
         self.seqlens = seqlens
         self.masked = masked
