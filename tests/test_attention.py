@@ -513,13 +513,16 @@ def test_decode_mma_choice():
 
 
 def test_decode_many_wave_config():
-    """Launches of many waves (never split) stream more keys per step, by cache length."""
+    """Launches of many waves (never split) stream more keys per step, by cache length, and take
+    two KV heads a CTA."""
     from cute_kernels.attention.config import decode_config
 
     assert (decode_config(64, 64 * 12, 8192).unroll, decode_config(64, 64 * 12, 8192).stages) == (8, 2)
     assert (decode_config(64, 64 * 12, 1024).unroll, decode_config(64, 64 * 12, 1024).stages) == (4, 4)
     assert decode_config(64, 8 * 12, 8192) is decode_config(64)
     assert decode_config(128, 64 * 12, 8192) is decode_config(128)  # swept at D = 64 only
+    assert decode_config(64, 64 * 12, 1024).kv_pack == decode_config(64, 64 * 12, 8192).kv_pack == 2
+    assert decode_config(64).kv_pack == 1
 
 
 @pytest.mark.compile

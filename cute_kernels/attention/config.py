@@ -373,7 +373,11 @@ class DecodeMmaConfig:
 # batch 64 x 12 heads (us; this / the default config / cuDNN): 8k keys 521.5 / 552.3 / 536.6
 # with 8 rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 /
 # 70.1 with 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost
-# to the default.
+# to the default. Such launches also take two adjacent KV heads a CTA (`kv_pack`, MHA
+# unsplit only; the host falls back to one otherwise): half the CTAs, half the per-CTA
+# prologue and merge. Same-run H200 A/B, batch 64 x 12 heads, D = 64 (us; one / two / four
+# heads a CTA, cuDNN): 1k keys 54.1 / 51.1 / 51.2 (51.0), 8k 369.9 / 363.9 / 407.8 (375.1),
+# 32k 1448 / 1437 / 1633 (1529); at batch 8 (96 CTAs, not many-wave) two heads ran 0.67x.
 MANY_WAVES_PER_SM = 4
 MANY_WAVES_LONG_CACHE = 4096
 
@@ -398,7 +402,7 @@ def _decode_config(head_dim: int, many_waves: bool, long_cache: bool) -> DecodeC
         # 4 heads: more would push the per-thread softmax state past the register budget.
         cfg = DecodeConfig(head_dim, max_heads=4, vec=1, unroll=2)
     if many_waves:
-        cfg = replace(cfg, unroll=8, stages=2) if long_cache else replace(cfg, unroll=4, stages=4)
+        cfg = replace(cfg, unroll=8, stages=2, kv_pack=2) if long_cache else replace(cfg, unroll=4, stages=4, kv_pack=2)
     cfg.validate()
     return cfg
 
