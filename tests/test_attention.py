@@ -513,16 +513,19 @@ def test_decode_mma_choice():
 
 
 def test_decode_many_wave_config():
-    """Launches of many waves (never split) stream more keys per step, by cache length, and take
-    two KV heads a CTA."""
+    """Launches of many waves (never split) stream more keys per step, by cache length; short
+    caches take two KV heads a CTA, and 128 threads from 5 CTAs a SM."""
     from cute_kernels.attention.config import decode_config
 
     assert (decode_config(64, 64 * 12, 8192).unroll, decode_config(64, 64 * 12, 8192).stages) == (8, 2)
     assert (decode_config(64, 64 * 12, 1024).unroll, decode_config(64, 64 * 12, 1024).stages) == (4, 4)
     assert decode_config(64, 8 * 12, 8192) is decode_config(64)
     assert decode_config(128, 64 * 12, 8192) is decode_config(128)  # swept at D = 64 only
-    assert decode_config(64, 64 * 12, 1024).kv_pack == decode_config(64, 64 * 12, 8192).kv_pack == 2
+    assert decode_config(64, 64 * 12, 1024).kv_pack == 2
+    assert decode_config(64, 64 * 12, 8192).kv_pack == 1
     assert decode_config(64).kv_pack == 1
+    assert decode_config(64, 64 * 12, 1024).threads == 128  # >= 5 CTAs a SM, short cache
+    assert decode_config(64, 48 * 12, 1024).threads == decode_config(64, 64 * 12, 8192).threads == 256
 
 
 @pytest.mark.compile
@@ -730,14 +733,16 @@ def _check_ragged_decode(D, hq, hkv, Smax, longest, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("longest", [1000, 4500])
-def test_decode_many_waves(longest):
-    """Batch 48 x 12 heads (576 CTAs, >= 4 per SM): the many-wave configs (4 or 8 rows per
-    thread and step) on ragged and empty caches, against the fp32 reference."""
+@pytest.mark.parametrize("batch", [48, 64])
+def test_decode_many_waves(longest, batch):
+    """Batch 48 / 64 x 12 heads (576 / 768 CTAs, >= 4 per SM): the many-wave configs (4 or 8
+    rows per thread and step; with the short cache two KV heads a CTA, and 128 threads from 5
+    CTAs a SM) on ragged and empty caches, against the fp32 reference."""
     import cute_kernels as ck
     from cute_kernels.attention.config import decode_config
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
-    B, hq, D, Smax = 48, 12, 64, longest + 3
+    B, hq, D, Smax = batch, 12, 64, longest + 3
     assert decode_config(D, B * hq, Smax).unroll == (8 if longest > 4096 else 4)
     kc, vc = (torch.randn(B, Smax, hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.randint(0, longest + 1, (B,), dtype=torch.int32, device="cuda")

@@ -373,13 +373,20 @@ class DecodeMmaConfig:
 # batch 64 x 12 heads (us; this / the default config / cuDNN): 8k keys 521.5 / 552.3 / 536.6
 # with 8 rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 /
 # 70.1 with 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost
-# to the default. Such launches also take two adjacent KV heads a CTA (`kv_pack`, MHA
+# to the default. Short caches also take two adjacent KV heads a CTA (`kv_pack`, MHA
 # unsplit only; the host falls back to one otherwise): half the CTAs, half the per-CTA
 # prologue and merge. Same-run H200 A/B, batch 64 x 12 heads, D = 64 (us; one / two / four
-# heads a CTA, cuDNN): 1k keys 54.1 / 51.1 / 51.2 (51.0), 8k 369.9 / 363.9 / 407.8 (375.1),
-# 32k 1448 / 1437 / 1633 (1529); at batch 8 (96 CTAs, not many-wave) two heads ran 0.67x.
+# heads a CTA, cuDNN): 1k keys 54.1 / 51.1 / 51.2 (51.0); 8k 369.9 / 363.9 / 407.8 (375.1)
+# and 32k 1448 / 1437 / 1633 (1529), but at batch 48 two heads lost with long caches (8k
+# 294.5 -> 322.0, 32k 1145 -> 1264; cuDNN 319.4, 1256), so long caches keep one.
+# From 5 CTAs per SM (before the packing) the short-cache form runs 128 threads a CTA: its
+# 64 KB ring lets three CTAs share an SM, so the last wave's tail is a third as long. Same
+# run, H200, us (256 / 128 threads, cuDNN): batch 64 1k keys 51.6 / 49.2 (51.2), batch 128
+# 97.5 / 94.3 (96.3); batch 48 (4.4 a SM) 43.1 / 44.6 (44.4). With 8k keys and more the
+# 128-thread form lost 0.3-0.7%.
 MANY_WAVES_PER_SM = 4
 MANY_WAVES_LONG_CACHE = 4096
+MANY_WAVES_SMALL_RING_PER_SM = 5
 
 
 def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, num_sms: int = H100_SMS) -> DecodeConfig:
@@ -387,11 +394,13 @@ def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, num_sms: i
     before any split) over seqlen_k keys; the defaults give the per-head-dim config."""
     check_head_dim(head_dim)
     many_waves = ctas >= MANY_WAVES_PER_SM * num_sms and head_dim == 64  # swept at D = 64 only
-    return _decode_config(head_dim, many_waves, many_waves and seqlen_k >= MANY_WAVES_LONG_CACHE)
+    long_cache = many_waves and seqlen_k >= MANY_WAVES_LONG_CACHE
+    small_ring = many_waves and not long_cache and ctas >= MANY_WAVES_SMALL_RING_PER_SM * num_sms
+    return _decode_config(head_dim, many_waves, long_cache, small_ring)
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_config(head_dim: int, many_waves: bool, long_cache: bool) -> DecodeConfig:
+def _decode_config(head_dim: int, many_waves: bool, long_cache: bool, small_ring: bool = False) -> DecodeConfig:
     if head_dim == 96:
         # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp); q and the
         # accumulator (heads x 24 fp32 each per thread): 2 heads fit.
@@ -402,7 +411,9 @@ def _decode_config(head_dim: int, many_waves: bool, long_cache: bool) -> DecodeC
         # 4 heads: more would push the per-thread softmax state past the register budget.
         cfg = DecodeConfig(head_dim, max_heads=4, vec=1, unroll=2)
     if many_waves:
-        cfg = replace(cfg, unroll=8, stages=2, kv_pack=2) if long_cache else replace(cfg, unroll=4, stages=4, kv_pack=2)
+        cfg = replace(cfg, unroll=8, stages=2) if long_cache else replace(cfg, unroll=4, stages=4, kv_pack=2)
+        if small_ring:
+            cfg = replace(cfg, threads=128)
     cfg.validate()
     return cfg
 
