@@ -432,6 +432,27 @@ def test_ab_attention_fp8_refuses_tile_groups_before_any_gpu_work():
     assert out.returncode == 2 and "--group is for the 16-bit kernel" in out.stderr, out.stderr
 
 
+def test_ab_decode_specs_and_gpu_check():
+    """benchmarks.ab_decode: DecodeConfig fields only, literal values, bad input refused before
+    any GPU work, and one stderr line without a Hopper GPU."""
+    import subprocess
+    import sys
+
+    from benchmarks.ab_decode import parse_set
+
+    assert parse_set("threads=128,kv_pack=1") == {"threads": 128, "kv_pack": 1}
+    for bad in ("head_dim=64", "n_block=64", "threads", "threads=x"):
+        with pytest.raises(ValueError, match="--set"):
+            parse_set(bad)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--batches", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--batches" in out.stderr, out.stderr
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--set", "threads=128"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
+
+
 def test_unsupported_head_dim_is_a_value_error():
     from cute_kernels.attention.config import decode_config, decode_mma_config, prefill_config
 

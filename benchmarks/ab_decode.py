@@ -1,0 +1,154 @@
+"""Same-run A/B of the SIMT decode kernel's config fields (attention.config.DecodeConfig).
+
+    python -m benchmarks.ab_decode --set threads=128 --set kv_pack=1,threads=128
+    python -m benchmarks.ab_decode --set unroll=4,stages=4 --batches 16,32,48 --seqlens 8192 --name b_sweep
+
+For each point (batch x cache length x MHA heads x head dim, one query token each), times the
+config `decode_config` picks for the launch (provider `cute`, through the same dispatch as
+`flash_attn`) against variants of it, each `--set FIELD=VALUE[,FIELD=VALUE]` one variant
+(provider `cute FIELD=VALUE`; a variant that is the pick itself or fails `validate` is left out
+of that point). cuDNN's SDPA runs for reference. Variants run unsplit, so points whose pick
+splits the keys (small batches) time only the pick and cuDNN. Points: `--batches` x
+`--seqlens` x `--heads` (MHA) x `--head-dims`; the tensor-core kernel's GQA launches are
+`DecodeMmaConfig`'s and not swept here. Timing as the decode suite's (benchmarks.attention):
+CUDA graphs, `--reps` repetitions, every other one in reverse order, median kept; each
+variant's output is checked against the fp32 reference on the first sequence. Writes
+ab_decode_<name>_<gpu>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import statistics
+
+from benchmarks.common import Row, format_table, geomean, peak_tbps, require_hopper, time_ms, write_results
+
+
+def parse_set(spec: str) -> dict:
+    """'threads=128,kv_pack=1' -> {'threads': 128, 'kv_pack': 1} (values are Python literals)."""
+    from cute_kernels.attention.config import DecodeConfig
+
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)} - {"head_dim"}
+    out = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"--set takes FIELD=VALUE with FIELD one of {sorted(fields)}, got {part!r}")
+        try:
+            out[name] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {part!r}: the value must be a Python literal (128, 2)") from None
+    return out
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{what} takes positive integers, got {text!r}")
+    return vals
+
+
+def run(sets: list[str], points, reps: int):
+    import torch
+
+    from benchmarks.attention import _sdpa
+    from cute_kernels.attention import api
+    from cute_kernels.attention.config import decode_config
+    from cute_kernels.attention.reference import flash_attn_ref
+
+    cudnn = _sdpa("cudnn")
+    rows, gains = [], {}
+    for B, L, H, D in points:
+        case = f"decode-b{B}-L{L}-h{H}/{H}-d{D}"
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ref = flash_attn_ref(q[:1].float(), k[:1].float(), v[:1].float())
+        pick = decode_config(D, B * H, L)
+        splits = api.decode_splits_heuristic(B, H, 1, L, D)
+        fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
+               "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}
+        if splits == 1:
+            for spec in sets:
+                cfg = dataclasses.replace(pick, **parse_set(spec))
+                try:
+                    cfg.validate()
+                except ValueError:
+                    continue
+                if cfg != pick:
+                    fns[f"cute {spec}"] = (lambda cfg=cfg: api._run_decode(q, k, v, None, num_splits=1, config=cfg)[0], cfg)
+        errs = {}
+        for name, (fn, _) in fns.items():
+            errs[name] = (fn()[:1].float() - ref).abs().max().item()
+            if errs[name] > 2e-2:
+                raise RuntimeError(f"{case} {name}: max error {errs[name]:.3g} against the fp32 reference")
+        names = list(fns)
+        times = {n: [] for n in names}
+        for r in range(reps):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                times[n].append(time_ms(lambda i, f=fns[n][0]: f()))
+        kv_bytes = 2 * k.numel() * k.element_size()
+        med = {n: statistics.median(t) for n, t in times.items()}
+        for n in names:
+            gbps = kv_bytes / med[n] / 1e6
+            rows.append(Row(case, n, med[n], gbps=gbps,
+                            extra={"pct_hbm": round(100 * gbps / (peak_tbps() * 1e3), 1), "times_ms": times[n],
+                                   "max_err": errs[n], "splits": splits,
+                                   "config": str(fns[n][1]) if fns[n][1] is not None else None}))
+            if n.startswith("cute "):
+                gains.setdefault(n, {})[case] = med["cute"] / med[n]
+        del q, k, v
+        torch.cuda.empty_cache()
+    t = {(r.case, r.provider): r.ms for r in rows}
+    cases = sorted({r.case for r in rows}, key=[r.case for r in rows].index)
+    summary = {f"variant_vs_shipped_geomean[{n}]": geomean(list(g.values())) for n, g in gains.items()}
+    summary.update({f"variant_vs_shipped[{n}|{c}]": x for n, g in gains.items() for c, x in g.items()})
+    summary["cute_vs_cudnn_geomean"] = geomean([t[(c, "cudnn")] / t[(c, "cute")] for c in cases])
+    summary["cute_vs_cudnn_min"] = min(t[(c, "cudnn")] / t[(c, "cute")] for c in cases)
+    return rows, summary
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                   help="one variant: DecodeConfig fields set on top of the pick (repeatable)")
+    p.add_argument("--batches", default="16,32,48,64,96,128", help="comma-separated batch sizes")
+    p.add_argument("--seqlens", default="1024,8192", help="comma-separated cache lengths")
+    p.add_argument("--heads", default="12", help="comma-separated head counts (MHA: as many KV heads)")
+    p.add_argument("--head-dims", default="64", help="comma-separated head dims")
+    p.add_argument("--name", default="variants", help="results name suffix")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per variant, every other one in reverse order (median kept)")
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    try:
+        for spec in args.sets:
+            parse_set(spec)
+        points = [(b, s, h, d) for d in _ints(args.head_dims, "--head-dims") for h in _ints(args.heads, "--heads")
+                  for s in _ints(args.seqlens, "--seqlens") for b in _ints(args.batches, "--batches")]
+    except ValueError as e:
+        p.error(str(e))
+    require_hopper("benchmarks.ab_decode")
+    if args.out:
+        import os
+
+        os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
+    rows, summary = run(args.sets, points, args.reps)
+    print(format_table(rows, baseline="cudnn"))
+    flags = "".join(f"--set {s} " for s in args.sets) + \
+        f"--batches {args.batches} --seqlens {args.seqlens} --heads {args.heads} --head-dims {args.head_dims} "
+    notes = (f"`python -m benchmarks.ab_decode {flags}--reps {args.reps}`: the shipped SIMT decode config (`cute`) "
+             "against its variants (unsplit), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
+             "repetitions (every other one in reverse order).")
+    print("wrote", write_results(f"ab_decode_{args.name}", rows, summary, notes=notes, baseline="cudnn"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
