@@ -22,11 +22,21 @@ cuDNN on the same values in bf16. Writes ab_attention_<name>_<gpu>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import statistics
 
-from benchmarks.common import PEAK_TFLOPS, Row, format_table, geomean, require_hopper, time_ms, write_results
+from benchmarks.common import (
+    PEAK_TFLOPS,
+    Row,
+    add_ab_arguments,
+    apply_ab_arguments,
+    format_table,
+    geomean,
+    parse_config_fields,
+    require_hopper,
+    time_ms,
+    write_results,
+)
 
 # (batch, seqlen, query heads, kv heads, head dim, causal)
 CASES = [(4, 2048, 32, 8, 64, True), (16, 1024, 32, 8, 64, True), (2, 4096, 32, 8, 64, True),
@@ -46,18 +56,7 @@ def parse_set(spec: str) -> dict:
     """'n_block=176,tma_o=True' -> {'n_block': 176, 'tma_o': True} (values are Python literals)."""
     from cute_kernels.attention.config import PrefillConfig
 
-    fields = {f.name for f in dataclasses.fields(PrefillConfig)}
-    out = {}
-    for part in spec.split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in fields or name == "head_dim":
-            raise ValueError(f"--set takes FIELD=VALUE with FIELD a PrefillConfig field other than head_dim, got {part!r}")
-        try:
-            out[name] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise ValueError(f"--set {part!r}: the value must be a Python literal (176, True, None)") from None
-    return out
+    return parse_config_fields(PrefillConfig, spec, "176, True, None")
 
 
 def parse_group(spec: str) -> tuple[str, int]:
@@ -183,12 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--head-dims", default="64,128", help="with --wide: comma-separated head dims")
     p.add_argument("--seqlens", default=None, help="with --wide: comma-separated sequence lengths (default all)")
     p.add_argument("--causal-only", action="store_true", help="with --wide: the causal cases only")
-    p.add_argument("--name", default=None, help="results name suffix (default: the option, or 'variants')")
-    p.add_argument("--reps", type=int, default=2, help="repetitions per variant, every other one in reverse order (median kept)")
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    add_ab_arguments(p, None, 2)  # --name default: the option, or 'variants'
     args = p.parse_args(argv)
-    if args.reps < 1:
-        p.error("--reps must be >= 1")
+    apply_ab_arguments(p, args)
     try:
         for spec in args.sets:
             parse_set(spec)
@@ -202,10 +198,6 @@ def main(argv=None) -> int:
         p.error("--group is for the 16-bit kernel")
     option = args.option or (None if args.sets or args.groups else "wg_key_range")
     require_hopper("benchmarks.ab_attention")
-    if args.out:
-        import os
-
-        os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
     cases = wide_cases(head_dims, seqlens, (True,) if args.causal_only else (False, True)) if args.wide else CASES
     rows, summary = run(option, args.reps, args.sets, cases, args.groups, args.fp8)
     print(format_table(rows, baseline="cudnn"))

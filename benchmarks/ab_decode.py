@@ -19,29 +19,28 @@ ab_decode_<name>_<gpu>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import statistics
 
-from benchmarks.common import Row, format_table, geomean, peak_tbps, require_hopper, time_ms, write_results
+from benchmarks.common import (
+    Row,
+    add_ab_arguments,
+    apply_ab_arguments,
+    format_table,
+    geomean,
+    parse_config_fields,
+    peak_tbps,
+    require_hopper,
+    time_ms,
+    write_results,
+)
 
 
 def parse_set(spec: str) -> dict:
     """'threads=128,kv_pack=1' -> {'threads': 128, 'kv_pack': 1} (values are Python literals)."""
     from cute_kernels.attention.config import DecodeConfig
 
-    fields = {f.name for f in dataclasses.fields(DecodeConfig)} - {"head_dim"}
-    out = {}
-    for part in spec.split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in fields:
-            raise ValueError(f"--set takes FIELD=VALUE with FIELD one of {sorted(fields)}, got {part!r}")
-        try:
-            out[name] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise ValueError(f"--set {part!r}: the value must be a Python literal (128, 2)") from None
-    return out
+    return parse_config_fields(DecodeConfig, spec, "128, 2")
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -121,12 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", default="1024,8192", help="comma-separated cache lengths")
     p.add_argument("--heads", default="12", help="comma-separated head counts (MHA: as many KV heads)")
     p.add_argument("--head-dims", default="64", help="comma-separated head dims")
-    p.add_argument("--name", default="variants", help="results name suffix")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per variant, every other one in reverse order (median kept)")
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    add_ab_arguments(p, "variants", 3)
     args = p.parse_args(argv)
-    if args.reps < 1:
-        p.error("--reps must be >= 1")
+    apply_ab_arguments(p, args)
     try:
         for spec in args.sets:
             parse_set(spec)
@@ -135,10 +131,6 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     require_hopper("benchmarks.ab_decode")
-    if args.out:
-        import os
-
-        os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
     rows, summary = run(args.sets, points, args.reps)
     print(format_table(rows, baseline="cudnn"))
     flags = "".join(f"--set {s} " for s in args.sets) + \

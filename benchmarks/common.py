@@ -106,6 +106,45 @@ def format_table(rows: Sequence[Row], baseline: str | None = "cublas") -> str:
     return "\n".join(lines)
 
 
+def parse_config_fields(config_cls, spec: str, example: str = "128, True, None") -> dict:
+    """An A/B script's `--set FIELD=VALUE[,FIELD=VALUE]` for a frozen config dataclass
+    (head_dim excluded: it is the shape's): {'field': value}, values as Python literals."""
+    import ast
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_cls)} - {"head_dim"}
+    out = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"--set takes FIELD=VALUE with FIELD a {config_cls.__name__} field other than head_dim, "
+                             f"got {part!r}")
+        try:
+            out[name] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {part!r}: the value must be a Python literal ({example})") from None
+    return out
+
+
+def add_ab_arguments(p, default_name: str | None, default_reps: int) -> None:
+    """The options every same-run A/B script shares: --name, --reps, --out."""
+    p.add_argument("--name", default=default_name, help="results name suffix")
+    p.add_argument("--reps", type=int, default=default_reps,
+                   help="repetitions per variant, every other one in reverse order (median kept)")
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+
+
+def apply_ab_arguments(p, args) -> None:
+    """Check --reps and point the results at --out."""
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    if args.out:
+        import os
+
+        os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
+
+
 def results_dir() -> Path:
     """Where results files go: CUTE_KERNELS_RESULTS_DIR, else benchmarks/results."""
     from cute_kernels.runtime import env
