@@ -34,8 +34,8 @@ gemm_probe_pdl_<gpu>.{json,md}.
 config space (`nvjet_config`) and timed against the dispatch pick, as `configs` times them.
 cuBLAS computes the column-major product D^T = W X^T, so an nvjet tile's first dimension runs
 along the weight's rows: our swap_ab tile (`nvjet_sm90_tst_128x80_64x8_4x1` -> 128x80c41T;
-`qqtst` for fp8, timed without a bias as `--scales-only` below). Its stage count is left to our
-default ring. Writes gemm_probe_cublas_<gpu>.{json,md}.
+`qqtst` for fp8, timed without a bias as `--scales-only` below); a `splitK` kernel splits K as
+many ways as one wave of its grid holds. Its stage count is left to our default ring. Writes gemm_probe_cublas_<gpu>.{json,md}.
 
 `configs`: named configs per shape, side by side with cuBLAS: --spec is a JSON file of
 {"MxNxK": [label, ...]} (tuning.tune.label's format), or a results file of this probe, whose
@@ -487,19 +487,30 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
 _NVJET = re.compile(r"nvjet_sm90_(?:tst|qqtst)_(\d+)x(\d+)_(\d+)x(\d+)_(\d)x(\d)_")
 
 
-def nvjet_config(name: str):
+def nvjet_config(name: str, shape: tuple[int, int, int] | None = None, in_bytes: int = 2):
     """The swap_ab GemmConfig an nvjet kernel name describes (tile along the weight's rows x
     along the tokens, cluster the same way round), or None where the name is not an nvjet
-    GEMM or its tile is not one our kernel builds (`GemmConfig.validate`)."""
-    from cute_kernels.matmul.config import GemmConfig
+    GEMM or its tile is not one our kernel builds (`GemmConfig.validate`). A `splitK` kernel
+    on an (M, N, K) `shape` whose grid fits one wave splits K as many ways as that wave holds
+    (the name gives no count; at most MAX_SPLIT_K, each split >= MIN_SPLIT_K_TILES k-tiles)."""
+    import dataclasses
+
+    from cute_kernels.matmul.config import GemmConfig, grid_clusters
+    from cute_kernels.matmul.heuristics import MAX_SPLIT_K, MIN_SPLIT_K_TILES
 
     m = _NVJET.search(name)
     if not m:
         return None
     tm, tn, _, _, cm, cn = (int(x) for x in m.groups())
     cfg = GemmConfig(tm, tn, cm, cn, swap_ab=True)
+    if "_splitK" in name and shape is not None:
+        clusters, per_wave = grid_clusters(cfg, *cfg.kernel_mn(shape[0], shape[1]))
+        k_tiles = math.ceil(shape[2] / (128 // in_bytes))
+        split = min(per_wave // clusters, MAX_SPLIT_K, k_tiles // MIN_SPLIT_K_TILES)
+        if split >= 2:
+            cfg = dataclasses.replace(cfg, split_k=split)
     try:
-        cfg.validate()
+        cfg.validate(in_bytes)
     except ValueError:
         return None
     return cfg
@@ -542,7 +553,7 @@ def run_cublas(shapes, dtype: str = "bf16", rounds: int = 2) -> tuple[list[Row],
     spec, names = {}, {}
     for m, n, k in shapes:
         name = cublas_kernel(provs["cublas"], make(m, n, k))
-        cfg = nvjet_config(name)
+        cfg = nvjet_config(name, (m, n, k), 1 if dtype == "fp8" else 2)
         p = grid_problem(dtype, m, n, k)
         pick = _grid_label(dtype, m, n, k) if scales_only else label(dispatch_config(p))
         names[f"{m}x{n}x{k}"] = name

@@ -617,6 +617,11 @@ def test_gemm_probe_draw_and_arguments(tmp_path):
     assert P.nvjet_config("nvjet_sm90_tst_128x272_64x4_2x1_v_bz_coopA_TNT") is None  # wider than our tiles
     assert P.nvjet_config("nvjet_sm90_tst_256x200_64x4_1x2_h_bz_coopA_TNT") is None  # 256 rows: at most 192 wide
     assert P.nvjet_config("Memset (Device)") is None and P.nvjet_config("sm90_xmma_gemm_bf16bf16") is None
+    # splitK: as many splits as one wave holds (40 tiles in 10 clusters of 4, 30 a wave -> 3)
+    split_name = "nvjet_sm90_tst_128x160_64x5_4x1_v_bz_splitK_TNT"
+    assert P.nvjet_config(split_name, (154, 5120, 27648)) == GemmConfig(128, 160, 4, 1, split_k=3, swap_ab=True)
+    assert P.nvjet_config(split_name) == GemmConfig(128, 160, 4, 1, swap_ab=True)
+    assert P.nvjet_config(split_name, (154, 5120, 256)).split_k == 1  # 4 k-tiles: no room to split
     with pytest.raises(SystemExit):
         P.main(["cublas", "--shapes", "1x2"])
     # the epilogue probe's pairs: each cooperative config forced both ways; none for ping-pong
