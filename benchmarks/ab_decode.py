@@ -68,7 +68,7 @@ def run(sets: list[str], points, reps: int):
         q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = flash_attn_ref(q[:1].float(), k[:1].float(), v[:1].float())
-        pick = decode_config(D, B * H, L)
+        pick = decode_config(D, B * H, L, mha=True)
         splits = api.decode_splits_heuristic(B, H, 1, L, D)
         fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
                "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}

@@ -534,19 +534,22 @@ def test_decode_mma_choice():
 
 
 def test_decode_many_wave_config():
-    """Launches of many waves (never split) stream more keys per step, by cache length; short
-    caches take two KV heads a CTA, and 128 threads from 5 CTAs a SM."""
+    """Launches of many waves (never split) stream more keys per step, by cache length; MHA
+    with a short cache runs 128 threads a CTA from 2.5 CTAs a SM and packs two KV heads a CTA
+    from 5."""
     from cute_kernels.attention.config import decode_config
 
     assert (decode_config(64, 64 * 12, 8192).unroll, decode_config(64, 64 * 12, 8192).stages) == (8, 2)
     assert (decode_config(64, 64 * 12, 1024).unroll, decode_config(64, 64 * 12, 1024).stages) == (4, 4)
     assert decode_config(64, 8 * 12, 8192) is decode_config(64)
     assert decode_config(128, 64 * 12, 8192) is decode_config(128)  # swept at D = 64 only
-    assert decode_config(64, 64 * 12, 1024).kv_pack == 2
-    assert decode_config(64, 64 * 12, 8192).kv_pack == 1
-    assert decode_config(64).kv_pack == 1
-    assert decode_config(64, 64 * 12, 1024).threads == 128  # >= 5 CTAs a SM, short cache
-    assert decode_config(64, 48 * 12, 1024).threads == decode_config(64, 64 * 12, 8192).threads == 256
+    shape = {b: (lambda c: (c.unroll, c.threads, c.kv_pack))(decode_config(64, b * 12, 1024, mha=True))
+             for b in (16, 32, 48, 64, 128)}
+    assert shape == {16: (2, 256, 1), 32: (2, 128, 1), 48: (4, 128, 1), 64: (4, 128, 2), 128: (4, 128, 2)}
+    assert decode_config(64, 64 * 12, 1024).threads == 256 and decode_config(64, 64 * 12, 1024).kv_pack == 1
+    for long_mha in (decode_config(64, 64 * 12, 8192, mha=True), decode_config(64, 32 * 12, 8192, mha=True)):
+        assert (long_mha.threads, long_mha.kv_pack) == (256, 1)
+    assert decode_config(128, 64 * 12, 1024, mha=True) is decode_config(128)
 
 
 @pytest.mark.compile
@@ -571,13 +574,14 @@ def test_decode_kv_pack_compiles(tmp_path, kv_pack):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("seqlen_k", [8192, 1024])
-def test_decode_many_wave_config_compiles(tmp_path, seqlen_k):
+@pytest.mark.parametrize("batch,seqlen_k", [(64, 8192), (64, 1024), (32, 1024)])
+def test_decode_many_wave_config_compiles(tmp_path, batch, seqlen_k):
+    """The MHA picks by launch size (1k keys: 128 threads; at batch 64 two KV heads a CTA)."""
     from cute_kernels.attention.api import _compile_decode
     from cute_kernels.attention.config import decode_config
     from tests.test_gemm import _ptxas_report
 
-    cfg = decode_config(64, 64 * 12, seqlen_k)
+    cfg = decode_config(64, batch * 12, seqlen_k, mha=True)
     assert cfg != decode_config(64)
     _compile_decode(torch.bfloat16, cfg, 1, False, True, False, 1, False, keep_dir=str(tmp_path))
     ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
@@ -754,17 +758,17 @@ def _check_ragged_decode(D, hq, hkv, Smax, longest, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("longest", [1000, 4500])
-@pytest.mark.parametrize("batch", [48, 64])
+@pytest.mark.parametrize("batch", [32, 48, 64])
 def test_decode_many_waves(longest, batch):
-    """Batch 48 / 64 x 12 heads (576 / 768 CTAs, >= 4 per SM): the many-wave configs (4 or 8
-    rows per thread and step; with the short cache two KV heads a CTA, and 128 threads from 5
-    CTAs a SM) on ragged and empty caches, against the fp32 reference."""
+    """Batch 32 / 48 / 64 x 12 heads (384 / 576 / 768 CTAs): the launch-size picks (from 4 CTAs
+    a SM 4 or 8 rows per thread and step; with the short cache 128 threads a CTA, and at batch
+    64 two KV heads a CTA) on ragged and empty caches, against the fp32 reference."""
     import cute_kernels as ck
     from cute_kernels.attention.config import decode_config
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
     B, hq, D, Smax = batch, 12, 64, longest + 3
-    assert decode_config(D, B * hq, Smax).unroll == (8 if longest > 4096 else 4)
+    assert decode_config(D, B * hq, Smax).unroll == (2 if B < 44 else 8 if longest > 4096 else 4)
     kc, vc = (torch.randn(B, Smax, hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.randint(0, longest + 1, (B,), dtype=torch.int32, device="cuda")
     lens[0], lens[1], lens[2] = 0, 1, longest

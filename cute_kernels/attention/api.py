@@ -332,7 +332,7 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     ctas = B * (Hq // heads)
     cluster = splits if decode_merges_in_cluster(ctas, splits) else 1
     if config is None:
-        config = decode_mma_config(D) if mma else decode_config(D, ctas, k.shape[1])
+        config = decode_mma_config(D) if mma else decode_config(D, ctas, k.shape[1], mha=G == 1 and not split)
     if getattr(config, "kv_pack", 1) > 1 and (G != 1 or split or Hq % config.kv_pack):
         config = replace(config, kv_pack=1)  # KV heads share a CTA only for unsplit MHA
     fn = _decode_kernel(q.dtype, config, heads, split, seqlens_k is not None, key_mask is not None, cluster,

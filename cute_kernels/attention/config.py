@@ -369,38 +369,46 @@ class DecodeMmaConfig:
 
 
 # Many-wave launches (batch x head groups >= MANY_WAVES_PER_SM CTAs per SM, never split) of
-# MHA decode at D = 64 stream more keys per step, by cache length. Same-run H100 sweep,
-# batch 64 x 12 heads (us; this / the default config / cuDNN): 8k keys 521.5 / 552.3 / 536.6
-# with 8 rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 /
-# 70.1 with 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost
-# to the default. Short caches also take two adjacent KV heads a CTA (`kv_pack`, MHA
-# unsplit only; the host falls back to one otherwise): half the CTAs, half the per-CTA
-# prologue and merge. Same-run H200 A/B, batch 64 x 12 heads, D = 64 (us; one / two / four
-# heads a CTA, cuDNN): 1k keys 54.1 / 51.1 / 51.2 (51.0); 8k 369.9 / 363.9 / 407.8 (375.1)
-# and 32k 1448 / 1437 / 1633 (1529), but at batch 48 two heads lost with long caches (8k
-# 294.5 -> 322.0, 32k 1145 -> 1264; cuDNN 319.4, 1256), so long caches keep one.
-# From 5 CTAs per SM (before the packing) the short-cache form runs 128 threads a CTA: its
-# 64 KB ring lets three CTAs share an SM, so the last wave's tail is a third as long. Same
-# run, H200, us (256 / 128 threads, cuDNN): batch 64 1k keys 51.6 / 49.2 (51.2), batch 128
-# 97.5 / 94.3 (96.3); batch 48 (4.4 a SM) 43.1 / 44.6 (44.4). With 8k keys and more the
-# 128-thread form lost 0.3-0.7%.
+# decode at D = 64 stream more keys per step, by cache length. Same-run H100 sweep, MHA batch
+# 64 x 12 heads (us; this / the default config / cuDNN): 8k keys 521.5 / 552.3 / 536.6 with 8
+# rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 / 70.1 with
+# 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost to the default.
 MANY_WAVES_PER_SM = 4
 MANY_WAVES_LONG_CACHE = 4096
-MANY_WAVES_SMALL_RING_PER_SM = 5
+# MHA with a short cache, by CTAs per SM (before any packing): from SMALL_RING_PER_SM, 128
+# threads a CTA (a half-size ring, so two or three CTAs share an SM and the last wave's tail
+# is shorter); from KV_PACK_PER_SM, also two adjacent KV heads a CTA (`kv_pack`: half the CTAs,
+# half the per-CTA prologue and merge). Same run, H200, 1k keys, 12 heads, D = 64, as x cuDNN
+# (one head / two heads a CTA; 256 / 128 threads):
+#   batch 32 (2.9 a SM):  1 head 1.017 / 1.051   2 heads 1.014 / 1.017
+#   batch 48 (4.4):       1 head 1.018 / 1.089   2 heads 1.028 / 0.990
+#   batch 64 (5.8):       1 head 0.931 / 1.014   2 heads 0.993 / 1.041
+#   batch 128 (11.6):     1 head 0.960 / 0.993   2 heads 0.987 / 1.022
+# (batch 32 with its default 2 rows a thread and step, the others with the many-wave 4.) Four
+# heads a CTA ran as two at batch 64 (51.2 / 51.1 us). Long caches keep 256 threads and one
+# head: at batch 64 two heads ran 1.6% / 0.8% faster (8k / 32k keys) but at batch 48 9% / 10%
+# slower, and 128 threads 0.3-0.7% slower.
+SMALL_RING_PER_SM = 2.5
+KV_PACK_PER_SM = 5
 
 
-def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, num_sms: int = H100_SMS) -> DecodeConfig:
+def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, mha: bool = False,
+                  num_sms: int = H100_SMS) -> DecodeConfig:
     """The SIMT decode kernel's config for a launch of `ctas` CTAs (batch x head groups,
-    before any split) over seqlen_k keys; the defaults give the per-head-dim config."""
+    before any split) over seqlen_k keys, `mha` when each query head has its own KV head; the
+    defaults give the per-head-dim config."""
     check_head_dim(head_dim)
     many_waves = ctas >= MANY_WAVES_PER_SM * num_sms and head_dim == 64  # swept at D = 64 only
     long_cache = many_waves and seqlen_k >= MANY_WAVES_LONG_CACHE
-    small_ring = many_waves and not long_cache and ctas >= MANY_WAVES_SMALL_RING_PER_SM * num_sms
-    return _decode_config(head_dim, many_waves, long_cache, small_ring)
+    short_mha = mha and head_dim == 64 and 0 < seqlen_k < MANY_WAVES_LONG_CACHE
+    small_ring = short_mha and ctas >= SMALL_RING_PER_SM * num_sms
+    kv_pack = short_mha and ctas >= KV_PACK_PER_SM * num_sms
+    return _decode_config(head_dim, many_waves, long_cache, small_ring, kv_pack)
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_config(head_dim: int, many_waves: bool, long_cache: bool, small_ring: bool = False) -> DecodeConfig:
+def _decode_config(head_dim: int, many_waves: bool = False, long_cache: bool = False, small_ring: bool = False,
+                   kv_pack: bool = False) -> DecodeConfig:
     if head_dim == 96:
         # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp); q and the
         # accumulator (heads x 24 fp32 each per thread): 2 heads fit.
@@ -411,9 +419,11 @@ def _decode_config(head_dim: int, many_waves: bool, long_cache: bool, small_ring
         # 4 heads: more would push the per-thread softmax state past the register budget.
         cfg = DecodeConfig(head_dim, max_heads=4, vec=1, unroll=2)
     if many_waves:
-        cfg = replace(cfg, unroll=8, stages=2) if long_cache else replace(cfg, unroll=4, stages=4, kv_pack=2)
-        if small_ring:
-            cfg = replace(cfg, threads=128)
+        cfg = replace(cfg, unroll=8, stages=2) if long_cache else replace(cfg, unroll=4, stages=4)
+    if small_ring:
+        cfg = replace(cfg, threads=128)
+    if kv_pack:
+        cfg = replace(cfg, kv_pack=2)
     cfg.validate()
     return cfg
 
