@@ -34,6 +34,7 @@ from benchmarks.common import (
     time_ms,
     write_results,
 )
+from cute_kernels.tune import _ints as int_list  # the package CLI's comma-separated integers
 
 
 def parse_set(spec: str) -> dict:
@@ -41,16 +42,6 @@ def parse_set(spec: str) -> dict:
     from cute_kernels.attention.config import DecodeConfig
 
     return parse_config_fields(DecodeConfig, spec, "128, 2")
-
-
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{what} takes comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise ValueError(f"{what} takes positive integers, got {text!r}")
-    return vals
 
 
 def run(sets: list[str], points, reps: int):
@@ -62,6 +53,7 @@ def run(sets: list[str], points, reps: int):
     from cute_kernels.attention.reference import flash_attn_ref
 
     cudnn = _sdpa("cudnn")
+    variants = [(spec, parse_set(spec)) for spec in sets]
     rows, gains = [], {}
     for B, L, H, D in points:
         case = f"decode-b{B}-L{L}-h{H}/{H}-d{D}"
@@ -73,8 +65,8 @@ def run(sets: list[str], points, reps: int):
         fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
                "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}
         if splits == 1:
-            for spec in sets:
-                cfg = dataclasses.replace(pick, **parse_set(spec))
+            for spec, fields in variants:
+                cfg = dataclasses.replace(pick, **fields)
                 try:
                     cfg.validate()
                 except ValueError:
@@ -116,25 +108,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="one variant: DecodeConfig fields set on top of the pick (repeatable)")
-    p.add_argument("--batches", default="16,32,48,64,96,128", help="comma-separated batch sizes")
-    p.add_argument("--seqlens", default="1024,8192", help="comma-separated cache lengths")
-    p.add_argument("--heads", default="12", help="comma-separated head counts (MHA: as many KV heads)")
-    p.add_argument("--head-dims", default="64", help="comma-separated head dims")
+    p.add_argument("--batches", type=int_list, default="16,32,48,64,96,128", help="comma-separated batch sizes")
+    p.add_argument("--seqlens", type=int_list, default="1024,8192", help="comma-separated cache lengths")
+    p.add_argument("--heads", type=int_list, default="12", help="comma-separated head counts (MHA: as many KV heads)")
+    p.add_argument("--head-dims", type=int_list, default="64", help="comma-separated head dims")
     add_ab_arguments(p, "variants", 3)
     args = p.parse_args(argv)
     apply_ab_arguments(p, args)
     try:
         for spec in args.sets:
             parse_set(spec)
-        points = [(b, s, h, d) for d in _ints(args.head_dims, "--head-dims") for h in _ints(args.heads, "--heads")
-                  for s in _ints(args.seqlens, "--seqlens") for b in _ints(args.batches, "--batches")]
     except ValueError as e:
         p.error(str(e))
+    points = [(b, s, h, d) for d in args.head_dims for h in args.heads for s in args.seqlens for b in args.batches]
     require_hopper("benchmarks.ab_decode")
     rows, summary = run(args.sets, points, args.reps)
     print(format_table(rows, baseline="cudnn"))
     flags = "".join(f"--set {s} " for s in args.sets) + \
-        f"--batches {args.batches} --seqlens {args.seqlens} --heads {args.heads} --head-dims {args.head_dims} "
+        "".join(f"--{opt} {','.join(map(str, getattr(args, opt.replace('-', '_'))))} "
+                for opt in ("batches", "seqlens", "heads", "head-dims"))
     notes = (f"`python -m benchmarks.ab_decode {flags}--reps {args.reps}`: the shipped SIMT decode config (`cute`) "
              "against its variants (unsplit), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
              "repetitions (every other one in reverse order).")
