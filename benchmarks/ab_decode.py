@@ -7,8 +7,11 @@ For each point (batch x cache length x MHA heads x head dim, one query token eac
 config `decode_config` picks for the launch (provider `cute`, through the same dispatch as
 `flash_attn`) against variants of it, each `--set FIELD=VALUE[,FIELD=VALUE]` one variant
 (provider `cute FIELD=VALUE`; a variant that is the pick itself or fails `validate` is left out
-of that point). cuDNN's SDPA runs for reference. Variants run unsplit, so points whose pick
-splits the keys (small batches) time only the pick and cuDNN. Points: `--batches` x
+of that point). `splits=N` in a variant splits the keys N ways (merged as `flash_attn` merges
+them: in a cluster where `decode_merges_in_cluster` allows, else through global memory);
+variants without it run unsplit. cuDNN's SDPA runs for reference. Variants run only where the
+pick is unsplit, so points whose pick splits the keys (small batches) time only the pick and
+cuDNN. Points: `--batches` x
 `--seqlens` x `--heads` (MHA) x `--head-dims`; the tensor-core kernel's GQA launches are
 `DecodeMmaConfig`'s and not swept here. Timing as the decode suite's (benchmarks.attention):
 CUDA graphs, `--reps` repetitions, every other one in reverse order, median kept; each
@@ -34,14 +37,20 @@ from benchmarks.common import (
     time_ms,
     write_results,
 )
+from cute_kernels.attention.config import MAX_DECODE_SPLITS
 from cute_kernels.tune import _ints as int_list  # the package CLI's comma-separated integers
 
 
-def parse_set(spec: str) -> dict:
-    """'threads=128,kv_pack=1' -> {'threads': 128, 'kv_pack': 1} (values are Python literals)."""
+def parse_set(spec: str) -> tuple[dict, int]:
+    """'threads=128,kv_pack=1,splits=2' -> ({'threads': 128, 'kv_pack': 1}, 2): DecodeConfig
+    fields (values are Python literals) and the launch's key splits (`splits`, default 1)."""
     from cute_kernels.attention.config import DecodeConfig
 
-    return parse_config_fields(DecodeConfig, spec, "128, 2")
+    parts = [p for p in spec.split(",") if p.partition("=")[0].strip() != "splits"]
+    splits = [p.partition("=")[2].strip() for p in spec.split(",") if p.partition("=")[0].strip() == "splits"]
+    if len(splits) > 1 or (splits and not (splits[0].isdigit() and 1 <= int(splits[0]) <= MAX_DECODE_SPLITS)):
+        raise ValueError(f"--set {spec!r}: splits takes one integer in 1..{MAX_DECODE_SPLITS}")
+    return (parse_config_fields(DecodeConfig, ",".join(parts), "128, 2") if parts else {}), int(splits[0]) if splits else 1
 
 
 def run(sets: list[str], points, reps: int):
@@ -65,14 +74,15 @@ def run(sets: list[str], points, reps: int):
         fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
                "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}
         if splits == 1:
-            for spec, fields in variants:
+            for spec, (fields, n) in variants:
                 cfg = dataclasses.replace(pick, **fields)
                 try:
                     cfg.validate()
                 except ValueError:
                     continue
-                if cfg != pick:
-                    fns[f"cute {spec}"] = (lambda cfg=cfg: api._run_decode(q, k, v, None, num_splits=1, config=cfg)[0], cfg)
+                if cfg != pick or n > 1:
+                    fns[f"cute {spec}"] = (lambda cfg=cfg, n=n: api._run_decode(q, k, v, None, num_splits=n,
+                                                                               config=cfg)[0], cfg)
         errs = {}
         for name, (fn, _) in fns.items():
             errs[name] = (fn()[:1].float() - ref).abs().max().item()
@@ -107,7 +117,8 @@ def run(sets: list[str], points, reps: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="one variant: DecodeConfig fields set on top of the pick (repeatable)")
+                   help="one variant: DecodeConfig fields set on top of the pick, and splits=N to split the keys "
+                        "(repeatable)")
     p.add_argument("--batches", type=int_list, default="16,32,48,64,96,128", help="comma-separated batch sizes")
     p.add_argument("--seqlens", type=int_list, default="1024,8192", help="comma-separated cache lengths")
     p.add_argument("--heads", type=int_list, default="12", help="comma-separated head counts (MHA: as many KV heads)")
