@@ -1514,6 +1514,25 @@ def test_narrow_swap_picks():
     assert swap_config(344, 4096, 8192, in_bytes=1) == swap_config(344, 4096, 4096)  # 8-bit K: as many bytes
 
 
+def test_one_tile_long_k_split_picks():
+    """Above 128 tokens, one token tile and K >= 24576: 128-row swap_ab tiles in 2 x 1 clusters
+    split K to fill the wave (ONE_TILE_SPLIT_MIN_K); two token tiles, shorter K, 8-bit inputs
+    and weights whose 128-row tiles fill over half a wave keep their picks."""
+    from cute_kernels.matmul.heuristics import swap_config
+
+    def pick(m, n, k, **kw):
+        c = swap_config(m, n, k, **kw)
+        return c and (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.split_k)
+
+    assert pick(154, 5120, 27648) == (128, 160, 2, 1, 3)  # 20 clusters x 3 splits: 120 CTAs
+    assert pick(140, 8192, 28672) == (128, 144, 2, 1, 2)
+    assert pick(147, 5120, 27648) == (128, 160, 2, 1, 3)  # tokens in steps of 16
+    assert pick(154, 5120, 13824)[:2] == (64, 160)  # shorter K: the 64-row tile
+    assert pick(200, 4096, 14336)[:2] == (64, 104)  # two token tiles
+    assert pick(154, 5120, 27648, in_bytes=1)[:2] == (64, 160)  # fp8: not measured
+    assert pick(150, 16384, 28672) != (128, 160, 2, 1, 2)  # 64 clusters fill a wave: no split
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,swapped", [((4, 8192, 2048), True), ((7, 4800, 1600), True), ((2, 6144, 4096), True),
                                            ((3, 1024, 4096), True), ((4, 4096, 4096), False), ((8, 1600, 1600), False)])

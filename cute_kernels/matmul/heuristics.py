@@ -950,7 +950,9 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
 
     With N, K >= 768: `narrow_swap_config` at M <= 128, and above where it fits one wave and pads
-    M less than 128-row tiles do (or no more, int8 in a cluster: NARROW_INT8). Otherwise, M in
+    M less than 128-row tiles do (or no more, int8 in a cluster: NARROW_INT8); above 128 tokens
+    one such token tile at very long K gives way to one 128-row tile split over K
+    (ONE_TILE_SPLIT_MIN_K). Otherwise, M in
     SWAP_M (8-bit inputs: up to 1024) with N >= SWAP_MIN_N and K >= SWAP_MIN_K: 128-row tiles;
     of the widths that pad M to at most 0.9x what 128-row unswapped tiles do (above 1024 rows:
     176+ wide, padding less), or no more in fewer waves, the one with the fewest waves x width
@@ -970,7 +972,7 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
             clustered = narrow.cluster_m * narrow.cluster_n > 1
             if (m <= 128 or padded < padded_128 or (narrow.cluster_m == 4 and padded <= _NARROW_C4_PAD * padded_128)
                     or (integer and clustered and padded == padded_128)):
-                return narrow
+                return _one_tile_split_config(m, n, k, narrow, num_sms, in_bytes) or narrow
     # Above 1024 rows the rule was measured on 16-bit inputs only, and holds from K = 2048.
     if not SWAP_M[0] <= m <= (SWAP_M[1] if in_bytes == 2 else _SWAP_LOOSE_PAD_M) or n < SWAP_MIN_N or k < SWAP_MIN_K:
         return None
@@ -1055,6 +1057,32 @@ def _wide_swap_config(m: int, n: int, k: int, num_sms: int, one_wave: bool = Fal
 
 _SWAP_SPLIT_MIN_K_TILES = 16
 _SWAP_SPLIT_LONG_K_TILES = 128
+
+# Above 128 tokens, where one 64-row token tile holds them all, K is at least
+# ONE_TILE_SPLIT_MIN_K (16-bit inputs) and 128-row tiles in 2 x 1 clusters fill at most half a
+# wave: one 128-row swap_ab token tile (the tokens in steps of 16) splits K as many ways as one
+# wave holds, as cuBLAS runs 154x5120x27648 (nvjet 128x160 splitK). The 64-row grid is under a
+# wave unsplit (5120 weight rows: 80 CTAs) and each CTA streams all of K. Same run on the H200
+# (`gemm_probe_longk_split_h200.md`, vs cuBLAS): 154x5120x27648 64 x 160 in 4 x 1 0.89x ->
+# 128 x 160 in 2 x 1, 3 splits, 0.99x (4 x 1: 0.99x); 140x8192x28672 64 x 144 0.95x -> 128 x 144,
+# 2 splits, 1.03x. Where the 64-row pick had two or more token tiles, split 128-row tiles lost
+# (200x4096x14336 0.87x vs 1.05x, 250x3584x18944 0.84x vs 0.95x).
+ONE_TILE_SPLIT_MIN_K = 24576
+_ONE_TILE_SPLIT_FILL = 0.5
+
+
+def _one_tile_split_config(m: int, n: int, k: int, narrow: GemmConfig, num_sms: int, in_bytes: int) -> GemmConfig | None:
+    """The split 128-row swap_ab config that replaces a one-token-tile narrow config (notes above:
+    ONE_TILE_SPLIT_MIN_K), or None. k is the 16-bit-equivalent K."""
+    if m <= 128 or in_bytes != 2 or k < ONE_TILE_SPLIT_MIN_K or narrow.split_k > 1 or narrow.tile_n < m:
+        return None
+    clusters = math.ceil(math.ceil(n / 128) / 2)
+    if 2 * clusters > _ONE_TILE_SPLIT_FILL * num_sms:
+        return None
+    split = min(_per_wave(2, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
+    if split < 2:
+        return None
+    return GemmConfig(128, math.ceil(m / 16) * 16, 2, 1, split_k=split, swap_ab=True)
 
 
 # 256-row swap_ab tiles (16-bit inputs): 256 weight rows a tile and 96-192 tokens, in steps of
