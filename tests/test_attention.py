@@ -536,12 +536,12 @@ def test_decode_mma_choice():
 
 
 def test_decode_many_wave_config():
-    """Launches of many waves (never split) stream more keys per step, by cache length; MHA
+    """Launches of many waves (never split) stream 4 rows a thread and step through 4 stages; MHA
     with a short cache runs 128 threads a CTA from 2.5 CTAs a SM and packs two KV heads a CTA
-    from 5."""
+    from 5; with a long one, 128 threads from 1.4 CTAs a SM and the many-wave config from 3."""
     from cute_kernels.attention.config import decode_config
 
-    assert (decode_config(64, 64 * 12, 8192).unroll, decode_config(64, 64 * 12, 8192).stages) == (8, 2)
+    assert (decode_config(64, 64 * 12, 8192).unroll, decode_config(64, 64 * 12, 8192).stages) == (4, 4)
     assert (decode_config(64, 64 * 12, 1024).unroll, decode_config(64, 64 * 12, 1024).stages) == (4, 4)
     assert decode_config(64, 8 * 12, 8192) is decode_config(64)
     assert decode_config(128, 64 * 12, 8192) is decode_config(128)  # swept at D = 64 only
@@ -549,8 +549,11 @@ def test_decode_many_wave_config():
              for b in (16, 32, 48, 64, 128)}
     assert shape == {16: (2, 256, 1), 32: (2, 128, 1), 48: (4, 128, 1), 64: (4, 128, 2), 128: (4, 128, 2)}
     assert decode_config(64, 64 * 12, 1024).threads == 256 and decode_config(64, 64 * 12, 1024).kv_pack == 1
-    for long_mha in (decode_config(64, 64 * 12, 8192, mha=True), decode_config(64, 32 * 12, 8192, mha=True)):
-        assert (long_mha.threads, long_mha.kv_pack) == (256, 1)
+    long_mha = {b: (lambda c: (c.unroll, c.stages, c.threads, c.kv_pack))(decode_config(64, b * 12, 8192, mha=True))
+                for b in (12, 14, 16, 32, 40, 48, 64)}
+    assert long_mha == {12: (2, 4, 256, 1), 14: (2, 4, 256, 1), 16: (2, 4, 128, 1), 32: (2, 4, 128, 1), 40: (4, 4, 256, 1),
+                        48: (4, 4, 256, 1), 64: (4, 4, 256, 1)}
+    assert decode_config(64, 32 * 12, 8192) is decode_config(64)  # the long-cache bands are MHA's
     assert decode_config(128, 64 * 12, 1024, mha=True) is decode_config(128)
 
 
@@ -576,9 +579,10 @@ def test_decode_kv_pack_compiles(tmp_path, kv_pack):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("batch,seqlen_k", [(64, 8192), (64, 1024), (32, 1024)])
+@pytest.mark.parametrize("batch,seqlen_k", [(64, 8192), (64, 1024), (32, 1024), (40, 8192)])
 def test_decode_many_wave_config_compiles(tmp_path, batch, seqlen_k):
-    """The MHA picks by launch size (1k keys: 128 threads; at batch 64 two KV heads a CTA)."""
+    """The MHA picks by launch size (1k keys: 128 threads; at batch 64 two KV heads a CTA; 8k keys
+    at batch 40: 4 rows x 4 stages)."""
     from cute_kernels.attention.api import _compile_decode
     from cute_kernels.attention.config import decode_config
     from tests.test_gemm import _ptxas_report
@@ -760,17 +764,20 @@ def _check_ragged_decode(D, hq, hkv, Smax, longest, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("longest", [1000, 4500])
-@pytest.mark.parametrize("batch", [32, 48, 64])
+@pytest.mark.parametrize("batch", [24, 32, 40, 48, 64])
 def test_decode_many_waves(longest, batch):
-    """Batch 32 / 48 / 64 x 12 heads (384 / 576 / 768 CTAs): the launch-size picks (from 4 CTAs
-    a SM 4 or 8 rows per thread and step; with the short cache 128 threads a CTA, and at batch
-    64 two KV heads a CTA) on ragged and empty caches, against the fp32 reference."""
+    """Batch 24-64 x 12 heads (288-768 CTAs): the MHA launch-size picks (decode_config's bands:
+    128 threads a CTA, 4 rows per thread and step from 3 CTAs a SM, at batch 64 with the short
+    cache two KV heads a CTA) on ragged and empty caches, against the fp32 reference."""
     import cute_kernels as ck
     from cute_kernels.attention.config import decode_config
     from cute_kernels.attention.reference import flash_attn_with_kvcache_ref
 
     B, hq, D, Smax = batch, 12, 64, longest + 3
-    assert decode_config(D, B * hq, Smax).unroll == (2 if B < 44 else 8 if longest > 4096 else 4)
+    cfg = decode_config(D, B * hq, Smax, mha=True)
+    short = {24: (2, 256), 32: (2, 128), 40: (2, 128), 48: (4, 128), 64: (4, 128)}  # (unroll, threads)
+    long = {24: (2, 128), 32: (2, 128), 40: (4, 256), 48: (4, 256), 64: (4, 256)}
+    assert (cfg.unroll, cfg.threads) == (short if longest < 4096 else long)[B]
     kc, vc = (torch.randn(B, Smax, hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.randint(0, longest + 1, (B,), dtype=torch.int32, device="cuda")
     lens[0], lens[1], lens[2] = 0, 1, longest

@@ -369,12 +369,15 @@ class DecodeMmaConfig:
 
 
 # Many-wave launches (batch x head groups >= MANY_WAVES_PER_SM CTAs per SM, never split) of
-# decode at D = 64 stream more keys per step, by cache length. Same-run H100 sweep, MHA batch
-# 64 x 12 heads (us; this / the default config / cuDNN): 8k keys 521.5 / 552.3 / 536.6 with 8
-# rows per thread and step, 2 stages; 32k 2068 / 2212 / 2160; 1k keys 70.2 / 72.0 / 70.1 with
-# 4 rows and 4 stages (8 rows lost there: 73.6). At batch 8 (96 CTAs) both lost to the default.
+# decode at D = 64 stream 4 rows per thread and step through 4 stages. Same-run H100 sweep, MHA
+# batch 64 x 12 heads (us; 4 rows 4 stages / 8 rows 2 stages / the default config / cuDNN): 1k
+# keys 70.2 / 73.6 / 72.0 / 70.1; 8k keys - / 521.5 / 552.3 / 536.6. On the H200 4 rows and 4
+# stages beat 8 rows and 2 at every long-cache point swept, batch 48-128 x 8k / 32k keys
+# (`ab_decode_manywave_long_h200.md`, x cuDNN: batch 48 1.119 vs 1.080 / 1.115 vs 1.100, 64
+# 1.037 vs 1.009 / 1.066 vs 1.052, 96 1.025 vs 0.995 / 1.015 vs 1.003, 128 1.007 vs 0.979 /
+# 1.008 vs 1.006). At batch 8 (96 CTAs) both lost to the default.
 MANY_WAVES_PER_SM = 4
-MANY_WAVES_LONG_CACHE = 4096
+MANY_WAVES_LONG_CACHE = 4096  # a long cache for the MHA bands below
 # MHA with a short cache, by CTAs per SM (before any packing): from SMALL_RING_PER_SM, 128
 # threads a CTA (a half-size ring, so two or three CTAs share an SM and the last wave's tail
 # is shorter); from KV_PACK_PER_SM, also two adjacent KV heads a CTA (`kv_pack`: half the CTAs,
@@ -390,6 +393,28 @@ MANY_WAVES_LONG_CACHE = 4096
 # slower, and 128 threads 0.3-0.7% slower.
 SMALL_RING_PER_SM = 2.5
 KV_PACK_PER_SM = 5
+# MHA with a long cache (MANY_WAVES_LONG_CACHE keys or more) under MANY_WAVES_PER_SM CTAs per
+# SM: from LONG_SMALL_RING_PER_SM[0] to [1], 128 threads a CTA; from LONG_MANY_WAVES_PER_SM the
+# many-wave config (4 rows a thread and step, 4 stages). With 256 threads and 2 rows the default
+# config ran as low as 0.75x cuDNN there. Same-run A/Bs on the H200 (`python -m
+# benchmarks.ab_decode`, 12 heads, D = 64; x cuDNN at 8k / 32k keys, default -> this pick; two
+# runs where two figures are given):
+#   batch 12 (1.1 a SM): default 1.11 / 1.11 (128 threads 0.99 / 0.98)
+#   batch 16 (1.5):  0.98 / 0.96 -> 128 threads 1.00 / 0.97, 1.00 / 0.97
+#   batch 24 (2.2):  0.80 / 0.79 -> 128 threads 1.01 / 1.00, 1.00 / 0.99
+#   batch 32 (2.9):  0.96 / 0.95 -> 128 threads 1.00 / 0.99, 1.01 / 0.99
+#   batch 40 (3.6):  0.86 / 0.86 -> 4 rows 4 stages 1.01 / 1.01, 1.01 / 1.01 (128 threads 0.78)
+# Held out (8k / 16k keys, `ab_decode_longcache_bands_h200.md`): batch 20 0.76 / 0.75 -> 1.00 /
+# 1.00 and batch 28 0.89 / 0.89 -> 1.01 / 1.01 with 128 threads; at batch 36 (3.3 a SM) 128
+# threads collapsed (0.75 / 0.76), hence the band's end at 3. A second held-out run
+# (`ab_decode_longcache_bands2_h200.md`): batch 30 0.93 / 0.93 -> 1.01 / 1.01 (128 threads),
+# 34 / 36 / 38 / 44 (3.1-4 a SM) 0.91-0.83 -> 0.97-1.01 (4 rows, 4 stages; 0.97 at 34-36, the
+# figure left open there), and at batch 14 (1.27 a SM) 128 threads lost (0.99 against the
+# default's 1.05), hence the band's start at 1.4. Splitting the keys 2-6 ways (merged in
+# global memory) in either config lost to these picks at every batch of 8-40
+# (`ab_decode_longcache_splits_h200.md`).
+LONG_SMALL_RING_PER_SM = (1.4, 3.0)
+LONG_MANY_WAVES_PER_SM = 3.0
 
 
 def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, mha: bool = False,
@@ -398,16 +423,19 @@ def decode_config(head_dim: int, ctas: int = 0, seqlen_k: int = 0, *, mha: bool 
     before any split) over seqlen_k keys, `mha` when each query head has its own KV head; the
     defaults give the per-head-dim config."""
     check_head_dim(head_dim)
-    many_waves = ctas >= MANY_WAVES_PER_SM * num_sms and head_dim == 64  # swept at D = 64 only
-    long_cache = many_waves and seqlen_k >= MANY_WAVES_LONG_CACHE
+    per_sm = ctas / num_sms
+    many_waves = per_sm >= MANY_WAVES_PER_SM and head_dim == 64  # swept at D = 64 only
     short_mha = mha and head_dim == 64 and 0 < seqlen_k < MANY_WAVES_LONG_CACHE
-    small_ring = short_mha and ctas >= SMALL_RING_PER_SM * num_sms
-    kv_pack = short_mha and ctas >= KV_PACK_PER_SM * num_sms
-    return _decode_config(head_dim, many_waves, long_cache, small_ring, kv_pack)
+    long_mha = mha and head_dim == 64 and seqlen_k >= MANY_WAVES_LONG_CACHE and not many_waves
+    small_ring = (short_mha and per_sm >= SMALL_RING_PER_SM) or (
+        long_mha and LONG_SMALL_RING_PER_SM[0] <= per_sm < LONG_SMALL_RING_PER_SM[1])
+    many_waves = many_waves or (long_mha and per_sm >= LONG_MANY_WAVES_PER_SM)
+    kv_pack = short_mha and per_sm >= KV_PACK_PER_SM
+    return _decode_config(head_dim, many_waves, small_ring, kv_pack)
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_config(head_dim: int, many_waves: bool = False, long_cache: bool = False, small_ring: bool = False,
+def _decode_config(head_dim: int, many_waves: bool = False, small_ring: bool = False,
                    kv_pack: bool = False) -> DecodeConfig:
     if head_dim == 96:
         # 96 = 4 threads x 3 chunks per row (threads per row must divide a warp); q and the
@@ -419,7 +447,7 @@ def _decode_config(head_dim: int, many_waves: bool = False, long_cache: bool = F
         # 4 heads: more would push the per-thread softmax state past the register budget.
         cfg = DecodeConfig(head_dim, max_heads=4, vec=1, unroll=2)
     if many_waves:
-        cfg = replace(cfg, unroll=8, stages=2) if long_cache else replace(cfg, unroll=4, stages=4)
+        cfg = replace(cfg, unroll=4, stages=4)
     if small_ring:
         cfg = replace(cfg, threads=128)
     if kv_pack:
