@@ -1514,6 +1514,29 @@ def test_narrow_swap_picks():
     assert swap_config(344, 4096, 8192, in_bytes=1) == swap_config(344, 4096, 4096)  # 8-bit K: as many bytes
 
 
+def test_mid_m_swap_picks():
+    """257-1023 tokens at K >= 4096 on a 4096+ row weight: an unswapped one-wave pick gives way to
+    one wave of swap_ab tiles that pads the tokens less (192-row weight tiles where they divide
+    N); equal padding, short K, partly filled waves and swapped picks are left."""
+    from cute_kernels.matmul.api import _pick_config
+    from cute_kernels.matmul.config import GemmConfig
+    from cute_kernels.matmul.heuristics import mid_m_swap_config
+
+    def pick(m, n, k):
+        c = _pick_config(m, n, k, 2, True, None, True)
+        return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.swap_ab)
+
+    assert pick(351, 6144, 4096) == (192, 88, 1, 2, True)  # 32 weight tiles x 4 token tiles
+    assert pick(345, 8192, 8192) == (128, 176, 1, 2, True)  # 352 rows, not 384
+    assert pick(690, 4096, 4096) == (128, 176, 1, 2, True)
+    assert not pick(372, 8192, 28672)[4]  # 2 x 192 pads as 128-row tiles do
+    assert not pick(600, 4096, 4096)[4]  # three 208-wide tiles: 96 CTAs, under 0.9 of a wave
+    assert not pick(351, 6400, 1600)[4]  # short K
+    one_wave = GemmConfig(128, 192, 1, 2, pingpong=True)
+    assert mid_m_swap_config(351, 8192, 8192, GemmConfig(128, 96, 2, 1, swap_ab=True)) is None
+    assert mid_m_swap_config(200, 8192, 8192, one_wave) is None and mid_m_swap_config(1100, 8192, 8192, one_wave) is None
+
+
 def test_one_tile_long_k_split_picks():
     """Above 128 tokens, one token tile and K >= 24576: 128-row swap_ab tiles in 2 x 1 clusters
     split K to fill the wave (ONE_TILE_SPLIT_MIN_K); two token tiles, shorter K, 8-bit inputs

@@ -22,6 +22,7 @@ from .heuristics import (
     large_m_pp192_config,
     long_k_c41_config,
     long_k_wave_swap_config,
+    mid_m_swap_config,
     skinny_gemv,
     split_config,
     swap_256_config,
@@ -183,7 +184,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     1 / 0.96x as much (1 / 0.95x over 7-12 waves; heuristics.long_k_wave_swap_config; for fp8 inputs
     the same from K = 6400 over 128-row tiles), and where 64-row swap_ab tiles pad M
     as much as 128-row ones, their clustered config up to 224 wide replaces a 128-row pick
-    (heuristics.equal_pad_narrow_config). integer: int8 inputs (their swap_ab
+    (heuristics.equal_pad_narrow_config), and at 257-1023 tokens with K >= 4096 one wave of
+    swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
+    (heuristics.mid_m_swap_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
@@ -217,7 +220,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                 or wave_swap_c41_config(M, N, K, pick) or pick)
         pick = long_k_c41_config(M, N, K, pick) or pick
         pick = large_m_pp192_config(M, N, pick) or pick
-        return long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick) or pick
+        return (long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick)
+                or mid_m_swap_config(M, N, K, pick) or pick)
     if in_bytes == 1 and not integer:
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
         return (long_k_wave_swap_config(M, N, K, pick, in_bytes=1) if swappable else None) or pick

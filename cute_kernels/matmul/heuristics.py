@@ -483,6 +483,50 @@ def equal_pad_narrow_config(m: int, n: int, k: int, current: GemmConfig, *,
     return cfg
 
 
+# An unswapped one-wave pick at 257-1023 tokens and K >= 4096 (16-bit) pads the tokens to a
+# multiple of 128 (351 -> 384) and the weight rows to its width (6144 -> 6240 in 160-wide
+# tiles). One wave of swap_ab tiles pads less: 192-row weight tiles where they divide N
+# (cuBLAS's nvjet 192x88 at 351x6144x4096), as many token tiles as one wave holds; else 128-row
+# weight tiles over the token tiles (at least 0.9 of a wave) of the least padding, taken where
+# that pads the tokens less than 128-row tiles. Token tiles pair in 1 x 2 clusters when their
+# count is even, else 2 x 1. H200, same run, 3 rounds, vs cuBLAS, pick -> this
+# (`gemm_probe_midm_swap_fit_h200.md`): 345x6144x4096 0.80x -> 0.98x, 351x6144x4096 0.80x ->
+# 0.97x, 360x6144x4096 0.87x -> 0.97x, 345x8192x8192 0.92x -> 1.00x, 351x8192x8192 0.94x ->
+# 1.02x, 340x8192x28672 0.85x -> 0.98x, 690x4096x4096 0.93x -> 1.00x; left, where 128-row
+# tiles pad as much: 380x8192x8192 1.10x (swapped 1.01x), 372x8192x28672 1.02x (1.02x),
+# 640x4096x4096 1.01x (1.01x); three 208-wide token tiles at 600x4096x4096 (96 CTAs) 0.75x
+# against the pick's 0.93x. Held out, the 10 draws it changes (`gemm_probe_midm_swap_held_h200.md`):
+# all faster, 0.80x-0.96x -> 0.95x-1.05x (347x8192x8192 0.83x -> 0.99x, 350x6144x4096 0.80x ->
+# 0.95x, 702x4096x14336 0.93x -> 1.01x).
+MID_M_SWAP_M = (257, 1023)
+MID_M_SWAP_MIN_K = 4096
+MID_M_SWAP_MIN_N = 4096
+_MID_M_SWAP_FILL = 0.9  # of a wave: 600x4096x4096 in three 208-wide token tiles (96 CTAs) ran 0.79x
+
+
+def mid_m_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The one-wave swap_ab config for a 16-bit M x N x K problem (notes above: MID_M_SWAP_*) to
+    replace an unswapped one-wave pick `current`, or None."""
+    if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or k < MID_M_SWAP_MIN_K or n < MID_M_SWAP_MIN_N
+            or current.swap_ab or current.split_k > 1 or config_waves(current, m, n, num_sms) != 1):
+        return None
+    if n % 192 == 0 and n // 192 <= num_sms // 2:
+        t = min(num_sms // (n // 192), 4)
+        t -= t % 2
+        w = math.ceil(m / t / 8) * 8
+        if w <= 256:
+            return GemmConfig(192, w, 1, 2, swap_ab=True)
+    wt, best = math.ceil(n / 128), None
+    for t in range(math.ceil(_MID_M_SWAP_FILL * num_sms / wt), num_sms // wt + 1):
+        w = math.ceil(m / t / 16) * 16
+        if w <= 256 and (best is None or t * w < best[0] * best[1]):
+            best = (t, w)
+    if best is None or best[0] * best[1] >= math.ceil(m / 128) * 128:
+        return None
+    t, w = best
+    return GemmConfig(128, w, 1, 2, swap_ab=True) if t % 2 == 0 else GemmConfig(128, w, 2, 1, swap_ab=True)
+
+
 def narrow_step(integer: bool) -> int:
     """The token-width step of 64-row swap_ab tiles: 8, or 16 for int8 (NARROW_INT8)."""
     return _NARROW_STEP_INT if integer else _NARROW_STEP_16BIT
