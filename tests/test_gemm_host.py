@@ -823,6 +823,25 @@ def test_gemv_sm90_8bit_compiles(tmp_path, wdt):
     assert_ptxas_no_spills(path)
 
 
+def test_ab_gemv_shapes_and_gpu_check():
+    """benchmarks.ab_gemv: NxK shapes the one-row kernel runs only, refused before any GPU work;
+    one stderr line without a Hopper GPU."""
+    import argparse
+    import subprocess
+    import sys
+
+    from benchmarks.ab_gemv import parse_shapes
+
+    assert parse_shapes("50257x768, 4800x1600") == [(50257, 768), (4800, 1600)]
+    for bad in ("50257", "0x768", "50257x770", "50257x8192", "axb"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_shapes(bad)
+    if not torch.cuda.is_available():
+        out = subprocess.run([sys.executable, "-m", "benchmarks.ab_gemv", "--shapes", "4800x1600"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
+
+
 def test_gemv_sm90_config_and_routing():
     """Rows per CTA in multiples of 8 sized to ~96 KB of weights, at least one CTA per SM where
     N allows; what the one-row kernel takes (everything else stays on the Triton kernel)."""
@@ -830,7 +849,8 @@ def test_gemv_sm90_config_and_routing():
 
     assert gemv_sm90_config(4800, 1600, True).rows == 32  # 150 CTAs, two per SM fit
     assert gemv_sm90_config(1600, 1600, False).rows == 8  # 200 CTAs (16 rows would leave SMs idle)
-    assert gemv_sm90_config(50257, 1600, True).rows == 32
+    assert gemv_sm90_config(50257, 1600, True).rows == 8  # vocabulary-sized: ~24 KB slices
+    assert gemv_sm90_config(50257, 768, False).rows == 16 and gemv_sm90_config(50257, 768, False, wbytes=1).rows == 64
     assert gemv_sm90_config(16, 16, False).rows == 8
     for N, K, ln in ((4800, 1600, True), (1600, 6400, False), (50257, 4096, True)):
         cfg = gemv_sm90_config(N, K, ln)
