@@ -1,24 +1,24 @@
-"""Same-run A/B of the SIMT decode kernel's config fields (attention.config.DecodeConfig).
+"""Same-run A/B of the decode kernels' config fields (attention.config.DecodeConfig, DecodeMmaConfig).
 
     python -m benchmarks.ab_decode --set threads=128 --set kv_pack=1,threads=128
     python -m benchmarks.ab_decode --set unroll=4,stages=4 --batches 16,32,48 --seqlens 8192 --name b_sweep
+    python -m benchmarks.ab_decode --gqa 4 --heads 32 --head-dims 128 --set stages=4 --set warps=8,stages=2
 
-For each point (batch x cache length x MHA heads x head dim, one query token each), times the
-config `decode_config` picks for the launch (provider `cute`, through the same dispatch as
-`flash_attn`) against variants of it, each `--set FIELD=VALUE[,FIELD=VALUE]` one variant
-(provider `cute FIELD=VALUE`; a variant that is the pick itself or fails `validate` is left out
-of that point). `splits=N` in a variant splits the keys N ways (merged as `flash_attn` merges
+For each point (batch x cache length x query heads x GQA ratio x head dim, one query token
+each), times the config the dispatch picks for the launch (provider `cute`, through the same
+dispatch as `flash_attn`: the SIMT kernel's `decode_config`, or `decode_mma_config` where the
+tensor-core kernel runs, `decode_uses_mma`) against variants of it, each `--set
+FIELD=VALUE[,FIELD=VALUE]` one variant (provider `cute FIELD=VALUE`); a variant whose fields
+the point's config class lacks, that is the pick itself or that fails `validate` is left out
+of that point. `splits=N` in a variant splits the keys N ways (merged as `flash_attn` merges
 them: in a cluster where `decode_merges_in_cluster` allows, else through global memory);
 variants without it run unsplit. cuDNN's SDPA runs for reference. Variants run only where the
 pick is unsplit, so points whose pick splits the keys (small batches) time only the pick and
-cuDNN. Points: `--batches` x
-`--seqlens` x `--heads` (MHA) x `--head-dims`; the tensor-core kernel's GQA launches are
-`DecodeMmaConfig`'s and not swept here. Timing as the decode suite's (benchmarks.attention):
-CUDA graphs, `--reps` repetitions, every other one in reverse order, median kept; each
-variant's output is checked against the fp32 reference on the first sequence. Writes
-ab_decode_<name>_<gpu>.{json,md}.
+cuDNN. Points: `--batches` x `--seqlens` x `--heads` x `--gqa` (query heads per KV head; 1:
+MHA) x `--head-dims`. Timing as the decode suite's (benchmarks.attention): CUDA graphs,
+`--reps` repetitions, every other one in reverse order, median kept; each variant's output is
+checked against the fp32 reference on the first sequence. Writes ab_decode_<name>_<gpu>.{json,md}.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -41,16 +41,36 @@ from cute_kernels.attention.config import MAX_DECODE_SPLITS
 from cute_kernels.tune import _ints as int_list  # the package CLI's comma-separated integers
 
 
-def parse_set(spec: str) -> tuple[dict, int]:
-    """'threads=128,kv_pack=1,splits=2' -> ({'threads': 128, 'kv_pack': 1}, 2): DecodeConfig
-    fields (values are Python literals) and the launch's key splits (`splits`, default 1)."""
-    from cute_kernels.attention.config import DecodeConfig
+def parse_set(spec: str, config_cls=None) -> tuple[dict, int]:
+    """'threads=128,kv_pack=1,splits=2' -> ({'threads': 128, 'kv_pack': 1}, 2): config fields
+    (values are Python literals) and the launch's key splits (`splits`, default 1). The fields
+    must be config_cls's, or by default DecodeConfig's or DecodeMmaConfig's."""
+    from cute_kernels.attention.config import DecodeConfig, DecodeMmaConfig
 
     parts = [p for p in spec.split(",") if p.partition("=")[0].strip() != "splits"]
     splits = [p.partition("=")[2].strip() for p in spec.split(",") if p.partition("=")[0].strip() == "splits"]
     if len(splits) > 1 or (splits and not (splits[0].isdigit() and 1 <= int(splits[0]) <= MAX_DECODE_SPLITS)):
         raise ValueError(f"--set {spec!r}: splits takes one integer in 1..{MAX_DECODE_SPLITS}")
-    return (parse_config_fields(DecodeConfig, ",".join(parts), "128, 2") if parts else {}), int(splits[0]) if splits else 1
+    n = int(splits[0]) if splits else 1
+    if not parts:
+        return {}, n
+    if config_cls is not None:
+        return parse_config_fields(config_cls, ",".join(parts), "128, 2"), n
+    try:
+        return parse_config_fields(DecodeConfig, ",".join(parts), "128, 2"), n
+    except ValueError as e:
+        try:
+            return parse_config_fields(DecodeMmaConfig, ",".join(parts), "128, 2"), n
+        except ValueError:
+            raise e from None
+
+
+def _fits(spec: str, config_cls) -> dict | None:
+    """The spec's fields for config_cls, None where it names a field config_cls lacks."""
+    try:
+        return parse_set(spec, config_cls)[0]
+    except ValueError:
+        return None
 
 
 def run(sets: list[str], points, reps: int):
@@ -58,23 +78,28 @@ def run(sets: list[str], points, reps: int):
 
     from benchmarks.attention import _sdpa
     from cute_kernels.attention import api
-    from cute_kernels.attention.config import decode_config
+    from cute_kernels.attention.config import decode_config, decode_mma_config
     from cute_kernels.attention.reference import flash_attn_ref
 
     cudnn = _sdpa("cudnn")
-    variants = [(spec, parse_set(spec)) for spec in sets]
     rows, gains = [], {}
-    for B, L, H, D in points:
-        case = f"decode-b{B}-L{L}-h{H}/{H}-d{D}"
+    for B, L, H, G, D in points:
+        Hkv = H // G
+        case = f"decode-b{B}-L{L}-h{H}/{Hkv}-d{D}"
         q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = flash_attn_ref(q[:1].float(), k[:1].float(), v[:1].float())
-        pick = decode_config(D, B * H, L, mha=True)
-        splits = api.decode_splits_heuristic(B, H, 1, L, D)
+        mma = api.decode_uses_mma(B, H, Hkv, L, D)
+        heads = api._heads_per_cta(G, api._decode_cfg(D, mma))
+        pick = decode_mma_config(D) if mma else decode_config(D, B * (H // heads), L, mha=G == 1)
+        splits = api.decode_splits_heuristic(B, H, heads, L, D, mma=mma)
         fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
                "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}
         if splits == 1:
-            for spec, (fields, n) in variants:
+            for spec in sets:
+                fields, n = _fits(spec, type(pick)), parse_set(spec)[1]
+                if fields is None:
+                    continue
                 cfg = dataclasses.replace(pick, **fields)
                 try:
                     cfg.validate()
@@ -117,11 +142,13 @@ def run(sets: list[str], points, reps: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="one variant: DecodeConfig fields set on top of the pick, and splits=N to split the keys "
-                        "(repeatable)")
+                   help="one variant: DecodeConfig or DecodeMmaConfig fields set on top of the pick, and splits=N "
+                        "to split the keys (repeatable)")
     p.add_argument("--batches", type=int_list, default="16,32,48,64,96,128", help="comma-separated batch sizes")
     p.add_argument("--seqlens", type=int_list, default="1024,8192", help="comma-separated cache lengths")
-    p.add_argument("--heads", type=int_list, default="12", help="comma-separated head counts (MHA: as many KV heads)")
+    p.add_argument("--heads", type=int_list, default="12", help="comma-separated query head counts")
+    p.add_argument("--gqa", type=int_list, default="1",
+                   help="comma-separated query heads per KV head (1: MHA; each must divide every head count)")
     p.add_argument("--head-dims", type=int_list, default="64", help="comma-separated head dims")
     add_ab_arguments(p, "variants", 3)
     args = p.parse_args(argv)
@@ -131,14 +158,17 @@ def main(argv=None) -> int:
             parse_set(spec)
     except ValueError as e:
         p.error(str(e))
-    points = [(b, s, h, d) for d in args.head_dims for h in args.heads for s in args.seqlens for b in args.batches]
+    if any(h % g for h in args.heads for g in args.gqa):
+        p.error(f"every --gqa ratio must divide every --heads count, got {args.gqa} and {args.heads}")
+    points = [(b, s, h, g, d) for d in args.head_dims for g in args.gqa for h in args.heads for s in args.seqlens
+              for b in args.batches]
     require_hopper("benchmarks.ab_decode")
     rows, summary = run(args.sets, points, args.reps)
     print(format_table(rows, baseline="cudnn"))
     flags = "".join(f"--set {s} " for s in args.sets) + \
         "".join(f"--{opt} {','.join(map(str, getattr(args, opt.replace('-', '_'))))} "
-                for opt in ("batches", "seqlens", "heads", "head-dims"))
-    notes = (f"`python -m benchmarks.ab_decode {flags}--reps {args.reps}`: the shipped SIMT decode config (`cute`) "
+                for opt in ("batches", "seqlens", "heads", "gqa", "head-dims"))
+    notes = (f"`python -m benchmarks.ab_decode {flags}--reps {args.reps}`: the shipped decode config (`cute`) "
              "against its variants (unsplit), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
              "repetitions (every other one in reverse order).")
     print("wrote", write_results(f"ab_decode_{args.name}", rows, summary, notes=notes, baseline="cudnn"))

@@ -433,8 +433,8 @@ def test_ab_attention_fp8_refuses_tile_groups_before_any_gpu_work():
 
 
 def test_ab_decode_specs_and_gpu_check():
-    """benchmarks.ab_decode: DecodeConfig fields and `splits` only, literal values, bad input
-    refused before any GPU work, and one stderr line without a Hopper GPU."""
+    """benchmarks.ab_decode: DecodeConfig / DecodeMmaConfig fields and `splits` only, literal
+    values, bad input refused before any GPU work, and one stderr line without a Hopper GPU."""
     import subprocess
     import sys
 
@@ -443,12 +443,16 @@ def test_ab_decode_specs_and_gpu_check():
     assert parse_set("threads=128,kv_pack=1") == ({"threads": 128, "kv_pack": 1}, 1)
     assert parse_set("unroll=4,splits=3") == ({"unroll": 4}, 3)
     assert parse_set("splits=2") == ({}, 2)
+    assert parse_set("warps=8,stages=2") == ({"warps": 8, "stages": 2}, 1)  # the tensor-core kernel's fields
     for bad in ("head_dim=64", "n_block=64", "threads", "threads=x", "splits=0", "splits=x", "splits=2,splits=3"):
         with pytest.raises(ValueError, match="--set"):
             parse_set(bad)
     out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--batches", "0"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--batches" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--gqa", "5"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--gqa" in out.stderr, out.stderr
     if not torch.cuda.is_available():
         out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--set", "threads=128"],
                              capture_output=True, text=True, timeout=120)
