@@ -1109,8 +1109,10 @@ _SWAP_SPLIT_LONG_K_TILES = 128
 # wave unsplit (5120 weight rows: 80 CTAs) and each CTA streams all of K. Same run on the H200
 # (`gemm_probe_longk_split_h200.md`, vs cuBLAS): 154x5120x27648 64 x 160 in 4 x 1 0.89x ->
 # 128 x 160 in 2 x 1, 3 splits, 0.99x (4 x 1: 0.99x); 140x8192x28672 64 x 144 0.95x -> 128 x 144,
-# 2 splits, 1.03x. Where the 64-row pick had two or more token tiles, split 128-row tiles lost
-# (200x4096x14336 0.87x vs 1.05x, 250x3584x18944 0.84x vs 0.95x).
+# 2 splits, 1.03x. Held out (`gemm_probe_onetile_split_h200.md`), the five draws it changes all
+# faster: 131-175 tokens x 5120x27648 0.82x-0.95x -> 0.97x-0.98x, 133x8192x28672 0.95x -> 1.01x
+# (4 x 1 clusters there: 0.61x). Where the 64-row pick had two or more token tiles, split
+# 128-row tiles lost (200x4096x14336 0.87x vs 1.05x, 250x3584x18944 0.84x vs 0.95x).
 ONE_TILE_SPLIT_MIN_K = 24576
 _ONE_TILE_SPLIT_FILL = 0.5
 
