@@ -1054,6 +1054,9 @@ SWAP_CFGS = {
     # the least-padding swap_ab tile from 1400 tokens at long K (heuristics.long_k_wave_swap_config)
     "256x152c21": GemmConfig(256, 152, 2, 1, swap_ab=True),  # 8-column slabs
     "128x248c21": GemmConfig(128, 248, 2, 1, swap_ab=True),  # 8-column slabs
+    "192x88c12": GemmConfig(192, 88, 1, 2, swap_ab=True),  # mid_m_swap_config at 351x6144x4096
+    "128x176c12": GemmConfig(128, 176, 1, 2, swap_ab=True),  # mid_m_swap_config at 345x8192x8192
+    "128x160c21s3": GemmConfig(128, 160, 2, 1, split_k=3, swap_ab=True),  # the one-token-tile split
 }
 
 
@@ -1062,7 +1065,8 @@ SWAP_CFGS = {
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
                                       "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41",
-                                      "256x88c41", "256x152c21", "128x248c21"])
+                                      "256x88c41", "256x152c21", "128x248c21", "192x88c12", "128x176c12",
+                                      "128x160c21s3"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
