@@ -1055,7 +1055,6 @@ SWAP_CFGS = {
     "256x152c21": GemmConfig(256, 152, 2, 1, swap_ab=True),  # 8-column slabs
     "128x248c21": GemmConfig(128, 248, 2, 1, swap_ab=True),  # 8-column slabs
     "192x88c12": GemmConfig(192, 88, 1, 2, swap_ab=True),  # mid_m_swap_config at 351x6144x4096
-    "128x176c12": GemmConfig(128, 176, 1, 2, swap_ab=True),  # mid_m_swap_config at 345x8192x8192
     "128x160c21s3": GemmConfig(128, 160, 2, 1, split_k=3, swap_ab=True),  # the one-token-tile split
 }
 
