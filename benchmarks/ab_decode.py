@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         "".join(f"--{opt} {','.join(map(str, getattr(args, opt.replace('-', '_'))))} "
                 for opt in ("batches", "seqlens", "heads", "gqa", "head-dims"))
     notes = (f"`python -m benchmarks.ab_decode {flags}--reps {args.reps}`: the shipped decode config (`cute`) "
-             "against its variants (unsplit), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
+             "against its variants (unsplit unless one sets splits), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
              "repetitions (every other one in reverse order).")
     print("wrote", write_results(f"ab_decode_{args.name}", rows, summary, notes=notes, baseline="cudnn"))
     return 0
