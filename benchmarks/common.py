@@ -16,6 +16,7 @@ from typing import Sequence
 from cute_kernels.runtime.timing import rotation_count, time_ms, warm_up  # noqa: F401  (one timing helper for every suite)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIGITS = 6  # significant digits of the floats in a results file (results_json)
 
 # Dense datasheet peaks for H100 SXM (TFLOP/s) and HBM bandwidth (TB/s).
 class _Peaks(dict):
@@ -152,11 +153,23 @@ def results_dir() -> Path:
     return Path(env.get("CUTE_KERNELS_RESULTS_DIR") or RESULTS_DIR)
 
 
+def _round_floats(value, digits: int = RESULTS_DIGITS):
+    """value with every float rounded to `digits` significant digits (timings carry no more)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, list):
+        return [_round_floats(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: _round_floats(v, digits) for k, v in value.items()}
+    return value
+
+
 def results_json(payload: dict) -> str:
-    """A results payload as JSON with one row a line: about a quarter smaller than indented JSON (the
-    committed results travel to the GPU machine with the tree), and a row still diffs as a line."""
+    """A results payload as JSON with one row a line and floats to RESULTS_DIGITS significant
+    digits: about a third the size of indented full-precision JSON (the committed results travel
+    to the GPU machine with the tree), and a row still diffs as a line."""
     fields = []
-    for key, value in payload.items():
+    for key, value in _round_floats(payload).items():
         if key == "rows" and isinstance(value, list):
             text = "[\n" + ",\n".join(json.dumps(r) for r in value) + "\n]"
         else:

@@ -43,3 +43,5 @@ def test_results_json_one_row_a_line():
     assert json.loads(text) == payload
     assert text.splitlines()[4:6] == ['{"case": "a", "provider": "cute", "ms": 0.1},', '{"case": "a", "provider": "cublas", "ms": 0.2}']
     assert json.loads(results_json({"rows": {"ab": [1]}})) == {"rows": {"ab": [1]}}  # rows that are not a list
+    rounded = json.loads(results_json({"rows": [{"ms": 0.21638399362564087, "t": [1 / 3]}], "summary": {"x": 1.0}}))
+    assert rounded == {"rows": [{"ms": 0.216384, "t": [0.333333]}], "summary": {"x": 1.0}}  # 6 significant digits
