@@ -11,10 +11,9 @@ tensor-core kernel runs, `decode_uses_mma`) against variants of it, each `--set
 FIELD=VALUE[,FIELD=VALUE]` one variant (provider `cute FIELD=VALUE`); a variant whose fields
 the point's config class lacks, that is the pick itself or that fails `validate` is left out
 of that point. `splits=N` in a variant splits the keys N ways (merged as `flash_attn` merges
-them: in a cluster where `decode_merges_in_cluster` allows, else through global memory);
-variants without it run unsplit. cuDNN's SDPA runs for reference. Variants run only where the
-pick is unsplit, so points whose pick splits the keys (small batches) time only the pick and
-cuDNN. Points: `--batches` x `--seqlens` x `--heads` x `--gqa` (query heads per KV head; 1:
+them: in a cluster where `decode_merges_in_cluster` allows, else through global memory;
+`merge=global` always through global memory); variants without it split as the pick does.
+cuDNN's SDPA runs for reference. Points: `--batches` x `--seqlens` x `--heads` x `--gqa` (query heads per KV head; 1:
 MHA) x `--head-dims`. Timing as the decode suite's (benchmarks.attention): CUDA graphs,
 `--reps` repetitions, every other one in reverse order, median kept; each variant's output is
 checked against the fp32 reference on the first sequence. Writes ab_decode_<name>_<gpu>.{json,md}.
@@ -41,26 +40,34 @@ from cute_kernels.attention.config import MAX_DECODE_SPLITS
 from cute_kernels.tune import _ints as int_list  # the package CLI's comma-separated integers
 
 
-def parse_set(spec: str, config_cls=None) -> tuple[dict, int]:
-    """'threads=128,kv_pack=1,splits=2' -> ({'threads': 128, 'kv_pack': 1}, 2): config fields
-    (values are Python literals) and the launch's key splits (`splits`, default 1). The fields
-    must be config_cls's, or by default DecodeConfig's or DecodeMmaConfig's."""
+def parse_set(spec: str, config_cls=None) -> tuple[dict, int | None, bool]:
+    """'threads=128,kv_pack=1,splits=2,merge=global' -> ({'threads': 128, 'kv_pack': 1}, 2, False):
+    config fields (values are Python literals), the launch's key splits (`splits`; None: the
+    pick's) and whether splits may merge in a cluster (`merge=global` merges them through
+    global memory). The fields must be config_cls's, or by default DecodeConfig's or
+    DecodeMmaConfig's."""
     from cute_kernels.attention.config import DecodeConfig, DecodeMmaConfig
 
-    parts = [p for p in spec.split(",") if p.partition("=")[0].strip() != "splits"]
-    splits = [p.partition("=")[2].strip() for p in spec.split(",") if p.partition("=")[0].strip() == "splits"]
+    items = [p.partition("=") for p in spec.split(",")]
+    launch = {"splits", "merge"}
+    parts = [f"{k}={v}" if sep else k for k, sep, v in items if k.strip() not in launch]
+    splits = [v.strip() for k, _, v in items if k.strip() == "splits"]
+    merge = [v.strip() for k, _, v in items if k.strip() == "merge"]
     if len(splits) > 1 or (splits and not (splits[0].isdigit() and 1 <= int(splits[0]) <= MAX_DECODE_SPLITS)):
         raise ValueError(f"--set {spec!r}: splits takes one integer in 1..{MAX_DECODE_SPLITS}")
-    n = int(splits[0]) if splits else 1
+    if len(merge) > 1 or (merge and merge[0] not in ("global", "cluster")):
+        raise ValueError(f"--set {spec!r}: merge takes one of global, cluster")
+    n = int(splits[0]) if splits else None
+    cluster = not merge or merge[0] == "cluster"
     if not parts:
-        return {}, n
+        return {}, n, cluster
     if config_cls is not None:
-        return parse_config_fields(config_cls, ",".join(parts), "128, 2"), n
+        return parse_config_fields(config_cls, ",".join(parts), "128, 2"), n, cluster
     try:
-        return parse_config_fields(DecodeConfig, ",".join(parts), "128, 2"), n
+        return parse_config_fields(DecodeConfig, ",".join(parts), "128, 2"), n, cluster
     except ValueError as e:
         try:
-            return parse_config_fields(DecodeMmaConfig, ",".join(parts), "128, 2"), n
+            return parse_config_fields(DecodeMmaConfig, ",".join(parts), "128, 2"), n, cluster
         except ValueError:
             raise e from None
 
@@ -91,23 +98,24 @@ def run(sets: list[str], points, reps: int):
         ref = flash_attn_ref(q[:1].float(), k[:1].float(), v[:1].float())
         mma = api.decode_uses_mma(B, H, Hkv, L, D)
         heads = api._heads_per_cta(G, api._decode_cfg(D, mma))
-        pick = decode_mma_config(D) if mma else decode_config(D, B * (H // heads), L, mha=G == 1)
         splits = api.decode_splits_heuristic(B, H, heads, L, D, mma=mma)
+        ctas = B * (H // heads)
+        pick = (decode_mma_config(D, 0 if splits > 1 else ctas, heads, L) if mma
+                else decode_config(D, ctas, L, mha=G == 1 and splits == 1))
         fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
                "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}
-        if splits == 1:
-            for spec in sets:
-                fields, n = _fits(spec, type(pick)), parse_set(spec)[1]
-                if fields is None:
-                    continue
-                cfg = dataclasses.replace(pick, **fields)
-                try:
-                    cfg.validate()
-                except ValueError:
-                    continue
-                if cfg != pick or n > 1:
-                    fns[f"cute {spec}"] = (lambda cfg=cfg, n=n: api._run_decode(q, k, v, None, num_splits=n,
-                                                                               config=cfg)[0], cfg)
+        for spec in sets:
+            fields, (_, n, merge) = _fits(spec, type(pick)), parse_set(spec)
+            if fields is None:
+                continue
+            cfg, n = dataclasses.replace(pick, **fields), splits if n is None else n
+            try:
+                cfg.validate()
+            except ValueError:
+                continue
+            if cfg != pick or n != splits or not merge:
+                fns[f"cute {spec}"] = (lambda cfg=cfg, n=n, merge=merge: api._run_decode(
+                    q, k, v, None, num_splits=n, config=cfg, cluster_merge=merge)[0], cfg)
         errs = {}
         for name, (fn, _) in fns.items():
             errs[name] = (fn()[:1].float() - ref).abs().max().item()
@@ -142,8 +150,9 @@ def run(sets: list[str], points, reps: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                   help="one variant: DecodeConfig or DecodeMmaConfig fields set on top of the pick, and splits=N "
-                        "to split the keys (repeatable)")
+                   help="one variant: DecodeConfig or DecodeMmaConfig fields set on top of the pick, splits=N "
+                        "to split the keys N ways and merge=global to merge the splits in global memory "
+                        "(repeatable)")
     p.add_argument("--batches", type=int_list, default="16,32,48,64,96,128", help="comma-separated batch sizes")
     p.add_argument("--seqlens", type=int_list, default="1024,8192", help="comma-separated cache lengths")
     p.add_argument("--heads", type=int_list, default="12", help="comma-separated query head counts")
@@ -169,7 +178,7 @@ def main(argv=None) -> int:
         "".join(f"--{opt} {','.join(map(str, getattr(args, opt.replace('-', '_'))))} "
                 for opt in ("batches", "seqlens", "heads", "gqa", "head-dims"))
     notes = (f"`python -m benchmarks.ab_decode {flags}--reps {args.reps}`: the shipped decode config (`cute`) "
-             "against its variants (unsplit unless one sets splits), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
+             "against its variants (split as the pick is unless one sets splits), cuDNN SDPA for reference; CUDA-graph timed, the median of the "
              "repetitions (every other one in reverse order).")
     print("wrote", write_results(f"ab_decode_{args.name}", rows, summary, notes=notes, baseline="cudnn"))
     return 0

@@ -46,15 +46,20 @@ def parse_shapes(spec: str) -> list[tuple[int, int]]:
     return out
 
 
-def summarize(rows: list[Row], default_kb: int) -> dict:
-    """Per shape: the default slice's and the best config's ratio to cuBLAS."""
+def summarize(rows: list[Row]) -> dict:
+    """Per shape: the dispatch config's (where a slice gave its rows) and the best config's
+    ratio to cuBLAS."""
+    from cute_kernels.matmul.gemv import gemv_sm90_config
+
     t = {(r.case, r.provider): r.ms for r in rows}
     cases = sorted({r.case for r in rows}, key=[r.case for r in rows].index)
     summary = {}
     for c in cases:
         ours = {p: ms for (case, p), ms in t.items() if case == c and p != "cublas"}
         best = min(ours, key=ours.get)
-        default = next((p for p in ours if p.startswith(f"cute {default_kb}k ")), None)
+        _, n, k = (int(v) for v in c.split("x"))
+        picked = gemv_sm90_config(n, k, False).rows
+        default = next((p for p in ours if p.endswith(f" r{picked}")), None)
         summary[f"best[{c}]"] = best
         summary[f"best_vs_cublas[{c}]"] = t[(c, "cublas")] / ours[best]
         if default is not None:
@@ -118,15 +123,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     apply_ab_arguments(p, args)
     require_hopper("benchmarks.ab_gemv")
-    from cute_kernels.matmul.gemv import GEMV_SLICE_BYTES
-
     rows = run(args.shapes, args.slices, args.reps)
     print(format_table(rows))
     flags = f"--slices {','.join(map(str, args.slices))} --shapes {','.join(f'{n}x{k}' for n, k in args.shapes)}"
     notes = (f"`python -m benchmarks.ab_gemv {flags} --reps {args.reps}`: the one-row GEMV (CuTe DSL kernel) per "
              "slice size against cuBLAS on the weight padded to 16 rows; standalone calls, CUDA-graph timed over "
              "rotated weights, the median of the repetitions (every other one in reverse order).")
-    print("wrote", write_results(f"ab_gemv_{args.name}", rows, summarize(rows, GEMV_SLICE_BYTES // 1024), notes=notes))
+    print("wrote", write_results(f"ab_gemv_{args.name}", rows, summarize(rows), notes=notes))
     return 0
 
 

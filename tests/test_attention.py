@@ -433,18 +433,20 @@ def test_ab_attention_fp8_refuses_tile_groups_before_any_gpu_work():
 
 
 def test_ab_decode_specs_and_gpu_check():
-    """benchmarks.ab_decode: DecodeConfig / DecodeMmaConfig fields and `splits` only, literal
+    """benchmarks.ab_decode: DecodeConfig / DecodeMmaConfig fields, `splits` and `merge` only, literal
     values, bad input refused before any GPU work, and one stderr line without a Hopper GPU."""
     import subprocess
     import sys
 
     from benchmarks.ab_decode import parse_set
 
-    assert parse_set("threads=128,kv_pack=1") == ({"threads": 128, "kv_pack": 1}, 1)
-    assert parse_set("unroll=4,splits=3") == ({"unroll": 4}, 3)
-    assert parse_set("splits=2") == ({}, 2)
-    assert parse_set("warps=8,stages=2") == ({"warps": 8, "stages": 2}, 1)  # the tensor-core kernel's fields
-    for bad in ("head_dim=64", "n_block=64", "threads", "threads=x", "splits=0", "splits=x", "splits=2,splits=3"):
+    assert parse_set("threads=128,kv_pack=1") == ({"threads": 128, "kv_pack": 1}, None, True)
+    assert parse_set("unroll=4,splits=3") == ({"unroll": 4}, 3, True)
+    assert parse_set("splits=2") == ({}, 2, True)
+    assert parse_set("merge=global") == ({}, None, False)
+    assert parse_set("warps=8,stages=2,merge=cluster") == ({"warps": 8, "stages": 2}, None, True)  # tensor-core fields
+    for bad in ("head_dim=64", "n_block=64", "threads", "threads=x", "splits=0", "splits=x", "splits=2,splits=3",
+                "merge=x", "merge=global,merge=cluster"):
         with pytest.raises(ValueError, match="--set"):
             parse_set(bad)
     out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--batches", "0"],
@@ -611,8 +613,30 @@ def test_decode_cluster_merge_choice(monkeypatch):
     assert not decode_merges_in_cluster(96, 2)  # 192 CTAs
     assert decode_splits_heuristic(8, 32, 4, 1024, 128, mma=True) == 2 and decode_merges_in_cluster(64, 2)
     assert decode_splits_heuristic(1, 16, 1, 8192, 64) == 4  # 16 clusters of 8 would not fit
+    # One 122 KB tensor-core CTA a SM (8 packed heads, clusters of 4): 32 clusters are more than
+    # the 30 the GPCs hold at once, so they merge globally; two CTAs a SM (112 KB) still fit.
+    assert not decode_merges_in_cluster(32, 4, 122240) and decode_merges_in_cluster(30, 4, 122240)
+    assert decode_merges_in_cluster(32, 4, 112832) and decode_merges_in_cluster(32, 4)
+    assert decode_merges_in_cluster(64, 2, 122240)  # 66 clusters of 2 fit
     monkeypatch.setenv("CUTE_KERNELS_DECODE_CLUSTER", "0")
     assert not decode_merges_in_cluster(12, 8)
+
+
+def test_decode_mma_stage_pick():
+    """The tensor-core kernel takes 4 stages (one CTA a SM) over 3 (two) only for unsplit
+    launches over long caches whose waves then fill the SMs better; split launches, short
+    caches, one partial wave, equal fill and D = 64 keep 3."""
+    from cute_kernels.attention.config import decode_mma_config
+
+    def stages(ctas, seqlen_k=8192, head_dim=128, heads=4):
+        return decode_mma_config(head_dim, ctas, heads, seqlen_k).stages
+
+    assert stages(320) == stages(384) == stages(640) == 4  # 1.2 / 1.45 / 2.4 waves of two a SM
+    assert stages(256) == stages(512) == stages(768) == 3  # as full either way
+    assert stages(128) == stages(0) == 3  # one partial wave; split (ctas unknown)
+    assert stages(384, seqlen_k=1024) == 3 and stages(384, seqlen_k=4096) == 4
+    assert stages(384, head_dim=64) == 3 and stages(384, heads=8) == 4
+    assert decode_mma_config(128) == decode_mma_config(128, 0, 0, 0)
 
 
 @pytest.mark.compile

@@ -1540,6 +1540,31 @@ def test_mid_m_swap_picks():
     assert mid_m_swap_config(200, 8192, 8192, one_wave) is None and mid_m_swap_config(1100, 8192, 8192, one_wave) is None
 
 
+def test_mid_m_fill_picks():
+    """257-1023 tokens on a 3072+ row weight at any K: a one-wave pick under 0.8 of a wave gives
+    way to one wave of 128-row swap_ab tiles over as many token tiles as it holds (1 x 2 for an
+    even count, else 4 x 1 where the weight tiles divide by 4); token tiles under 80 wide, a grid
+    that grows less than a tenth and narrower weights are left."""
+    from cute_kernels.matmul.api import _pick_config
+    from cute_kernels.matmul.config import GemmConfig
+    from cute_kernels.matmul.heuristics import mid_m_fill_config
+
+    def pick(m, n, k):
+        c = _pick_config(m, n, k, 2, True, None, True)
+        return (c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.swap_ab)
+
+    assert pick(523, 3840, 1280) == (128, 136, 1, 2, True)  # 30 x 4 tiles, was 30 x 3 of 192
+    assert pick(474, 3072, 768) == (128, 96, 4, 1, True)  # 24 x 5 tiles
+    assert pick(443, 4800, 1600) == (128, 152, 2, 1, True)  # 38 x 3: 38 does not divide by 4
+    assert pick(300, 3072, 2048)[:2] != (128, 64)  # 64-wide token tiles lost
+    assert pick(389, 6400, 1600) == (128, 224, 1, 2, True)  # 50 weight tiles: no fuller wave
+    assert pick(526, 1600, 6400)[0] == 64  # a narrow weight keeps its 64-row pick
+    full = GemmConfig(128, 192, 2, 1, swap_ab=True)
+    assert mid_m_fill_config(523, 3840, 1280, full) is not None
+    assert mid_m_fill_config(200, 3840, 1280, full) is None and mid_m_fill_config(1100, 3840, 1280, full) is None
+    assert mid_m_fill_config(523, 3840, 1280, GemmConfig(128, 96, 2, 1, swap_ab=True)) is None  # 120 CTAs already
+
+
 def test_one_tile_long_k_split_picks():
     """Above 128 tokens, one token tile and K >= 24576: 128-row swap_ab tiles in 2 x 1 clusters
     split K to fill the wave (ONE_TILE_SPLIT_MIN_K); two token tiles, shorter K, 8-bit inputs

@@ -67,3 +67,15 @@ def test_gemv_sweep_without_a_gpu_says_so():
     p = subprocess.run([sys.executable, "-m", "benchmarks.gemv_sweep", "--default-only"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout.strip() == "error: gemv_sweep needs a CUDA GPU", p.stdout + p.stderr
+
+
+def test_vocab_gemv_rows():
+    """Vocabulary-sized 16-bit weights take the most rows (a multiple of 8) within 28 KB a CTA:
+    16 below K = 1024, 8 from it; narrower weights keep their 96 KB slices."""
+    from cute_kernels.matmul.gemv import gemv_sm90_config
+
+    rows = {k: gemv_sm90_config(50257, k, False).rows for k in (768, 896, 1024, 1280, 1600)}
+    assert rows == {768: 16, 896: 16, 1024: 8, 1280: 8, 1600: 8}
+    assert gemv_sm90_config(151936, 896, False).rows == 16
+    assert gemv_sm90_config(4800, 1600, False).rows == 32  # 96 KB
+    assert gemv_sm90_config(50257, 1024, False, slice_bytes=32 * 1024).rows == 16

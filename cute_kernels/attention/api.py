@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import torch
 
+from ..matmul.config import MAX_ACTIVE_CLUSTERS
 from ..runtime import KERNELS, TARGET_ARCH, check_device, env, num_sms
 from ..runtime.dtypes import SIXTEEN_BIT
 from .config import (  # noqa: F401  (HEAD_DIMS: public here)
@@ -23,6 +24,7 @@ from .config import (  # noqa: F401  (HEAD_DIMS: public here)
     PrefillConfig,
     check_head_dim,
     check_softmax_scale,
+    ctas_per_sm,
     decode_config,
     decode_mma_config,
     prefill_config,
@@ -211,13 +213,21 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     return max(1, splits)
 
 
-def decode_merges_in_cluster(ctas: int, splits: int) -> bool:
+def decode_merges_in_cluster(ctas: int, splits: int, smem_bytes: int = 0) -> bool:
     """Whether `splits` splits of each of `ctas` (batch, head group) pairs merge inside a
     thread-block cluster (decode.py) rather than through global memory: 2-8 splits, and few
     enough CTAs that every cluster is resident at once. A cluster's CTAs must share a GPC;
     an H100 fits 12 clusters of 8 (96 CTAs) in one wave, but 16 (128 CTAs) took 1.6x as long
-    as the same split count merged globally (B = 2, 4k keys, h32/8, D = 128: 17.4 vs 11.2 us)."""
+    as the same split count merged globally (B = 2, 4k keys, h32/8, D = 128: 17.4 vs 11.2 us).
+    smem_bytes (a CTA's, 0: unknown): where only one such CTA fits an SM, at most as many
+    clusters as the GPCs hold at one CTA a SM (MAX_ACTIVE_CLUSTERS: 30 of 4). The tensor-core
+    kernel with 7-8 packed heads in clusters of 4 takes 122 KB; 32 clusters of it ran a second
+    wave. Same run, H200, D = 128, 4k / 16k keys, x cuDNN, cluster -> global merge
+    (`ab_decode_cl_g*_h200.md`): h64/8 batch 4 0.710 -> 0.982 / 0.674 -> 0.992, h28/4 batch 8
+    0.733 -> 0.994 / 0.685 -> 0.998 (3 splits in clusters of 3: 1.068 / 0.981, 1.023 / 0.944)."""
     if not decode_cluster_merge() or not 2 <= splits <= MAX_CLUSTER_SPLITS:
+        return False
+    if smem_bytes and ctas_per_sm(smem_bytes) == 1 and ctas > MAX_ACTIVE_CLUSTERS.get(splits, ctas):
         return False
     return ctas * splits <= (MAX_CLUSTER_CTAS_WIDE if splits > 4 else MAX_CLUSTER_CTAS)
 
@@ -310,10 +320,11 @@ def _semaphores(n: int, device) -> torch.Tensor:
 
 
 def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mask=None, early_trigger=False,
-                config: DecodeConfig | DecodeMmaConfig | None = None):
+                config: DecodeConfig | DecodeMmaConfig | None = None, cluster_merge: bool = True):
     """q [B, 1, Hq, D] against k/v [B, Sk, Hkv, D] (the first seqlens_k[b] keys, those of them
     where key_mask [B, Sk] (uint8) is nonzero) -> O, LSE. config: build this kernel config
-    instead of the tuned pick (the split heuristics still plan with the tuned one)."""
+    instead of the tuned pick (the split heuristics still plan with the tuned one).
+    cluster_merge=False merges splits through global memory where a cluster would (A/B runs)."""
 
     B, _, Hq, D = q.shape
     G = Hq // k.shape[2]
@@ -330,11 +341,12 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
         return out, lse
     split = splits > 1
     ctas = B * (Hq // heads)
-    cluster = splits if decode_merges_in_cluster(ctas, splits) else 1
     if config is None:
-        config = decode_mma_config(D) if mma else decode_config(D, ctas, k.shape[1], mha=G == 1 and not split)
+        config = (decode_mma_config(D, 0 if split else ctas, heads, k.shape[1]) if mma
+                  else decode_config(D, ctas, k.shape[1], mha=G == 1 and not split))
     if getattr(config, "kv_pack", 1) > 1 and (G != 1 or split or Hq % config.kv_pack):
         config = replace(config, kv_pack=1)  # KV heads share a CTA only for unsplit MHA
+    cluster = splits if cluster_merge and decode_merges_in_cluster(ctas, splits, config.smem_bytes(heads, splits)) else 1
     fn = _decode_kernel(q.dtype, config, heads, split, seqlens_k is not None, key_mask is not None, cluster,
                         early_trigger)
     scale = softmax_scale_log2(D, softmax_scale)

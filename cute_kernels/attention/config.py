@@ -456,11 +456,53 @@ def _decode_config(head_dim: int, many_waves: bool = False, small_ring: bool = F
     return cfg
 
 
+# An SM's shared memory (228 KiB), each resident CTA taking 1 KiB more than it asks for.
+SM90_SMEM_PER_SM = 233472
+SMEM_PER_CTA_RESERVED = 1024
+
+
+def ctas_per_sm(smem_bytes: int) -> int:
+    """CTAs of this much shared memory resident on one sm_90 SM (at least 1)."""
+    return max(1, SM90_SMEM_PER_SM // (smem_bytes + SMEM_PER_CTA_RESERVED))
+
+
+def _wave_fill(ctas: int, slots: int) -> float:
+    """The share of its last wave's slots a grid of `ctas` keeps busy, over all waves."""
+    waves = ctas / slots
+    return waves / math.ceil(waves)
+
+
+# Unsplit tensor-core launches of more than one CTA a SM take a 4-stage ring (one CTA a SM at
+# D = 128, where 3 stages fit two) where its waves fill the SMs better by MMA_DEEP_RING_MARGIN:
+# decode streams every CTA's keys at the same pace, so a last wave of few CTAs runs nearly as
+# long as a full one. Same run, H200, h32/8 D = 128, x cuDNN, 3 -> 4 stages
+# (`ab_decode_mma_warps_h200.md`, 8k / 32k keys): batch 48 (384 CTAs: 1.45 waves of two a SM,
+# 2.9 of one) 1.001 -> 1.053 / 1.006 -> 1.085, and where the fill is equal: batch 32 1.000 ->
+# 1.004 / 1.004 -> 1.008, 64 1.011 -> 1.008 / 1.006 -> 1.004, 96 1.005 -> 1.006 / 1.006 -> 1.004.
+# Held out (`ab_decode_mma_stages_held*_h200.md`, 4k / 16k keys): batch 40 0.990 -> 1.054 /
+# 0.989 -> 1.077 (h64/8: 0.965 -> 1.040 / 0.982 -> 1.076), 80 1.003 -> 1.052 / 1.001 -> 1.062
+# (h64/8: 0.995 -> 1.043 / 1.003 -> 1.053), 128 0.996 -> 1.006 / 0.999 -> 1.006. Taken at
+# equal fill it lost at short caches (batch 64, 1k keys: 1.017 -> 0.970) and at batch 16 (one
+# partial wave: 1.007 -> 0.993); 2 stages lost 9-11% at batch 16. Short caches (under
+# MANY_WAVES_LONG_CACHE keys) keep 3 stages: at 1k keys 4 lost at batch 40 / 48 / 80 (1.022 /
+# 1.008 / 1.007 -> 0.996 / 0.994 / 0.997, `ab_decode_mma_stage_rule_h200.md`), where at 8k
+# they won (1.017 / 0.991 / 0.968 -> 1.053 / 1.051 / 1.038).
+MMA_DEEP_RING_MARGIN = 0.05
+
+
 @functools.lru_cache(maxsize=None)
-def decode_mma_config(head_dim: int) -> DecodeMmaConfig:
-    """The tensor-core decode kernel's config (4 warps x 16 keys x 3 stages was best at every
-    GQA point swept: docs/attention.md)."""
+def decode_mma_config(head_dim: int, ctas: int = 0, heads: int = 0, seqlen_k: int = 0,
+                      num_sms: int = H100_SMS) -> DecodeMmaConfig:
+    """The tensor-core decode kernel's config for an unsplit launch of `ctas` CTAs of `heads`
+    packed query heads each over `seqlen_k` keys (ctas 0: split or unknown): 4 warps x 16 keys
+    x 3 stages (best at every split GQA point swept: docs/attention.md), at D = 128 with a long
+    cache 4 stages where their waves fill the SMs better (notes above; D = 64 not measured)."""
     cfg = DecodeMmaConfig(head_dim)
+    if head_dim == 128 and ctas > num_sms and seqlen_k >= MANY_WAVES_LONG_CACHE:
+        deep = replace(cfg, stages=4)
+        fill = {c: _wave_fill(ctas, num_sms * ctas_per_sm(c.smem_bytes(heads or None, cluster=1))) for c in (cfg, deep)}
+        if fill[deep] > fill[cfg] + MMA_DEEP_RING_MARGIN:
+            cfg = deep
     cfg.validate()
     return cfg
 

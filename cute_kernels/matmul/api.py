@@ -22,6 +22,7 @@ from .heuristics import (
     large_m_pp192_config,
     long_k_c41_config,
     long_k_wave_swap_config,
+    mid_m_fill_config,
     mid_m_swap_config,
     skinny_gemv,
     split_config,
@@ -186,7 +187,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     as much as 128-row ones, their clustered config up to 224 wide replaces a 128-row pick
     (heuristics.equal_pad_narrow_config), and at 257-1023 tokens with K >= 4096 one wave of
     swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
-    (heuristics.mid_m_swap_config). integer: int8 inputs (their swap_ab
+    (heuristics.mid_m_swap_config), and at any K a one-wave pick filling at most 0.8 of the
+    SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
+    (heuristics.mid_m_fill_config). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
@@ -221,7 +224,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         pick = long_k_c41_config(M, N, K, pick) or pick
         pick = large_m_pp192_config(M, N, pick) or pick
         return (long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick)
-                or mid_m_swap_config(M, N, K, pick) or pick)
+                or mid_m_swap_config(M, N, K, pick) or mid_m_fill_config(M, N, K, pick) or pick)
     if in_bytes == 1 and not integer:
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
         return (long_k_wave_swap_config(M, N, K, pick, in_bytes=1) if swappable else None) or pick

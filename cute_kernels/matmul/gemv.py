@@ -738,15 +738,18 @@ def weight_only_gemv(x, w_q, w_scale, bias=None, activation=None, residual=None,
 
 GEMV_SM90_ENV = "CUTE_KERNELS_GEMV_SM90"
 GEMV_SLICE_BYTES = 96 * 1024  # weight bytes per CTA (see gemv_sm90_config)
-# Vocabulary-sized weights (16-bit, N >= GEMV_VOCAB_N: many waves of CTAs) take slices of about
-# 24 KB, 8-16 rows: a CTA copies its whole slice before it computes, and with 96 KB slices two
-# CTAs an SM left HBM idle between waves. Standalone on the H200 (`ab_gemv_slices_h200.md`, same
-# run, CUDA graphs, vs cuBLAS on N padded to 16): GPT-2's lm_head 1x50257x768 0.68x -> 0.92x
-# (64 -> 16 rows), 1x50257x1024 0.79x -> 0.99x (48 -> 16), 1x50257x1280 0.89x -> 1.05x (40 -> 8),
-# 1x50257x1600 0.92x -> 1.06x (32 -> 8). Narrower weights keep 96 KB: the decode chain's next
-# GEMV starts its copies in the room they leave (the module docstring).
+# Vocabulary-sized weights (16-bit, N >= GEMV_VOCAB_N: many waves of CTAs) take the most rows
+# (a multiple of 8) within GEMV_VOCAB_SLICE_BYTES, 8-16 rows: a CTA copies its whole slice
+# before it computes, and with 96 KB slices two CTAs an SM left HBM idle between waves.
+# Standalone on the H200 (same run, CUDA graphs, vs cuBLAS on N padded to 16), 96 KB -> this:
+# GPT-2's lm_head 1x50257x768 0.68x -> 0.92x (64 -> 16 rows), 1x50257x1280 0.89x -> 1.05x (40 ->
+# 8), 1x50257x1600 0.92x -> 1.06x (32 -> 8) (`ab_gemv_slices_h200.md`); at K = 1024, 16 -> 8 rows:
+# 50257 0.98x -> 1.03x / 0.99x -> 1.04x, 65536 0.99x -> 1.03x, 32768 0.92x -> 0.97x; at K = 896,
+# 16 rows ran 0.997x where 8 ran 0.947x (151936 rows) (`ab_gemv_slices2_h200.md`,
+# `ab_gemv_slices_held_h200.md`). Narrower weights keep 96 KB: the decode chain's next GEMV
+# starts its copies in the room they leave (the module docstring).
 GEMV_VOCAB_N = 16384
-GEMV_VOCAB_SLICE_BYTES = 24 * 1024
+GEMV_VOCAB_SLICE_BYTES = 28 * 1024
 GEMV_MAX_ROWS = 64
 GEMV_K_MAX = 4096  # K = 6400 lost on this kernel (see the module docstring)
 GEMV_WARPS = 8
@@ -812,9 +815,10 @@ def gemv_sm90_config(N: int, K: int, ln: bool, slice_bytes: int | None = None, w
     (the MMA's n) and k_max in multiples of 64, so a handful of variants serve all shapes."""
     from .config import H100_SMS, GemvConfig
 
-    if slice_bytes is None and N >= GEMV_VOCAB_N and wbytes == 2:
-        slice_bytes = GEMV_VOCAB_SLICE_BYTES
-    rows = round((slice_bytes or GEMV_SLICE_BYTES) / (wbytes * K) / 8) * 8
+    if N >= GEMV_VOCAB_N and wbytes == 2:
+        rows = (slice_bytes or GEMV_VOCAB_SLICE_BYTES) // (wbytes * K) // 8 * 8
+    else:
+        rows = round((slice_bytes or GEMV_SLICE_BYTES) / (wbytes * K) / 8) * 8
     rows = max(8, min(GEMV_MAX_ROWS, rows, N // H100_SMS // 8 * 8))
     return GemvConfig(rows=rows, k_max=-(-K // 64) * 64, warps=GEMV_WARPS, wbytes=wbytes)
 

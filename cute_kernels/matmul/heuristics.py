@@ -527,6 +527,52 @@ def mid_m_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     return GemmConfig(128, w, 1, 2, swap_ab=True) if t % 2 == 0 else GemmConfig(128, w, 2, 1, swap_ab=True)
 
 
+# A one-wave pick at 257-1023 tokens that leaves over a fifth of the SMs idle (96 CTAs of 132:
+# 24 weight tiles x 4 token tiles, or 30 x 3) on a weight of 3072+ rows, at any K: one wave of
+# 128-row swap_ab tiles over as many token tiles t as it holds (cuBLAS runs nvjet 128 x 136 /
+# 192 x 88 at 523x3840x1280), clustered 1 x 2 where t is even, else 4 x 1 where the weight
+# tiles divide by 4 (the token tile multicast to four weight tiles; 2 x 1 ran 3-10% slower at
+# 420-491 x 3072), else 2 x 1. Taken where the token tiles stay at least MID_M_FILL_MIN_W wide
+# and the grid grows by a tenth. H200, same run, 2 rounds, vs cuBLAS, pick -> this
+# (`gemm_probe_midm_low_fit_h200.md`): 523x3840x1280 0.82x -> 1.01x, 556x4096x1024 0.84x ->
+# 0.99x, 443x4800x1600 0.75x -> 0.97x, 425x4800x1600 0.73x -> 0.94x, 474x3072x768 0.85x -> 1.02x,
+# 491x3072x2048 0.81x -> 0.94x, 438x3072x768 0.93x -> 1.03x, 420x3072x1024 0.92x -> 0.99x; 64-wide
+# token tiles lost (300x3072x2048 0.99x -> 0.89x), and on weights under 3072 rows the 64-row
+# picks mostly won (526x1600x6400 1.39x against 1.01x; 683x2048x8192 0.82x against 0.91x).
+# Held out, 14 draws it changes (`gemm_probe_midm_fill_held_h200.md`, 3 rounds): 13 faster,
+# 0.69x-1.00x -> 0.86x-1.11x (387x4800x1600 0.69x -> 0.92x, 517x3840x1280 0.80x -> 1.01x),
+# 383x3072x2048 0.99x -> 0.95x (80-wide token tiles).
+MID_M_FILL_MIN_N = 3072
+MID_M_FILL_MAX_FILL = 0.8
+MID_M_FILL_MIN_W = 80
+
+
+def _ctas(cfg: GemmConfig, m: int, n: int) -> int:
+    km, kn = cfg.kernel_mn(m, n)
+    return math.ceil(km / cfg.tile_m) * math.ceil(kn / cfg.tile_n) * cfg.split_k
+
+
+def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The one-wave 128-row swap_ab config for a 16-bit M x N x K problem (notes above:
+    MID_M_FILL_*) to replace a one-wave pick `current` that fills too few SMs, or None."""
+    if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or n < MID_M_FILL_MIN_N or current.split_k > 1
+            or config_waves(current, m, n, num_sms) != 1 or _ctas(current, m, n) > MID_M_FILL_MAX_FILL * num_sms):
+        return None
+    wt = math.ceil(n / 128)
+    for t in range(num_sms // wt, 0, -1):
+        w = math.ceil(m / t / 8) * 8
+        tiles = math.ceil(m / w)  # the rounding up of w may need fewer
+        cm, cn = (1, 2) if tiles % 2 == 0 else (4, 1) if wt % 4 == 0 else (2, 1)
+        cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
+        if w <= 256 and config_waves(cfg, m, n, num_sms) == 1:
+            break
+    else:
+        return None
+    if w < MID_M_FILL_MIN_W or _ctas(cfg, m, n) < 1.1 * _ctas(current, m, n):
+        return None
+    return cfg
+
+
 def narrow_step(integer: bool) -> int:
     """The token-width step of 64-row swap_ab tiles: 8, or 16 for int8 (NARROW_INT8)."""
     return _NARROW_STEP_INT if integer else _NARROW_STEP_16BIT
