@@ -1563,6 +1563,10 @@ def test_mid_m_fill_picks():
     assert mid_m_fill_config(523, 3840, 1280, full) is not None
     assert mid_m_fill_config(200, 3840, 1280, full) is None and mid_m_fill_config(1100, 3840, 1280, full) is None
     assert mid_m_fill_config(523, 3840, 1280, GemmConfig(128, 96, 2, 1, swap_ab=True)) is None  # 120 CTAs already
+    # fp8 per-row without a bias (swap_ab allowed) takes the same rule; with one it cannot swap.
+    fp8 = _pick_config(292, 4608, 3584, 1, False, None, True)
+    assert (fp8.tile_m, fp8.tile_n, fp8.cluster_m, fp8.cluster_n, fp8.swap_ab) == (128, 104, 4, 1, True)
+    assert not _pick_config(292, 4608, 3584, 1, False, None, False).swap_ab
 
 
 def test_one_tile_long_k_split_picks():

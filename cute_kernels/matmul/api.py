@@ -189,7 +189,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
     (heuristics.mid_m_swap_config), and at any K a one-wave pick filling at most 0.8 of the
     SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
-    (heuristics.mid_m_fill_config). integer: int8 inputs (their swap_ab
+    (heuristics.mid_m_fill_config; fp8 too). integer: int8 inputs (their swap_ab
     widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
@@ -227,7 +227,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                 or mid_m_swap_config(M, N, K, pick) or mid_m_fill_config(M, N, K, pick) or pick)
     if in_bytes == 1 and not integer:
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
-        return (long_k_wave_swap_config(M, N, K, pick, in_bytes=1) if swappable else None) or pick
+        if not swappable:
+            return pick
+        return long_k_wave_swap_config(M, N, K, pick, in_bytes=1) or mid_m_fill_config(M, N, K, pick) or pick
     return pick
 
 

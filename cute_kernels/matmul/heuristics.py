@@ -541,7 +541,12 @@ def mid_m_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # picks mostly won (526x1600x6400 1.39x against 1.01x; 683x2048x8192 0.82x against 0.91x).
 # Held out, 14 draws it changes (`gemm_probe_midm_fill_held_h200.md`, 3 rounds): 13 faster,
 # 0.69x-1.00x -> 0.86x-1.11x (387x4800x1600 0.69x -> 0.92x, 517x3840x1280 0.80x -> 1.01x),
-# 383x3072x2048 0.99x -> 0.95x (80-wide token tiles).
+# 383x3072x2048 0.99x -> 0.95x (80-wide token tiles). fp8 per-row (`scaled_mm`, swap_ab where
+# no bias rules it out), same rule: 292x4608x3584 0.91x -> 1.16x `_scaled_mm`
+# (`gemm_probe_fp8_c41_mid_h200.md`, the H200 grid's fp8 min at seed 2005), and held out, all 19
+# draws it changes faster (`gemm_probe_fp8_fill_held_h200.md`): 541x3072x2048 0.80x -> 1.08x,
+# 572x3072x2048 0.81x -> 1.05x, 296x4608x3584 0.90x -> 1.12x, 389x4608x3584 1.12x -> 1.53x,
+# 630x5120x5120 0.99x -> 1.04x; the least gain 371x3072x1024 1.20x -> 1.23x.
 MID_M_FILL_MIN_N = 3072
 MID_M_FILL_MAX_FILL = 0.8
 MID_M_FILL_MIN_W = 80
@@ -553,8 +558,8 @@ def _ctas(cfg: GemmConfig, m: int, n: int) -> int:
 
 
 def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The one-wave 128-row swap_ab config for a 16-bit M x N x K problem (notes above:
-    MID_M_FILL_*) to replace a one-wave pick `current` that fills too few SMs, or None."""
+    """The one-wave 128-row swap_ab config for a 16-bit or fp8 M x N x K problem (notes
+    above: MID_M_FILL_*) to replace a one-wave pick `current` that fills too few SMs, or None."""
     if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or n < MID_M_FILL_MIN_N or current.split_k > 1
             or config_waves(current, m, n, num_sms) != 1 or _ctas(current, m, n) > MID_M_FILL_MAX_FILL * num_sms):
         return None
