@@ -640,6 +640,24 @@ def test_decode_mma_stage_pick():
 
 
 @pytest.mark.compile
+def test_decode_mma_deep_ring_compiles_for_sm90a(tmp_path):
+    """The tensor-core kernel's 4-stage ring (decode_mma_config's many-wave pick at D = 128):
+    one CTA a SM's shared memory, 3 groups in flight, no spills."""
+    from cute_kernels.attention.api import _compile_decode
+    from cute_kernels.attention.config import decode_mma_config
+    from tests.test_gemm import _ptxas_report
+
+    cfg = decode_mma_config(128, 384, 4, 8192)
+    assert cfg.stages == 4
+    _compile_decode(torch.bfloat16, cfg, 4, False, True, False, 1, True, keep_dir=str(tmp_path))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    assert re.search(r"cp\.async\.wait_group\s+2;", ptx) and "mma.sync.aligned.m16n8k16" in ptx
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("head_dim,heads,split,masked,mma,cluster", [
     (64, 1, False, False, False, 1), (64, 1, True, False, False, 1), (128, 4, True, False, False, 1),
     (64, 3, True, False, False, 1), (64, 1, True, True, False, 1), (64, 1, True, False, False, 8),
