@@ -490,19 +490,23 @@ def _wave_fill(ctas: int, slots: int) -> float:
 MMA_DEEP_RING_MARGIN = 0.05
 
 
-@functools.lru_cache(maxsize=None)
 def decode_mma_config(head_dim: int, ctas: int = 0, heads: int = 0, seqlen_k: int = 0,
                       num_sms: int = H100_SMS) -> DecodeMmaConfig:
     """The tensor-core decode kernel's config for an unsplit launch of `ctas` CTAs of `heads`
     packed query heads each over `seqlen_k` keys (ctas 0: split or unknown): 4 warps x 16 keys
     x 3 stages (best at every split GQA point swept: docs/attention.md), at D = 128 with a long
     cache 4 stages where their waves fill the SMs better (notes above; D = 64 not measured)."""
-    cfg = DecodeMmaConfig(head_dim)
+    deep = False
     if head_dim == 128 and ctas > num_sms and seqlen_k >= MANY_WAVES_LONG_CACHE:
-        deep = replace(cfg, stages=4)
-        fill = {c: _wave_fill(ctas, num_sms * ctas_per_sm(c.smem_bytes(heads or None, cluster=1))) for c in (cfg, deep)}
-        if fill[deep] > fill[cfg] + MMA_DEEP_RING_MARGIN:
-            cfg = deep
+        fill = {d: _wave_fill(ctas, num_sms * ctas_per_sm(_decode_mma_config(head_dim, d).smem_bytes(
+            heads or None, cluster=1))) for d in (False, True)}
+        deep = fill[True] > fill[False] + MMA_DEEP_RING_MARGIN
+    return _decode_mma_config(head_dim, deep)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_mma_config(head_dim: int, deep_ring: bool = False) -> DecodeMmaConfig:
+    cfg = DecodeMmaConfig(head_dim, stages=4 if deep_ring else DecodeMmaConfig.stages)
     cfg.validate()
     return cfg
 
