@@ -346,7 +346,9 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
                   else decode_config(D, ctas, k.shape[1], mha=G == 1 and not split))
     if getattr(config, "kv_pack", 1) > 1 and (G != 1 or split or Hq % config.kv_pack):
         config = replace(config, kv_pack=1)  # KV heads share a CTA only for unsplit MHA
-    cluster = splits if cluster_merge and decode_merges_in_cluster(ctas, splits, config.smem_bytes(heads, splits)) else 1
+    cluster = 1
+    if split and cluster_merge and decode_merges_in_cluster(ctas, splits, config.smem_bytes(heads, splits)):
+        cluster = splits
     fn = _decode_kernel(q.dtype, config, heads, split, seqlens_k is not None, key_mask is not None, cluster,
                         early_trigger)
     scale = softmax_scale_log2(D, softmax_scale)

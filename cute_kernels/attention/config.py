@@ -457,7 +457,7 @@ def _decode_config(head_dim: int, many_waves: bool = False, small_ring: bool = F
 
 
 # An SM's shared memory (228 KiB), each resident CTA taking 1 KiB more than it asks for.
-SM90_SMEM_PER_SM = 233472
+SM90_SMEM_PER_SM = hardware.H100_SXM.smem_per_sm_kb * 1024
 SMEM_PER_CTA_RESERVED = 1024
 
 

@@ -513,7 +513,7 @@ def mid_m_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     if n % 192 == 0 and n // 192 <= num_sms // 2:
         t = min(num_sms // (n // 192), 4)
         t -= t % 2
-        w = math.ceil(m / t / 8) * 8
+        w = _covering_width(m, t)
         if w <= 256:
             return GemmConfig(192, w, 1, 2, swap_ab=True)
     wt, best = math.ceil(n / 128), None
@@ -565,7 +565,7 @@ def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
         return None
     wt = math.ceil(n / 128)
     for t in range(num_sms // wt, 0, -1):
-        w = math.ceil(m / t / 8) * 8
+        w = _covering_width(m, t)
         tiles = math.ceil(m / w)  # the rounding up of w may need fewer
         cm, cn = (1, 2) if tiles % 2 == 0 else (4, 1) if wt % 4 == 0 else (2, 1)
         cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
