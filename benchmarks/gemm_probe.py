@@ -1,6 +1,7 @@
 """GEMM probes behind the heuristics' rules: what a config space can do on a draw of shapes.
 
     python -m benchmarks.gemm_probe tuned --seed 4001 --count 30 --m 150,700 --n 1280,8192 --min-k 1024
+    python -m benchmarks.gemm_probe tuned --shapes 171x50257x768,154x5120x27648 [--keep DIR]
     python -m benchmarks.gemm_probe widths --shapes 1302x768x768,2081x1024x4096 [--widths 64:256:16] [--top 3]
     python -m benchmarks.gemm_probe epilogue --shapes 299x5120x1280,1186x2048x2048 [--top 10]
 
@@ -9,7 +10,8 @@ the grid's models (cute_kernels.tuning.models) inside --n with K >= --min-k, the
 function of the seed; each class is tuned from scratch (`tuning.tune.tune_gemm(force=True)`:
 both rounds, outputs checked against the first config's) into a throwaway tuning cache, and
 its best is set against the heuristic's pick (no tuning table) and cuBLAS (`F.linear`) timed
-in the same process. Summary: best / pick and both against cuBLAS, overall and split at
+in the same process. --shapes tunes the shapes given instead of a draw; --keep DIR tunes into
+DIR's tuning cache, which then holds the winners. Summary: best / pick and both against cuBLAS, overall and split at
 K = 1600. Writes gemm_probe_tuned_<gpu>.{json,md} (--name to change "tuned").
 
 `widths`: per shape, the dispatch pick (shipped table, then the heuristic) against the
@@ -133,13 +135,13 @@ def _row(case: str, provider: str, m: int, n: int, k: int, ms: float, dtype: str
     return Row(case, provider, ms, tf, 100 * tf / PEAK_TFLOPS[dtype], extra=extra)
 
 
-def run_tuned(shapes) -> tuple[list[Row], dict]:
+def run_tuned(shapes, keep: str | None = None) -> tuple[list[Row], dict]:
     from benchmarks.gemm import grid_problem
     from cute_kernels.tuning.tune import label, tune_gemm
 
-    # A throwaway cache root: the probe's winners must not steer later dispatch (its kernels
-    # compile afresh there too).
-    os.environ["CUTE_KERNELS_CACHE_DIR"] = tempfile.mkdtemp(prefix="gemm-probe-")
+    # A throwaway cache root unless --keep names one: the probe's winners must not steer later
+    # dispatch (its kernels compile afresh there too).
+    os.environ["CUTE_KERNELS_CACHE_DIR"] = keep or tempfile.mkdtemp(prefix="gemm-probe-")
     results = tune_gemm([grid_problem("bf16", m, n, k) for m, n, k in shapes], force=True, log=None)
     rows, best_pick, short, long_ = [], [], [], []
     for r in results:
@@ -589,7 +591,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="probe", required=True)
     t = sub.add_parser("tuned", help="tune a draw of shapes from scratch: best vs the heuristic vs cuBLAS")
-    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--shapes", default=None, help="MxNxK[,MxNxK...] instead of a --seed draw")
+    t.add_argument("--keep", default=None, help="cache root to tune into (its tuning file keeps the winners)")
     t.add_argument("--count", type=int, default=30)
     t.add_argument("--m", default="150,700", help="LO,HI of the log-uniform token count")
     t.add_argument("--n", default="1280,8192", help="LO,HI of the weight rows")
@@ -622,10 +626,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.probe == "tuned":
-            if args.count < 1 or args.min_k < 1:
-                raise ValueError("--count and --min-k must be >= 1")
-            shapes = draw(args.seed, args.count, parse_range(args.m, "--m"), parse_range(args.n, "--n"), args.min_k)
-            flags = f"tuned --seed {args.seed} --count {args.count} --m {args.m} --n {args.n} --min-k {args.min_k}"
+            if (args.seed is None) == (args.shapes is None):
+                raise ValueError("tuned takes --seed (a draw) or --shapes, one of them")
+            if args.shapes is not None:
+                shapes = parse_shapes(args.shapes)
+                flags = f"tuned --shapes {args.shapes}"
+            else:
+                if args.count < 1 or args.min_k < 1:
+                    raise ValueError("--count and --min-k must be >= 1")
+                shapes = draw(args.seed, args.count, parse_range(args.m, "--m"), parse_range(args.n, "--n"), args.min_k)
+                flags = f"tuned --seed {args.seed} --count {args.count} --m {args.m} --n {args.n} --min-k {args.min_k}"
         elif args.probe == "widths":
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
@@ -660,7 +670,7 @@ def main(argv=None) -> int:
     if args.out:
         os.environ["CUTE_KERNELS_RESULTS_DIR"] = args.out
     if args.probe == "tuned":
-        rows, summary = run_tuned(shapes)
+        rows, summary = run_tuned(shapes, args.keep)
     elif args.probe == "widths":
         rows, summary = run_widths(shapes, widths, args.top)
     elif args.probe == "pdl":

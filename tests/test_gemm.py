@@ -1179,7 +1179,12 @@ def test_vocab_pingpong_picks():
     for m in range(256, 1151, 7):
         c = vocab_pingpong_config(m, 50257, 768)
         assert c.cluster_mn == (1, 2) and math.ceil(m / c.tile_n) % 2 == 0
-    assert pick(255, 50257, 1600) is None  # one token tile
+    # 129-255 tokens on 32000+ rows: two ping-pong token tiles of the covering width in 1 x 2
+    assert pick(255, 50257, 1600) == (128, 128, 1, 2, True, True)
+    assert pick(171, 50257, 768) == (128, 88, 1, 2, True, True)
+    assert pick(129, 128256, 2048) == (128, 72, 1, 2, True, True)
+    assert pick(240, 16384, 2048) is None  # narrower than 32000 rows below 256 tokens
+    assert pick(128, 50257, 768) is None  # one token tile
     assert pick(8193, 16384, 2048) is None  # past the range measured
     assert pick(700, 14336, 2048) is None  # narrower weights
     assert pick(700, 128256, 4096) is None  # long K
@@ -1188,6 +1193,70 @@ def test_vocab_pingpong_picks():
     assert api._pick_config(1099, 50257, 1600, 2, True, None, True, 2) == vocab_pingpong_config(1099, 50257, 1600)
     assert not api._pick_config(1099, 50257, 1600, 1, False, None, True, 2).pingpong or \
         not api._pick_config(1099, 50257, 1600, 1, False, None, True, 2).swap_ab  # 16-bit only
+
+
+def test_narrow_tail_split_picks():
+    """Few tokens on a weight of one to two waves of 64-row tiles whose second wave fills at most
+    a quarter of the SMs: that wave's tiles split over K as many ways as the SMs hold."""
+    from cute_kernels.matmul.heuristics import narrow_swap_config
+
+    # Llama 3 70B's qkv: 160 weight tiles, 28 in the second wave -> 4 splits.
+    for m in (2, 6, 30, 50, 120):
+        c = narrow_swap_config(m, 10240, 8192)
+        assert (c.tile_m, c.split_k, c.swap_ab) == (64, 4, True), m
+    assert narrow_swap_config(15, 28672, 4096).split_k == 1  # a last wave of 52 tiles: no split
+    assert narrow_swap_config(40, 128256, 4096).split_k == 1  # many waves: no split
+    assert narrow_swap_config(6, 8192, 8192).split_k == 1  # one wave exactly
+
+
+def test_wide_long_k_swap_replaces_swapped_picks():
+    """The wide long-K rule replaces a swap_ab pick of more token tiles where its own tiles are
+    ping-pong, or of as many tiles padding more tokens; not three 144-wide tiles with two
+    cooperative 216-wide ones."""
+    from cute_kernels.matmul.config import GemmConfig
+    from cute_kernels.matmul.heuristics import wide_long_k_swap_config
+
+    three = GemmConfig(128, 112, 2, 1, swap_ab=True)
+    c = wide_long_k_swap_config(335, 152064, 3584, three)
+    assert (c.tile_n, c.cluster_mn, c.pingpong, c.swap_ab) == (168, (1, 2), True, True)
+    wider = GemmConfig(128, 160, 1, 2, swap_ab=True)  # two tiles, 320 tokens for 290
+    assert wide_long_k_swap_config(290, 55296, 5120, wider).tile_n == 152
+    assert wide_long_k_swap_config(290, 55296, 5120, GemmConfig(128, 152, 1, 2, swap_ab=True)) is None
+    assert wide_long_k_swap_config(418, 128256, 4096, GemmConfig(128, 144, 2, 1, swap_ab=True)) is None
+
+
+def test_int8_mid_m_fill_and_lm_head_picks():
+    """int8: the mid-M fill rule in widths of 16 over 128-row picks (not over 64-row swap_ab ones),
+    and 64-row swap_ab tiles for up to 32 tokens on a wide weight at K = 768."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.config import GemmConfig
+    from cute_kernels.matmul.heuristics import mid_m_fill_config
+
+    api.clear_dispatch_caches()
+    pick = lambda m, n, k: api._pick_config(m, n, k, 1, False, None, True, 4, integer=True)  # noqa: E731
+    c = pick(547, 3072, 2048)
+    assert (c.tile_m, c.tile_n, c.cluster_mn, c.swap_ab) == (128, 112, (4, 1), True)
+    assert c.tile_n % 16 == 0
+    assert mid_m_fill_config(352, 3072, 2048, GemmConfig(64, 176, 1, 2, swap_ab=True), step=16) is None
+    for m in (2, 13, 30):
+        c = pick(m, 50257, 768)
+        assert (c.tile_m, c.swap_ab) == (64, True), m
+    assert not pick(57, 50257, 1024).swap_ab  # above 32 tokens the unswapped pick stays
+
+
+def test_vocab_few_tokens_picks():
+    """65-128 tokens on a 32000+ row weight: one 128-row swap_ab token tile of the covering width in
+    2 x 1 clusters, for 16-bit inputs and fp8 (swappable); not below 65 tokens or narrower weights."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import vocab_few_tokens_config
+
+    assert vocab_few_tokens_config(100, 128256, 2048) == GemmConfig(128, 104, 2, 1, swap_ab=True)
+    assert vocab_few_tokens_config(128, 32000, 4096).tile_n == 128
+    assert vocab_few_tokens_config(64, 128256, 2048) is None
+    assert vocab_few_tokens_config(100, 28672, 4096) is None
+    api.clear_dispatch_caches()
+    for ib in (2, 1):
+        assert api._pick_config(100, 128256, 2048, ib, ib == 2, None, True, 2) == GemmConfig(128, 104, 2, 1, swap_ab=True)
 
 
 def test_wave_swap_c41_picks():
@@ -1283,7 +1352,8 @@ def test_large_m_pp192_picks():
 def test_wide_long_k_swap_picks():
     """A wide weight (N >= 16384) at long K from 288 to 704 tokens runs ceil(M / 256) token tiles
     of 128-row swap_ab tiles, ping-pong up to 192 wide, 1 x 2 for an even tile count, else 2 x 1;
-    not over a swapped pick, not at short K, narrow weights or outside the token range."""
+    over a swapped pick only of more tiles or more padding (test below); not at short K, narrow
+    weights or outside the token range."""
     from cute_kernels.matmul import api
     from cute_kernels.matmul.heuristics import wide_long_k_swap_config
 
@@ -1292,7 +1362,9 @@ def test_wide_long_k_swap_picks():
     assert wide_long_k_swap_config(459, 37888, 3584, coop) == GemmConfig(128, 232, 1, 2, swap_ab=True)
     assert wide_long_k_swap_config(627, 152064, 5120, coop) == GemmConfig(128, 216, 2, 1, swap_ab=True)
     assert wide_long_k_swap_config(576, 37888, 3584, coop) == GemmConfig(128, 192, 2, 1, pingpong=True, swap_ab=True)
-    assert wide_long_k_swap_config(347, 152064, 5120, GemmConfig(128, 240, 1, 2, swap_ab=True)) is None
+    # over a swapped pick of as many tiles padding more tokens; not where it pads no more
+    assert wide_long_k_swap_config(347, 152064, 5120, GemmConfig(128, 240, 1, 2, swap_ab=True)).tile_n == 176
+    assert wide_long_k_swap_config(347, 152064, 5120, GemmConfig(128, 176, 1, 2, swap_ab=True)) is None
     assert wide_long_k_swap_config(347, 152064, 2048, coop) is None  # short K
     assert wide_long_k_swap_config(347, 8192, 5120, coop) is None  # narrow weight
     assert wide_long_k_swap_config(256, 152064, 5120, coop) is None

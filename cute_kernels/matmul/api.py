@@ -24,10 +24,12 @@ from .heuristics import (
     long_k_wave_swap_config,
     mid_m_fill_config,
     mid_m_swap_config,
+    narrow_step,
     skinny_gemv,
     split_config,
     swap_256_config,
     swap_config,
+    vocab_few_tokens_config,
     vocab_pingpong_config,
     wave_swap_c41_config,
     wave_swap_config,
@@ -171,9 +173,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
     one where heuristics.swap_config takes it, then with split=True maybe a split-K one
     (heuristics.split_config). For 16-bit inputs the first of these replaces that pick: ping-pong
-    swap_ab tiles on a wide weight at short K from 256 tokens (heuristics.vocab_pingpong_config),
-    swap_ab tiles over ceil(M / 256) token tiles on a wide weight at long K from 288 to 704 tokens
-    (heuristics.wide_long_k_swap_config),
+    swap_ab tiles on a wide weight at short K from 256 tokens (129 on 32000+ rows;
+    heuristics.vocab_pingpong_config), one 128-row swap_ab token tile on a 32000+ row weight at
+    65-128 tokens (heuristics.vocab_few_tokens_config; fp8 too), swap_ab tiles over ceil(M / 256)
+    token tiles on a wide weight at long K from 288 to 704 tokens (heuristics.wide_long_k_swap_config),
     one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
     a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
     clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
@@ -189,8 +192,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
     (heuristics.mid_m_swap_config), and at any K a one-wave pick filling at most 0.8 of the
     SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
-    (heuristics.mid_m_fill_config; fp8 too). integer: int8 inputs (their swap_ab
-    widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
+    (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks). integer: int8 inputs
+    (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)
@@ -218,7 +221,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     else:
         pick = default_config(M, N, K, in_bytes=in_bytes)
     if swappable and in_bytes == 2:
-        pick = (vocab_pingpong_config(M, N, K) or wide_long_k_swap_config(M, N, K, pick)
+        pick = (vocab_pingpong_config(M, N, K) or vocab_few_tokens_config(M, N, K) or wide_long_k_swap_config(M, N, K, pick)
                 or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
                 or wave_swap_c41_config(M, N, K, pick) or pick)
         pick = long_k_c41_config(M, N, K, pick) or pick
@@ -229,7 +232,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
         if not swappable:
             return pick
-        return long_k_wave_swap_config(M, N, K, pick, in_bytes=1) or mid_m_fill_config(M, N, K, pick) or pick
+        return (vocab_few_tokens_config(M, N, K) or long_k_wave_swap_config(M, N, K, pick, in_bytes=1)
+                or mid_m_fill_config(M, N, K, pick) or pick)
+    if integer and swappable:
+        return mid_m_fill_config(M, N, K, pick, step=narrow_step(True)) or pick
     return pick
 
 

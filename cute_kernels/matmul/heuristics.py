@@ -416,6 +416,21 @@ _NARROW_SPLIT_K_TILES = 12
 _NARROW_SPLIT_FILL = 3 / 4
 _NARROW_SPLIT_LONG_K_TILES = 128
 _NARROW_MAX_SPLIT = 8
+# A grid of one to two waves of weight tiles whose second wave holds at most a quarter of the SMs
+# splits that wave's tiles (`GemmConfig.split_k` splits only the last, partial wave) as many ways
+# as the SMs hold, each split 12+ k-tiles long: a few CTAs cannot draw the bandwidth the weight
+# streams at, and that wave is half the launch. Same run on the H200, 3 rounds
+# (`gemm_probe_tail_split_h200.md`): Llama 3 70B's 10240-row qkv (160 tiles, 28 in the second
+# wave) in 4 splits 6x10240x8192 0.96x -> 1.08x cuBLAS, 8x 0.98x -> 1.10x, 30x 1.08x -> 1.13x,
+# 50x 0.87x -> 0.90x; last waves of 39-55% of the SMs gained nothing in 2 splits (28672 rows:
+# 0.93x -> 0.93x, 100 tokens 0.91x -> 0.89x; 37888 and 55296 rows 1-4% slower). Held out
+# (`gemm_probe_held_tail_wide_h200.md`): 8 of 8 at 10240 rows faster, 1.03x-1.13x (106x10240x8192
+# 0.88x -> 0.96x); after many waves the split lost 0.5-1.5% (24 of 2004 tiles at 128256 rows, 8
+# shapes), so the rule stops at two waves. fp8 and int8 at 10240 rows gain alike
+# (`gemm_probe_fp8_tail_split_h200.md`, `gemm_probe_int8_tail_split_h200.md`): 5 of 5 fp8
+# shapes of 4-100 tokens 1.02x-1.07x (8x10240x8192 1.05x -> 1.12x `_scaled_mm`), 4 of 4 int8
+# 1.03x-1.06x.
+_NARROW_TAIL_SPLIT_FILL = 1 / 4
 # M <= 8 runs the skinny GEMV (matmul/gemv.py) unless the weight has more than SKINNY_MAX_N
 # rows: 64 x 16 swapped tiles won every such shape swept (6x14336x4096 0.83x -> 0.99x cuBLAS,
 # 4x16384x2048 0.92x -> 1.02x, 3x7168x5120 0.97x -> 1.09x) and lost most narrower ones
@@ -546,7 +561,13 @@ def mid_m_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # (`gemm_probe_fp8_c41_mid_h200.md`, the H200 grid's fp8 min at seed 2005), and held out, all 19
 # draws it changes faster (`gemm_probe_fp8_fill_held_h200.md`): 541x3072x2048 0.80x -> 1.08x,
 # 572x3072x2048 0.81x -> 1.05x, 296x4608x3584 0.90x -> 1.12x, 389x4608x3584 1.12x -> 1.53x,
-# 630x5120x5120 0.99x -> 1.04x; the least gain 371x3072x1024 1.20x -> 1.23x.
+# 630x5120x5120 0.99x -> 1.04x; the least gain 371x3072x1024 1.20x -> 1.23x. int8 (`int8_mm`),
+# the same rule in widths of 16: 9 of 9 faster (`gemm_probe_int8_fill_fit_h200.md`, vs
+# `_int_mm`): 322x3072x768 1.47x -> 1.63x, 576x3072x2048 1.25x -> 1.63x, 425x4608x3584 1.70x ->
+# 2.28x, 586x5120x5120 2.02x -> 2.37x. Held out (`gemm_probe_int8_held_h200.md`): over 128-row
+# picks 11 of 11 faster, 1.11x-1.36x (547x3072x2048 1.27x -> 1.72x, 447x5120x27648 2.11x ->
+# 2.75x); over 64-row swap_ab picks of two token tiles 5 of 7 slower (0.90x-0.94x the pick at
+# 321-352 tokens x 3072 x 2048), so int8 keeps those.
 MID_M_FILL_MIN_N = 3072
 MID_M_FILL_MAX_FILL = 0.8
 MID_M_FILL_MIN_W = 80
@@ -557,15 +578,18 @@ def _ctas(cfg: GemmConfig, m: int, n: int) -> int:
     return math.ceil(km / cfg.tile_m) * math.ceil(kn / cfg.tile_n) * cfg.split_k
 
 
-def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The one-wave 128-row swap_ab config for a 16-bit or fp8 M x N x K problem (notes
-    above: MID_M_FILL_*) to replace a one-wave pick `current` that fills too few SMs, or None."""
+def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS,
+                      step: int = 8) -> GemmConfig | None:
+    """The one-wave 128-row swap_ab config for a 16-bit, fp8 or int8 M x N x K problem (notes
+    above: MID_M_FILL_*) to replace a one-wave pick `current` that fills too few SMs, or None.
+    step: the token-width step, 16 for int8 (`narrow_step`)."""
     if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or n < MID_M_FILL_MIN_N or current.split_k > 1
-            or config_waves(current, m, n, num_sms) != 1 or _ctas(current, m, n) > MID_M_FILL_MAX_FILL * num_sms):
+            or config_waves(current, m, n, num_sms) != 1 or _ctas(current, m, n) > MID_M_FILL_MAX_FILL * num_sms
+            or (step == _NARROW_STEP_INT and current.swap_ab and current.tile_m == 64)):
         return None
     wt = math.ceil(n / 128)
     for t in range(num_sms // wt, 0, -1):
-        w = _covering_width(m, t)
+        w = math.ceil(math.ceil(m / t) / step) * step
         tiles = math.ceil(m / w)  # the rounding up of w may need fewer
         cm, cn = (1, 2) if tiles % 2 == 0 else (4, 1) if wt % 4 == 0 else (2, 1)
         cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
@@ -676,7 +700,10 @@ def _narrow_swap_config(m: int, n: int, k: int, num_sms: int, step: int) -> Gemm
             return GemmConfig(64, math.ceil(m / 16) * 16, 1, 1, split_k=split, swap_ab=True)
         # Unsplit: the most token tiles one wave holds, unclustered.
         w = math.ceil(m / max(num_sms // wt, 1) / 16) * 16
-        return GemmConfig(64, w, 1, 1, swap_ab=True)
+        tail, split = wt * math.ceil(m / w) % num_sms, 1
+        if num_sms < wt < 2 * num_sms and 0 < tail <= _NARROW_TAIL_SPLIT_FILL * num_sms:
+            split = max(min(num_sms // tail, k_tiles // _NARROW_SPLIT_K_TILES, _NARROW_MAX_SPLIT), 1)
+        return GemmConfig(64, w, 1, 1, split_k=split, swap_ab=True)
     return _narrow_multicast_config(m, n, k, wt, num_sms, step)
 
 
@@ -824,6 +851,15 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
 VOCAB_PP_MIN_N = 16384
 VOCAB_PP_MAX_K = 2048
 VOCAB_PP_M = (256, 8192)
+# Below 256 tokens, on weights of 32000+ rows: two ping-pong token tiles of the covering width in
+# a 1 x 2 cluster, each weight tile read once for both. Same run on the H200, 3 rounds
+# (`gemm_probe_wide_tokens_h200.md`), vs cuBLAS: 171x50257x768 0.91x -> 1.01x (128 x 192
+# ping-pong unswapped), 200x50257x1600 0.97x -> 1.03x, 150x128256x2048 0.99x -> 1.04x,
+# 140x50257x1280 0.98x -> 1.04x, 230x50257x1024 0.95x -> 1.02x; cooperative tiles of the same
+# width 0.95x-1.03x, one token tile 0.94x-1.01x. On a 16384-row weight the pick held
+# (240x16384x2048 0.98x vs 0.97x).
+VOCAB_PP_LOW_M = (129, 255)
+VOCAB_PP_LOW_MIN_N = 32000
 _VOCAB_PP_PAIRED_MAX_M = 1150
 _VOCAB_PP_WIDTHS = tuple(range(96, 193, 8))
 
@@ -831,8 +867,12 @@ _VOCAB_PP_WIDTHS = tuple(range(96, 193, 8))
 def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """The ping-pong 128-row swap_ab config for a 16-bit M x N x K problem on a wide weight at
     short K (notes above: VOCAB_PP_*), or None outside that range."""
-    if not (VOCAB_PP_M[0] <= m <= VOCAB_PP_M[1] and n >= VOCAB_PP_MIN_N and NARROW_MIN_K <= k <= VOCAB_PP_MAX_K):
+    if not (VOCAB_PP_LOW_M[0] <= m <= VOCAB_PP_M[1] and n >= VOCAB_PP_MIN_N and NARROW_MIN_K <= k <= VOCAB_PP_MAX_K):
         return None
+    if m < VOCAB_PP_M[0]:
+        if n < VOCAB_PP_LOW_MIN_N:
+            return None
+        return GemmConfig(128, _covering_width(m, 2), 1, 2, pingpong=True, swap_ab=True)
     paired = m <= _VOCAB_PP_PAIRED_MAX_M
     cluster = (1, 2) if paired else (2, 1)
     best = None
@@ -844,6 +884,32 @@ def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) ->
         if best is None or cost <= best[0]:
             best = (cost, cfg)
     return None if best is None else best[1]
+
+
+# Vocabulary-sized weights (32000+ rows) at 65-128 tokens: one 128-row swap_ab token tile of the
+# covering width in 2 x 1 clusters (half the weight tiles of the 64-row narrow config, each reading
+# the weight once; two share the token tile). Same run on the H200, 3 rounds
+# (`gemm_probe_vocab_low_h200.md`), vs cuBLAS, the 64-row pick -> this: 100x128256x2048 0.90x ->
+# 1.04x, 70x128256x2048 1.03x -> 1.10x, 80x128256x4096 1.06x -> 1.10x, 110x152064x3584 0.92x ->
+# 0.98x, 125x32000x4096 0.99x -> 1.06x, 120x50257x768 1.05x -> 1.05x, 65x50257x1280 1.05x ->
+# 1.05x, 90x50257x1600 1.06x -> 1.04x; ping-pong or two 1 x 2 token tiles within 1-2% of it, two
+# paired 64-row token tiles 0.71x-0.88x. fp8 per-row (`scaled_mm`, no bias), same
+# (`gemm_probe_fp8_losers2007_h200.md`): 100x128256x2048 0.89x -> 1.04x, 70x 1.20x -> 1.24x.
+# Held out, every draw it changes (`gemm_probe_vocab_few_held_h200.md`,
+# `gemm_probe_fp8_vocab_few_held_h200.md`): bf16 1.038x geomean over 14, 11 faster
+# (117x128256x2048 0.88x -> 1.03x, 124x152064x3584 0.93x -> 1.04x), the slowest 92x37888x3584
+# 1.06x -> 1.02x; fp8 1.095x over 10, 9 faster (113x128256x4096 0.82x -> 0.99x, over 128 x 192
+# ping-pong at K <= 1600 1.06x-1.17x), the slowest 0.995x.
+VOCAB_FEW_M = (65, 128)
+VOCAB_FEW_MIN_N = 32000
+
+
+def vocab_few_tokens_config(m: int, n: int, k: int) -> GemmConfig | None:
+    """The one-token-tile 128-row swap_ab config for a 16-bit or fp8 M x N x K problem on a
+    vocabulary-sized weight (notes above: VOCAB_FEW_*), or None outside that range."""
+    if not (VOCAB_FEW_M[0] <= m <= VOCAB_FEW_M[1] and n >= VOCAB_FEW_MIN_N and k >= NARROW_MIN_K):
+        return None
+    return GemmConfig(128, _covering_width(m, 1), 2, 1, swap_ab=True)
 
 
 # Wide weights (N >= 16384: lm_heads, Llama 70B's and Qwen's gate_up) at long K (>= 3584) from
@@ -860,21 +926,37 @@ def vocab_pingpong_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS) ->
 # whose pick it changes (`gemm_probe_wide_long_k_swap_rule_h100.md`): 1.074x, 22 faster
 # (337x152064x3584 0.79x -> 1.06x cuBLAS), the slowest 0.918x (631x28672x4096 over 128 x 160
 # ping-pong in 1 x 2).
+# It replaces swap_ab picks too (`swap_config` takes most of these shapes first) that run more
+# token tiles where its own tiles are ping-pong (<= 192 wide), or as many tiles padding more
+# tokens: same run on the H200, 3 rounds (`gemm_probe_wide_tokens_h200.md`), vs cuBLAS,
+# 335x152064x3584 128 x 112 in three tiles 0.96x -> 1.07x, 335x128256x8192 0.92x -> 1.02x,
+# 290x55296x5120 128 x 160 (320 tokens) 0.92x -> 1.01x, 420x57344x8192 128 x 224 0.98x -> 1.00x.
+# Held out (`gemm_probe_held_tail_wide_h200.md`): over more token tiles 7 of 7 faster,
+# 1.03x-1.11x (335x32000x4096 0.87x -> 0.97x); at as many tiles, 7 changed, 0.99x-1.08x
+# (641x32000x4096 0.94x -> 1.01x); two cooperative 216-wide tiles over three 144-wide ones
+# lost (418x128256x4096 0.98x, 424x37888x3584 0.93x), so those keep the pick.
 WIDE_LONG_K_SWAP_M = (288, 704)
 WIDE_LONG_K_SWAP_MIN_N = 16384
 WIDE_LONG_K_SWAP_MIN_K = 3584
+_WIDE_PP_MAX_W = 192  # a ping-pong warpgroup's whole-tile accumulator
 
 
 def wide_long_k_swap_config(m: int, n: int, k: int, current: GemmConfig) -> GemmConfig | None:
     """The swap_ab config for a 16-bit M x N x K problem on a wide weight at long K (notes above:
-    WIDE_LONG_K_SWAP_*) to replace the unswapped pick `current`, or None."""
+    WIDE_LONG_K_SWAP_*) to replace the pick `current`: an unswapped one, or a swap_ab one over
+    more token tiles or more padded tokens. Else None."""
     if not (WIDE_LONG_K_SWAP_M[0] <= m <= WIDE_LONG_K_SWAP_M[1] and n >= WIDE_LONG_K_SWAP_MIN_N
-            and k >= WIDE_LONG_K_SWAP_MIN_K) or current.swap_ab:
+            and k >= WIDE_LONG_K_SWAP_MIN_K):
         return None
     token_tiles = math.ceil(m / 256)
     width = _covering_width(m, token_tiles)
+    if current.swap_ab:
+        tiles = math.ceil(m / current.tile_n)
+        if (width > _WIDE_PP_MAX_W and tiles != token_tiles) or (
+                tiles <= token_tiles and tiles * current.tile_n <= token_tiles * width):
+            return None
     cluster = (1, 2) if token_tiles % 2 == 0 else (2, 1)
-    return GemmConfig(128, width, *cluster, pingpong=width <= 192, swap_ab=True)
+    return GemmConfig(128, width, *cluster, pingpong=width <= _WIDE_PP_MAX_W, swap_ab=True)
 
 
 # Weights of 2048-8192 rows whose 128-row tiles come in fours at short K: one full wave of
@@ -1040,6 +1122,17 @@ def one_wave_swaps(m: int, n: int, widths, cluster: tuple[int, int] = (2, 1), *,
     return [c for c in configs if config_waves(c, m, n, num_sms) == 1]
 
 
+# int8 on a wide weight (GPT-2's lm_heads) at up to 32 tokens takes the 64-row swap_ab tiles at
+# any K from 768, though costed as 16-bit it is half that: same run on the H200, 3 rounds
+# (`gemm_probe_int8_lmhead_h200.md`), vs `_int_mm`, the unswapped 64 x 64 ping-pong pick ->
+# 64 x 16 at 9 / 13 tokens x 50257 x 768 0.83x / 0.84x -> 1.16x, 13x32000x768 0.86x -> 1.12x,
+# 64 x 32 at 30 tokens 0.93x -> 1.09x. Held out (`gemm_probe_int8_held_h200.md`): 2-28 tokens
+# 0.82x-0.91x -> 1.09x-1.16x (4 shapes); above, mixed: 47 / 57 tokens 1.00x / 0.98x the pick,
+# 88-126 tokens (over 128 x 192 ping-pong) 0.97x-1.06x.
+NARROW_INT8_WIDE_N = 16384
+NARROW_INT8_WIDE_MAX_M = 32
+
+
 def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2,
                 out_bytes: int = 2, integer: bool = False) -> GemmConfig | None:
     """The swap_ab config for an M x N x K problem, or None where swapping is not expected to pay.
@@ -1055,11 +1148,14 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     their count is even, else two weight tiles (2 x 1): with an odd count 1 x 2 pads a whole
     column of tiles (273 rows in three 96-wide tiles: 0.0523 ms in 1 x 2, 0.0349 in 2 x 1).
     8-bit inputs (in_bytes = 1) are costed at the K of 16-bit ones with as many bytes: their
-    k-tiles are 128 deep and run as fast. integer: int8 inputs (`narrow_swap_config`)."""
+    k-tiles are 128 deep and run as fast, except that int8 on a wide weight at up to 32 tokens
+    takes the narrow config from a K of 768 of its own (NARROW_INT8_WIDE_*). integer: int8
+    inputs (`narrow_swap_config`)."""
     if m < 1:
         return None
-    k = k * in_bytes // 2
-    if n >= NARROW_MIN_N and k >= NARROW_MIN_K:
+    k16, k = k, k * in_bytes // 2
+    if n >= NARROW_MIN_N and (k >= NARROW_MIN_K or (integer and m <= NARROW_INT8_WIDE_MAX_M
+                                                     and n >= NARROW_INT8_WIDE_N and k16 >= NARROW_MIN_K)):
         narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes, out_bytes=out_bytes,
                                     integer=integer)
         if narrow is not None:
