@@ -1244,6 +1244,23 @@ def test_int8_mid_m_fill_and_lm_head_picks():
     assert not pick(57, 50257, 1024).swap_ab  # above 32 tokens the unswapped pick stays
 
 
+def test_qkv_192_row_picks():
+    """On a weight whose rows divide by 192 at long K, 385-768 tokens run one wave of 192-row
+    swap_ab tiles in 1 x 2 clusters (four token tiles of at most 192) where the 256-row 4 x 1
+    tiles ran before; above 768 tokens the 256-row tiles stay."""
+    from cute_kernels.matmul import api
+
+    api.clear_dispatch_caches()
+    for m, w in ((385, 104), (610, 160), (705, 184), (768, 192)):
+        cfg = api._pick_config(m, 6144, 4096, 2, True, None, True, 2)
+        assert cfg == GemmConfig(192, w, 1, 2, swap_ab=True), (m, cfg)
+        cfg.validate()
+    cfg = api._pick_config(833, 6144, 4096, 2, True, None, True, 2)
+    assert (cfg.tile_m, cfg.cluster_mn) == (256, (4, 1))
+    cfg = api._pick_config(435, 10240, 8192, 2, True, None, True, 2)  # 10240 rows: not 192-divisible
+    assert cfg.tile_m != 192
+
+
 def test_vocab_few_tokens_picks():
     """65-128 tokens on a 32000+ row weight: one 128-row swap_ab token tile of the covering width in
     2 x 1 clusters, for 16-bit inputs and fp8 (swappable); not below 65 tokens or narrower weights."""

@@ -180,7 +180,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
     a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
     clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
-    long K over whichever of these won (heuristics.long_k_c41_config). Last, for 16-bit and fp8
+    long K over whichever of these won (heuristics.long_k_c41_config; 192-row 1 x 2 tiles on
+    weights whose rows divide by 192). Last, for 16-bit and fp8
     inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
     clusters, and for fp8, where a 128 x 256 cooperative pick at K <= 8192 also turns 128 x 192
     ping-pong; heuristics.large_m_pp192_config); for 16-bit inputs from 400 tokens at

@@ -56,7 +56,8 @@ class GemmConfig:
     mod 16). It costs tile_m x tile_n x 2 bytes of shared memory, often one A/B stage.
     None (default): `whole_tile_epilogue` decides; True / False force it.
     tile_m = 192 (16-bit, cooperative, unsplit, tile_n <= 192) runs three consumer warpgroups
-    of 64 rows; the heuristic never picks it (docs/gemm.md, "192-row tiles").
+    of 64 rows; the heuristic picks it only as swap_ab weight tiles on weights whose rows
+    divide by 192 (docs/gemm.md, "192-row tiles").
     """
 
     tile_m: int = 128

@@ -1026,16 +1026,28 @@ def _covering_width(m: int, tiles: int) -> int:
 # faster; 256 x 64 tiles at 286 / 299 x 6144 x 4096 0.68x / 0.80x, 1432 / 1749 x 2048 x 8192
 # 0.955x / 0.874x. Inside all the bounds, that draw's 22 shapes: 1.077x, 18 faster
 # (274x5120x27648 0.76x -> 0.99x cuBLAS, 637x3584x3584 0.82x -> 0.98x), the slowest 0.968x.
+# Where the weight's rows divide by 192 (Llama 3 8B's and Mistral 7B's 6144-row qkv), the 256-row
+# tiles give way to one wave of 192-row swap_ab tiles (three consumer warpgroups) over an even
+# token-tile count, at most 192 wide, in 1 x 2 clusters: 32 weight tiles x 4 token tiles fill 128
+# SMs where 256-row tiles in fours fill 120, and each weight tile is read once per cluster pair.
+# Same run on the H200, 3 rounds (`gemm_probe_qkv6144_h200.md`), vs cuBLAS, 8 shapes of 385-705 x
+# 6144 x 4096: 1.08x the 256-row picks geomean, 7 faster (385 tokens 0.83x -> 0.99x, 417 0.83x ->
+# 0.96x, 610 0.95x -> 1.00x), 641 tokens 0.987x -> 0.985x (2 x 1 there 1.10x); 2 x 1 clusters
+# elsewhere 0.87x-1.06x, three 192-row token tiles 0.80x-0.89x. Above 768 tokens four 192-wide
+# tiles cannot hold the tokens and the 256-row tiles stay. Fitted on those 8 shapes of the one
+# weight; not yet timed on a held-out draw, nor on the H100.
 C41_LONG_MIN_K = 3584
 C41_LONG_M = (256, 1400)
 _C41_LONG_MIN_CLUSTERS = 27
 _C41_LONG_256_MIN_N = 6144
 _C41_LONG_256_MIN_W = 80
+_C41_LONG_192_MAX_W = 192  # a three-warpgroup tile's width
 
 
 def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """The one-wave 4 x 1 swap_ab config for a 16-bit M x N x K problem at long K (notes above:
-    C41_LONG_*) to replace a pick `current` of 128+ rows, or None."""
+    C41_LONG_*; on weights whose rows divide by 192, the 192-row 1 x 2 form) to replace a pick
+    `current` of 128+ rows, or None."""
     if (k < C41_LONG_MIN_K or not C41_LONG_M[0] <= m <= C41_LONG_M[1] or current.tile_m < 128
             or num_sms != H100_SMS):
         return None
@@ -1044,7 +1056,15 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
         if t is None or (tile_m == 256 and n < _C41_LONG_256_MIN_N):
             continue
         w = _covering_width(m, t)
-        return GemmConfig(tile_m, w, 4, 1, swap_ab=True) if min_w <= w <= max_w else None
+        if not min_w <= w <= max_w:
+            return None
+        if tile_m == 256 and n % 192 == 0:
+            t192 = min(num_sms // (n // 192), 4)
+            t192 -= t192 % 2
+            w192 = _covering_width(m, t192) if t192 else 0
+            if 0 < w192 <= _C41_LONG_192_MAX_W:
+                return GemmConfig(192, w192, 1, 2, swap_ab=True)
+        return GemmConfig(tile_m, w, 4, 1, swap_ab=True)
     return None
 
 
