@@ -270,7 +270,7 @@ def test_the_tuner_stores_the_fastest_candidate_and_skips_tuned_classes(tuning_e
 def test_second_rounds_time_after_every_first_round_with_the_reference_first_again(tuning_env):
     """A problem's second round compiles while the later problems time their first; when it
     is timed, the heuristic's config (the reference output) runs first again, then the first
-    round's fastest beside the new candidates."""
+    round's fastest beside the new candidates, and the reference once more at the end."""
     from cute_kernels.tuning.tune import candidates, heuristic, tune_gemm
 
     ps = [Problem("bf16", "bf16", "kk", "vector", m, 4800, 1600) for m in (2100, 700)]
@@ -283,12 +283,31 @@ def test_second_rounds_time_after_every_first_round_with_the_reference_first_aga
     res = tune_gemm(ps, timer=timer, build=_fake_build([]), log=None, refine=2)
     assert [r.problem for r in res] == ps
     firsts = {p: candidates(p) for p in ps}
-    n1 = sum(len(f) for f in firsts.values())
+    n1 = sum(len(f) + 1 for f in firsts.values())  # each pass ends re-timing the reference
     # Both first rounds come before any second-round config.
     assert set(calls[:n1]) == {(p, c) for p in ps for c in firsts[p]}
     for p in ps:
+        assert [c for q, c in calls[:n1] if q == p][-1] == heuristic(p)
         again = [c for q, c in calls[n1:] if q == p]
-        assert again[0] == heuristic(p) and any(c not in firsts[p] for c in again)
+        assert again[0] == heuristic(p) and again[-1] == heuristic(p) and any(c not in firsts[p] for c in again)
+
+
+def test_the_reference_keeps_its_faster_time(tuning_env):
+    """The heuristic's config is timed again at the end of each pass and keeps its faster
+    time: a candidate that only beat a slow first timing of it is not stored."""
+    from cute_kernels.tuning.tune import heuristic, tune_gemm
+
+    p = Problem("bf16", "bf16", "kk", "plain", 700, 4800, 1600)
+    heur, seen = heuristic(p), []
+
+    def timer(problem, cfg):
+        if cfg == heur:
+            seen.append(cfg)
+            return 1.2 if len(seen) == 1 else 0.9  # cold first, then its real time
+        return 1.0
+
+    (res,) = tune_gemm([p], timer=timer, build=_fake_build([]), log=None, refine=0)
+    assert res.config == heur and res.ms == 0.9
 
 
 def test_builds_asked_for_while_one_runs_go_into_one_batch():
@@ -394,6 +413,32 @@ def test_refinements_split_a_sparse_last_wave():
     assert {c.split_k for c in refinements(full, [cfg])} == {1}
     dense = Problem("bf16", "bf16", "kk", "plain", 128 * 182, 512, 4096)  # the last wave 50 / 66 full
     assert {c.split_k for c in refinements(dense, [cfg])} == {1}
+
+
+def test_refinements_skip_raster_variants_of_the_same_tile_order():
+    """A raster or band variant whose tile order equals its base's (a grid one cluster wide, a
+    band at least as wide as the grid) is not timed; distinct orders are."""
+    from cute_kernels.tuning.tune import cluster_order, refinements
+
+    # 64 x 56 swap_ab in 4 x 2 at 201x1600x6400: 7 x 2 clusters, so bands of 8 and 16 are one band.
+    p = Problem("bf16", "bf16", "kk", "plain", 201, 1600, 6400)
+    cfg = GemmConfig(64, 56, 4, 2, swap_ab=True)
+    assert cluster_order(p, cfg) == cluster_order(p, dataclasses.replace(cfg, group=16))
+    assert cluster_order(p, cfg) != cluster_order(p, dataclasses.replace(cfg, group=4))
+    groups = {(c.raster_m, c.group) for c in refinements(p, [cfg]) if c.split_k == 1 and c.stages == cfg.stages}
+    assert (True, 16) not in groups and (True, 4) in groups and (False, 8) in groups
+    # A band of 1 along M walks N first: the same order as one band along N, so one of them.
+    assert cluster_order(p, dataclasses.replace(cfg, group=1)) == cluster_order(p, dataclasses.replace(cfg, raster_m=False))
+    assert not ((True, 1) in groups and (False, 8) in groups)
+    # Two token tiles in a 1 x 2 cluster: one cluster across, every raster is the same order.
+    p = Problem("bf16", "bf16", "kk", "plain", 335, 152064, 3584)
+    cfg = GemmConfig(128, 168, 1, 2, pingpong=True, swap_ab=True)
+    assert all(c.raster_m and c.group == cfg.group for c in refinements(p, [cfg]))
+    # A 2-D grid of many clusters keeps both rasters and every band.
+    p = Problem("bf16", "bf16", "kk", "plain", 8192, 8192, 4096)
+    cfg = GemmConfig(128, 256, 2, 1)
+    groups = {(c.raster_m, c.group) for c in refinements(p, [cfg]) if c.split_k == 1}
+    assert {(False, 8), (True, 1), (True, 4), (True, 16)} <= groups
 
 
 def test_the_swiglu_class_tunes_only_configs_its_epilogue_runs(tuning_env):
