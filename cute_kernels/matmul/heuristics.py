@@ -1173,9 +1173,9 @@ def swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: in
     inputs (`narrow_swap_config`)."""
     if m < 1:
         return None
-    k16, k = k, k * in_bytes // 2
+    k_own, k = k, k * in_bytes // 2  # k from here: the 16-bit K of as many bytes
     if n >= NARROW_MIN_N and (k >= NARROW_MIN_K or (integer and m <= NARROW_INT8_WIDE_MAX_M
-                                                     and n >= NARROW_INT8_WIDE_N and k16 >= NARROW_MIN_K)):
+                                                     and n >= NARROW_INT8_WIDE_N and k_own >= NARROW_MIN_K)):
         narrow = narrow_swap_config(m, n, k, num_sms=num_sms, in_bytes=in_bytes, out_bytes=out_bytes,
                                     integer=integer)
         if narrow is not None:
