@@ -1261,6 +1261,18 @@ def test_qkv_192_row_picks():
     assert cfg.tile_m != 192
 
 
+def test_192_row_picks_stay_valid():
+    """The one-wave 192-row form is taken only where its width fits a three-warpgroup tile: on
+    192-divisible weights at 257-1399 tokens every 16-bit pick validates (a 192 x 208 pick at
+    806x4416x4096 would not build)."""
+    from cute_kernels.matmul import api
+
+    for n in (4416, 6144, 9216, 12288, 24576):
+        for m in range(257, 1400, 31):
+            api.clear_dispatch_caches()
+            api._pick_config(m, n, 4096, 2, True, None, True, 2).validate()
+
+
 def test_vocab_few_tokens_picks():
     """65-128 tokens on a 32000+ row weight: one 128-row swap_ab token tile of the covering width in
     2 x 1 clusters, for 16-bit inputs and fp8 (swappable); not below 65 tokens or narrower weights."""

@@ -525,12 +525,9 @@ def mid_m_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or k < MID_M_SWAP_MIN_K or n < MID_M_SWAP_MIN_N
             or current.swap_ab or current.split_k > 1 or config_waves(current, m, n, num_sms) != 1):
         return None
-    if n % 192 == 0 and n // 192 <= num_sms // 2:
-        t = min(num_sms // (n // 192), 4)
-        t -= t % 2
-        w = _covering_width(m, t)
-        if w <= 256:
-            return GemmConfig(192, w, 1, 2, swap_ab=True)
+    wave_192 = _one_wave_192_config(m, n, num_sms)
+    if wave_192 is not None:
+        return wave_192
     wt, best = math.ceil(n / 128), None
     for t in range(math.ceil(_MID_M_SWAP_FILL * num_sms / wt), num_sms // wt + 1):
         w = math.ceil(m / t / 16) * 16
@@ -589,7 +586,7 @@ def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
         return None
     wt = math.ceil(n / 128)
     for t in range(num_sms // wt, 0, -1):
-        w = math.ceil(math.ceil(m / t) / step) * step
+        w = _covering_width(m, t, step)
         tiles = math.ceil(m / w)  # the rounding up of w may need fewer
         cm, cn = (1, 2) if tiles % 2 == 0 else (4, 1) if wt % 4 == 0 else (2, 1)
         cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
@@ -1007,9 +1004,25 @@ def _c41_token_tiles(n: int, tile_m: int, min_clusters: int, num_sms: int) -> in
     return t if t >= 1 and fours * t >= min_clusters else None
 
 
-def _covering_width(m: int, tiles: int) -> int:
-    """The narrowest width in steps of 8 (wgmma's N) that covers M tokens in `tiles` tiles."""
-    return math.ceil(math.ceil(m / tiles) / 8) * 8
+def _covering_width(m: int, tiles: int, step: int = 8) -> int:
+    """The narrowest width in steps of `step` (8: wgmma's N; 16 for int8) that covers M tokens
+    in `tiles` tiles."""
+    return math.ceil(math.ceil(m / tiles) / step) * step
+
+
+_TILE_192_MAX_W = 192  # a three-warpgroup tile's width (GemmConfig.validate)
+
+
+def _one_wave_192_config(m: int, n: int, num_sms: int) -> GemmConfig | None:
+    """One wave of 192-row swap_ab weight tiles in 1 x 2 clusters over an even token-tile count
+    (at most 4) of the covering width, where the weight's rows divide by 192 and that width is
+    at most 192; else None (`mid_m_swap_config`, `long_k_c41_config`)."""
+    if n % 192 or n // 192 > num_sms // 2:
+        return None
+    t = min(num_sms // (n // 192), 4)
+    t -= t % 2
+    w = _covering_width(m, t)
+    return GemmConfig(192, w, 1, 2, swap_ab=True) if w <= _TILE_192_MAX_W else None
 
 
 # The same one wave of 4 x 1 clusters at long K (>= 3584) from 256 to 1400 tokens, from 128-row
@@ -1041,7 +1054,6 @@ C41_LONG_M = (256, 1400)
 _C41_LONG_MIN_CLUSTERS = 27
 _C41_LONG_256_MIN_N = 6144
 _C41_LONG_256_MIN_W = 80
-_C41_LONG_192_MAX_W = 192  # a three-warpgroup tile's width
 
 
 def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
@@ -1058,13 +1070,7 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
         w = _covering_width(m, t)
         if not min_w <= w <= max_w:
             return None
-        if tile_m == 256 and n % 192 == 0:
-            t192 = min(num_sms // (n // 192), 4)
-            t192 -= t192 % 2
-            w192 = _covering_width(m, t192) if t192 else 0
-            if 0 < w192 <= _C41_LONG_192_MAX_W:
-                return GemmConfig(192, w192, 1, 2, swap_ab=True)
-        return GemmConfig(tile_m, w, 4, 1, swap_ab=True)
+        return (tile_m == 256 and _one_wave_192_config(m, n, num_sms)) or GemmConfig(tile_m, w, 4, 1, swap_ab=True)
     return None
 
 
