@@ -496,12 +496,16 @@ def decode_mma_config(head_dim: int, ctas: int = 0, heads: int = 0, seqlen_k: in
     packed query heads each over `seqlen_k` keys (ctas 0: split or unknown): 4 warps x 16 keys
     x 3 stages (best at every split GQA point swept: docs/attention.md), at D = 128 with a long
     cache 4 stages where their waves fill the SMs better (notes above; D = 64 not measured)."""
-    deep = False
-    if head_dim == 128 and ctas > num_sms and seqlen_k >= MANY_WAVES_LONG_CACHE:
-        fill = {d: _wave_fill(ctas, num_sms * ctas_per_sm(_decode_mma_config(head_dim, d).smem_bytes(
-            heads or None, cluster=1))) for d in (False, True)}
-        deep = fill[True] > fill[False] + MMA_DEEP_RING_MARGIN
-    return _decode_mma_config(head_dim, deep)
+    long_grid = head_dim == 128 and ctas > num_sms and seqlen_k >= MANY_WAVES_LONG_CACHE
+    return _decode_mma_config(head_dim, long_grid and _deep_ring_fills_better(head_dim, ctas, heads, num_sms))
+
+
+@functools.lru_cache(maxsize=1024)
+def _deep_ring_fills_better(head_dim: int, ctas: int, heads: int, num_sms: int) -> bool:
+    # Memoised: a decode step asks once per layer with the same grid.
+    fill = {d: _wave_fill(ctas, num_sms * ctas_per_sm(_decode_mma_config(head_dim, d).smem_bytes(
+        heads or None, cluster=1))) for d in (False, True)}
+    return fill[True] > fill[False] + MMA_DEEP_RING_MARGIN
 
 
 @functools.lru_cache(maxsize=None)
