@@ -68,6 +68,9 @@ def wide_shapes(head_dims=WIDE_HEAD_DIMS, seqlens=WIDE_SEQLENS, gqa=WIDE_GQA) ->
             raise ValueError(f"a GQA ratio divides {WIDE_HEADS} query heads, got {r}")
     return [(max(1, WIDE_TOKENS // S), WIDE_HEADS, WIDE_HEADS // r, S, D) for D in head_dims for S in seqlens for r in gqa]
 DECODE = [(b, L, hq, hkv, d) for b in (1, 8, 64) for L in (1024, 8192, 32768) for (hq, hkv, d) in ((12, 12, 64), (32, 8, 128))]
+# Llama 3 70B's and Qwen2.5 7B's GQA (8 and 7 query heads a KV head) at small batches: few CTAs,
+# so the key splits and their merge decide.
+DECODE += [(b, L, hq, hkv, 128) for b in (1, 4) for L in (2048, 8192) for (hq, hkv) in ((64, 8), (28, 4))]
 
 
 def _sdpa(backend):

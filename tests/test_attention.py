@@ -526,6 +526,20 @@ def test_decode_mma_configs_fit():
             assert k.smem_bytes() <= 227 * 1024 and k.num_warps * heads * D * 4 <= k.ring_bytes()
 
 
+def test_decode_merge_shape():
+    """The global split merge's thread layout: every 4-column output group is owned, the
+    lanes sharing a group are a power of two within a warp, and each thread keeps at most
+    _MERGE_LOADS partial loads in flight (at least one split each)."""
+    from cute_kernels.attention.decode import _MERGE_LOADS, _merge_shape
+
+    for heads, D, threads in itertools.product((1, 2, 4, 7, 8, 16), (64, 96, 128, 256), (128, 256)):
+        groups = heads * D // 4
+        lanes, per_thread, chunk = _merge_shape(groups, threads)
+        assert lanes in (1, 2, 4, 8, 16, 32) and lanes * groups <= max(threads, groups)
+        assert per_thread * (threads // lanes) >= groups
+        assert chunk >= 1 and (per_thread * chunk <= _MERGE_LOADS or chunk == 1)
+
+
 def test_decode_mma_choice():
     """The tensor-core kernel takes GQA >= 4 when its key blocks still fill the SMs; its
     split count is capped by the partials the last CTA must read back."""

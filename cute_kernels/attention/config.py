@@ -275,13 +275,13 @@ class DecodeConfig:
         return self.threads // (self.threads_per_row * self.kv_pack) * self.unroll
 
     def smem_bytes(self, heads: int | None = None, cluster: int = MAX_CLUSTER_SPLITS, in_bytes: int = _IN_BYTES) -> int:
-        """The cp.async ring, the row groups' (max, sum, O) for the merge, split weights and
-        a cluster merge's landing buffers, for `heads` packed heads (default max_heads)."""
+        """The cp.async ring, the row groups' (max, sum, O) for the merge and a cluster
+        merge's landing buffers, for `heads` packed heads (default max_heads)."""
         h, d = heads or self.max_heads, self.head_dim
         rows = self.threads // (self.threads_per_row * self.kv_pack)
         h = h * self.kv_pack
         ring = 2 * self.stages * self.unroll * self.vec * self.threads * 8 * in_bytes
-        merge = rows * h * (2 + d) * 4 + h * MAX_DECODE_SPLITS * 4 + 16
+        merge = rows * h * (2 + d) * 4 + 16
         partials = cluster * h * (d + 1) * 4 if cluster > 1 else 0
         return ring + merge + partials + 1024  # + alignment slack
 
@@ -341,10 +341,10 @@ class DecodeMmaConfig:
         return self.warps * self.stages * 2 * self.bn * self.head_dim * in_bytes
 
     def smem_bytes(self, heads: int | None = None, cluster: int = MAX_CLUSTER_SPLITS, in_bytes: int = _IN_BYTES) -> int:
-        """Ring + Q tile + per-warp (max, sum) + split weights + a cluster merge's landing
-        buffers + alignment slack, for `heads` packed heads (default max_heads)."""
+        """Ring + Q tile + per-warp (max, sum) + a cluster merge's landing buffers + alignment
+        slack, for `heads` packed heads (default max_heads)."""
         h = heads or self.max_heads
-        merge = self.warps * h * 2 * 4 + h * MAX_DECODE_SPLITS * 4 + cluster * h * (self.head_dim + 1) * 4
+        merge = self.warps * h * 2 * 4 + cluster * h * (self.head_dim + 1) * 4
         return self.ring_bytes(in_bytes) + 16 * self.head_dim * in_bytes + merge + 1024
 
     def validate(self) -> None:

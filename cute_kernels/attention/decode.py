@@ -23,9 +23,10 @@ what matters is bytes in flight per SM. This kernel is the FlashDecoding shape, 
   them. Otherwise each CTA writes its partial to global memory and bumps a per-(batch, head
   group) counter; the CTA that arrives last merges all splits and resets the counter to
   zero, so there is no second launch and the counters are ready for the next call (and for
-  CUDA-graph replay). The global path's fence, counter and read-back cost ~2.5 us, most of
-  a batch-1 launch at short caches; the cluster's barrier far less (B = 1, 1k keys, 12
-  heads: 6.0 -> 4.1 us at 8 splits).
+  CUDA-graph replay). The global path's fence, counter and read-back are dependent round
+  trips, most of a batch-1 launch at short caches, so the last CTA folds the splits in one
+  online pass with a chunk's loads in flight (merge_splits); the cluster's barrier costs
+  far less (B = 1, 1k keys, 12 heads: 6.0 -> 4.1 us at 8 splits).
 
 Rows with no keys give O = 0 and LSE = -inf. A NaN in K or V reaches only the heads whose
 row it is in.
@@ -54,9 +55,22 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .config import MAX_CLUSTER_SPLITS, MAX_DECODE_SPLITS, SM90_SMEM_BYTES, DecodeConfig, DecodeMmaConfig
+from .config import MAX_CLUSTER_SPLITS, SM90_SMEM_BYTES, DecodeConfig, DecodeMmaConfig
 
 _LN_2 = math.log(2.0)
+# Partial loads in flight per thread in the global split merge (merge_splits): 16 bytes each.
+_MERGE_LOADS = 16
+
+
+def _merge_shape(groups: int, threads: int) -> tuple[int, int, int]:
+    """merge_splits' split of `groups` 4-column output groups over `threads` threads: (lanes
+    per group L, the threads the groups leave spare up to a warp, a power of two; groups per
+    thread P; each thread's splits per chunk CH, so that P x CH loads are in flight)."""
+    lanes = 1
+    while lanes < 32 and 2 * lanes * groups <= threads:
+        lanes *= 2
+    per_thread = -(-groups // (threads // lanes))
+    return lanes, per_thread, max(1, _MERGE_LOADS // per_thread // lanes)
 
 
 @dsl_user_op
@@ -173,7 +187,6 @@ class FlashDecodeSm90:
         sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, HO)), byte_alignment=16)
         sO = smem.allocate_tensor(cutlass.Float32, cute.make_layout((R, HO, D), stride=(HO * D, D, 1)),
                                   byte_alignment=16)
-        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, MAX_DECODE_SPLITS)), byte_alignment=16)
         sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
         sPart, sLp = self.cluster_partials(smem)
         # Per (K|V, stage, row u, chunk j) one 16-byte slot per thread, threads adjacent: each
@@ -279,11 +292,11 @@ class FlashDecodeSm90:
                 for i in cutlass.range_constexpr(8):
                     sO[grp, hk + h, self.chunk(col, j) * 8 + i] = acc[h, j * 8 + i]
         cute.arch.sync_threads()
-        self.finish(sM, sL, sO, sPart, sLp, sW, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
+        self.finish(sM, sL, sO, sPart, sLp, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
                     split, tid)
 
     @cute.jit
-    def finish(self, sM, sL, sO, sPart, sLp, sW, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
+    def finish(self, sM, sL, sO, sPart, sLp, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
                split, tid):
         """After the key loop (row groups' states in sM, sL, sO): O and LSE, through the
         split merge of this kernel's kind when there are several splits."""
@@ -298,7 +311,7 @@ class FlashDecodeSm90:
         else:
             self.merge_groups(sM, sL, sO, mO, mLSE, mOpart, mLpart, b, hq0, split, tid)
             if cutlass.const_expr(self.split):
-                self.merge_splits(mO, mLSE, mOpart, mLpart, mSem, sW, sFlag, num_splits, b, hg, hq0, tid)
+                self.merge_splits(mO, mLSE, mOpart, mLpart, mSem, sFlag, num_splits, b, hg, hq0, tid)
 
     @cute.jit
     def cluster_partials(self, smem):
@@ -472,9 +485,17 @@ class FlashDecodeSm90:
                                                          fastmath=True), -cutlass.Float32.inf)
 
     @cute.jit
-    def merge_splits(self, mO, mLSE, mOpart, mLpart, mSem, sW, sFlag, num_splits, b, hg, hq0, tid):
-        """The last CTA of a (batch, head group) folds all splits' partials into O and LSE."""
-        H, D = self.heads, self.head_dim
+    def merge_splits(self, mO, mLSE, mOpart, mLpart, mSem, sFlag, num_splits, b, hg, hq0, tid):
+        """The last CTA of a (batch, head group) folds all splits' partials into O and LSE.
+
+        This tail runs on one CTA after all the others, so its dependent L2 round trips are
+        serial time: after the counter, one round trip per chunk of splits. The output is
+        cut into 4-column groups (16-byte loads); L lanes of a warp share a group, each
+        folding every L-th split online (running max and sum, rescaled per chunk of CH of
+        its splits, all loads of a chunk issued before its math), and the L lanes' states
+        merge with butterfly shuffles at the end. Every thread loads the LSEs of its own
+        splits: no shared memory, no barrier, no separate pass for the split weights."""
+        H = self.heads
         neg_inf = -cutlass.Float32.inf
         # Release this CTA's partials before counting it in; the last arriver acquires all.
         cute.arch.fence_acq_rel_gpu()
@@ -489,55 +510,70 @@ class FlashDecodeSm90:
         cute.arch.sync_threads()
         if sFlag[0] == 1:
             cute.arch.fence_acq_rel_gpu()
-            # Split weights per head: warp w folds heads w, w + warps, ...; lanes over splits.
-            warp = tid // 32
-            lane = tid % 32
-            for h in cutlass.range(warp, H, self.num_threads // 32):
-                mx = neg_inf
-                for sp in cutlass.range(lane, num_splits, 32):
-                    mx = cutlass.max(mx, mLpart[b, hq0 + h, sp])
-                for off in cutlass.range_constexpr(5):
-                    mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << off))
-                ref = cutlass.select_(mx == neg_inf, cutlass.Float32(0.0), mx)
-                tot = cutlass.Float32(0.0)
-                for sp in cutlass.range(lane, num_splits, 32):
-                    w = cute.math.exp2(mLpart[b, hq0 + h, sp] - ref, fastmath=True)
-                    sW[h, sp] = w
-                    tot += w
-                for off in cutlass.range_constexpr(5):
-                    tot = tot + cute.arch.shuffle_sync_bfly(tot, offset=1 << off)
-                has = tot != 0.0  # NaN counts as "has": it must reach the output
-                inv = cutlass.select_(has, 1.0 / cutlass.select_(has, tot, cutlass.Float32(1.0)), cutlass.Float32(0.0))
-                for sp in cutlass.range(lane, num_splits, 32):
-                    sW[h, sp] = sW[h, sp] * inv
-                if lane == 0:
-                    lse2 = cutlass.select_(has, ref + cute.math.log2(cutlass.select_(has, tot, cutlass.Float32(1.0)),
-                                                                       fastmath=True), neg_inf)
-                    mLSE[b, hq0 + h, 0] = lse2 * _LN_2
-            cute.arch.sync_threads()
-            # Four columns per thread (16-byte loads), eight splits' loads in flight at once
-            # (indices clamped, weights zeroed past the end, so no branch splits the batch):
-            # this tail runs on one CTA after all the others, so its L2 round trips are
-            # serial time. (A rolled remainder loop made the 11-split MHA case 1 us slower.)
-            part = cute.make_rmem_tensor(cute.make_layout((8, 4), stride=(4, 1)), cutlass.Float32)
-            o = cute.make_rmem_tensor((4,), cutlass.Float32)
-            ov = cute.make_rmem_tensor((4,), mO.element_type)
-            for idx in cutlass.range(tid, H * D // 4, self.num_threads):
-                h = idx // (D // 4)
-                d4 = idx - h * (D // 4)
-                o.fill(0.0)
-                for sp0 in cutlass.range(0, num_splits, 8):
-                    for j in cutlass.range_constexpr(8):
-                        sp = cutlass.min(sp0 + j, num_splits - 1)
-                        cute.autovec_copy(cute.local_tile(mOpart[b, hq0 + h, sp, None], (4,), (d4,)), part[j, None])
-                    for j in cutlass.range_constexpr(8):
-                        w = cutlass.select_(sp0 + j < num_splits, sW[h, cutlass.min(sp0 + j, num_splits - 1)],
-                                            cutlass.Float32(0.0))
+            # Trace-time sizes, set inside the branch so they stay Python ints.
+            D, T = self.head_dim, self.num_threads
+            groups = H * D // 4
+            L, P, CH = _merge_shape(groups, T)
+            j0 = tid % L
+            part = cute.make_rmem_tensor(cute.make_layout((P, CH, 4), stride=(4 * CH, 4, 1)), cutlass.Float32)
+            lp = cute.make_rmem_tensor(cute.make_layout((P, CH), stride=(CH, 1)), cutlass.Float32)
+            o = cute.make_rmem_tensor(cute.make_layout((P, 4), stride=(4, 1)), cutlass.Float32)
+            run_m = cute.make_rmem_tensor((P,), cutlass.Float32)
+            run_l = cute.make_rmem_tensor((P,), cutlass.Float32)
+            o.fill(0.0)
+            run_m.fill(neg_inf)
+            run_l.fill(0.0)
+            for sp0 in cutlass.range(0, num_splits, L * CH):
+                # Every load of the chunk first (indices clamped, so no branch splits them).
+                for p in cutlass.range_constexpr(P):
+                    g = cutlass.min(tid // L + p * (T // L), groups - 1)
+                    h = g // (D // 4)
+                    d4 = g - h * (D // 4)
+                    for c in cutlass.range_constexpr(CH):
+                        sp = cutlass.min(sp0 + j0 + c * L, num_splits - 1)
+                        cute.autovec_copy(cute.local_tile(mOpart[b, hq0 + h, sp, None], (4,), (d4,)), part[p, c, None])
+                        lp[p, c] = mLpart[b, hq0 + h, sp]
+                for p in cutlass.range_constexpr(P):
+                    for c in cutlass.range_constexpr(CH):
+                        lp[p, c] = cutlass.select_(sp0 + j0 + c * L < num_splits, lp[p, c], neg_inf)
+                    mx = run_m[p]
+                    for c in cutlass.range_constexpr(CH):
+                        mx = cutlass.max(mx, lp[p, c])
+                    # exp2(-inf - 0) = 0 rather than NaN while no split has seen a key.
+                    ref = cutlass.select_(mx == neg_inf, cutlass.Float32(0.0), mx)
+                    scale = cute.math.exp2(run_m[p] - ref, fastmath=True)
+                    run_m[p] = mx
+                    tot = run_l[p] * scale
+                    for i in cutlass.range_constexpr(4):
+                        o[p, i] = o[p, i] * scale
+                    for c in cutlass.range_constexpr(CH):
+                        w = cute.math.exp2(lp[p, c] - ref, fastmath=True)
+                        tot += w
                         for i in cutlass.range_constexpr(4):
-                            o[i] += w * part[j, i]
-                for i in cutlass.range_constexpr(4):
-                    ov[i] = o[i].to(mO.element_type)
-                cute.autovec_copy(ov, cute.local_tile(mO[b, 0, hq0 + h, None], (4,), (d4,)))
+                            o[p, i] += w * part[p, c, i]
+                    run_l[p] = tot
+            ov = cute.make_rmem_tensor((4,), mO.element_type)
+            for p in cutlass.range_constexpr(P):
+                for k in cutlass.range_constexpr(L.bit_length() - 1):
+                    om = cute.arch.shuffle_sync_bfly(run_m[p], offset=1 << k)
+                    mx = cutlass.max(run_m[p], om)
+                    ref = cutlass.select_(mx == neg_inf, cutlass.Float32(0.0), mx)
+                    mine = cute.math.exp2(run_m[p] - ref, fastmath=True)
+                    theirs = cute.math.exp2(om - ref, fastmath=True)
+                    run_l[p] = run_l[p] * mine + cute.arch.shuffle_sync_bfly(run_l[p], offset=1 << k) * theirs
+                    for i in cutlass.range_constexpr(4):
+                        o[p, i] = o[p, i] * mine + cute.arch.shuffle_sync_bfly(o[p, i], offset=1 << k) * theirs
+                    run_m[p] = mx
+                g = tid // L + p * (T // L)
+                if g < groups and j0 == 0:
+                    h = g // (D // 4)
+                    d4 = g - h * (D // 4)
+                    for i in cutlass.range_constexpr(4):
+                        ov[i] = self.folded_o(o[p, i], run_l[p]).to(mO.element_type)
+                    cute.autovec_copy(ov, cute.local_tile(mO[b, 0, hq0 + h, None], (4,), (d4,)))
+                    if d4 == 0:
+                        top = cutlass.select_(run_m[p] == neg_inf, cutlass.Float32(0.0), run_m[p])
+                        mLSE[b, hq0 + h, 0] = self.folded_lse2(top, run_l[p]) * _LN_2
 
 
 class FlashDecodeMmaSm90(FlashDecodeSm90):
@@ -627,7 +663,6 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
         # The warps' partial O reuses the ring once the key loop is done (see the barrier below).
         sO = cute.make_tensor(cute.recast_ptr(ring.iterator, dtype=cutlass.Float32),
                               cute.make_layout((W, H, D), stride=(H * D, D, 1)))
-        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((H, MAX_DECODE_SPLITS)), byte_alignment=16)
         sFlag = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
         sPart, sLp = self.cluster_partials(smem)
 
@@ -779,7 +814,7 @@ class FlashDecodeMmaSm90(FlashDecodeSm90):
                 if r < H:
                     sO[wid, r, c] = acc_o[4 * j + i]
         cute.arch.sync_threads()
-        self.finish(sM, sL, sO, sPart, sLp, sW, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
+        self.finish(sM, sL, sO, sPart, sLp, sFlag, mO, mLSE, mOpart, mLpart, mSem, num_splits, b, hg, hq0,
                     split, tid)
 
     @cute.jit
