@@ -1244,6 +1244,23 @@ def test_int8_mid_m_fill_and_lm_head_picks():
     assert not pick(57, 50257, 1024).swap_ab  # above 32 tokens the unswapped pick stays
 
 
+def test_fp8_swap_picks():
+    """fp8 per-row without a bias: a one-wave unswapped 128 x 128 1 x 2 ping-pong pick at
+    257-1023 tokens gives way to as many 128-row swap_ab token tiles, and at long K the one wave
+    of 4 x 1 clusters runs in its 128-row form only; unswapped 128 x 96 picks stay."""
+    from cute_kernels.matmul import api
+
+    api.clear_dispatch_caches()
+    pick = lambda m, n, k: api._pick_config(m, n, k, 1, False, None, True, 2)  # noqa: E731
+    assert pick(340, 4608, 3584) == GemmConfig(128, 120, 4, 1, swap_ab=True)
+    assert pick(282, 4800, 1600) == GemmConfig(128, 96, 2, 1, swap_ab=True)
+    assert pick(616, 3072, 1024) == GemmConfig(128, 128, 4, 1, swap_ab=True)
+    assert pick(1309, 1024, 4096) == GemmConfig(128, 88, 4, 1, swap_ab=True)
+    assert not pick(486, 3072, 2048).swap_ab  # a 128 x 96 cooperative pick
+    assert pick(337, 10240, 8192).tile_m == 128  # no 256-row 4 x 1 form for fp8
+    assert not api._pick_config(340, 4608, 3584, 1, False, None, False, 2).swap_ab  # a bias: no swap_ab
+
+
 def test_qkv_192_row_picks():
     """On a weight whose rows divide by 192 at long K, 385-768 tokens run one wave of 192-row
     swap_ab tiles in 1 x 2 clusters (four token tiles of at most 192) where the 256-row 4 x 1

@@ -19,6 +19,7 @@ from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supp
 from .heuristics import (
     default_config,
     equal_pad_narrow_config,
+    fp8_equal_fill_swap_config,
     large_m_pp192_config,
     long_k_c41_config,
     long_k_wave_swap_config,
@@ -193,8 +194,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
     (heuristics.mid_m_swap_config), and at any K a one-wave pick filling at most 0.8 of the
     SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
-    (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks). integer: int8 inputs
-    (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
+    (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks). fp8 also takes the long-K
+    one wave of 4 x 1 clusters in its 128-row form and, over a one-wave unswapped 128 x 128 1 x 2
+    ping-pong pick, as many 128-row swap_ab token tiles (heuristics.fp8_equal_fill_swap_config).
+    integer: int8 inputs (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
     swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)
@@ -234,7 +237,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         if not swappable:
             return pick
         return (vocab_few_tokens_config(M, N, K) or long_k_wave_swap_config(M, N, K, pick, in_bytes=1)
-                or mid_m_fill_config(M, N, K, pick) or pick)
+                or mid_m_fill_config(M, N, K, pick) or long_k_c41_config(M, N, K, pick, in_bytes=1)
+                or fp8_equal_fill_swap_config(M, N, K, pick) or pick)
     if integer and swappable:
         return mid_m_fill_config(M, N, K, pick, step=narrow_step(True)) or pick
     return pick

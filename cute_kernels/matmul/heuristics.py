@@ -1047,8 +1047,10 @@ def _one_wave_192_config(m: int, n: int, num_sms: int) -> GemmConfig | None:
 # 6144 x 4096: 1.08x the 256-row picks geomean, 7 faster (385 tokens 0.83x -> 0.99x, 417 0.83x ->
 # 0.96x, 610 0.95x -> 1.00x), 641 tokens 0.987x -> 0.985x (2 x 1 there 1.10x); 2 x 1 clusters
 # elsewhere 0.87x-1.06x, three 192-row token tiles 0.80x-0.89x. Above 768 tokens four 192-wide
-# tiles cannot hold the tokens and the 256-row tiles stay. Fitted on those 8 shapes of the one
-# weight; not yet timed on a held-out draw, nor on the H100.
+# tiles cannot hold the tokens and the 256-row tiles stay. Held out, 14 draws of 397-700 tokens
+# (`gemm_probe_held_qkv6144_h200.md`, H200, same run, 3 rounds): 14 of 14 faster, 1.05x-1.18x;
+# 0.937x -> 1.020x cuBLAS geomean, min 0.849x -> 0.968x (397 tokens 0.85x -> 0.99x, 700 0.90x
+# -> 1.00x). Not yet timed on the H100.
 C41_LONG_MIN_K = 3584
 C41_LONG_M = (256, 1400)
 _C41_LONG_MIN_CLUSTERS = 27
@@ -1056,14 +1058,17 @@ _C41_LONG_256_MIN_N = 6144
 _C41_LONG_256_MIN_W = 80
 
 
-def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
-    """The one-wave 4 x 1 swap_ab config for a 16-bit M x N x K problem at long K (notes above:
-    C41_LONG_*; on weights whose rows divide by 192, the 192-row 1 x 2 form) to replace a pick
-    `current` of 128+ rows, or None."""
+def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS,
+                      in_bytes: int = 2) -> GemmConfig | None:
+    """The one-wave 4 x 1 swap_ab config for a 16-bit or fp8 M x N x K problem at long K (notes
+    above: C41_LONG_*; for 16-bit inputs on weights whose rows divide by 192, the 192-row 1 x 2
+    form) to replace a pick `current` of 128+ rows, or None. fp8 (in_bytes 1) takes the 128-row
+    form only (FP8_C41_*)."""
     if (k < C41_LONG_MIN_K or not C41_LONG_M[0] <= m <= C41_LONG_M[1] or current.tile_m < 128
             or num_sms != H100_SMS):
         return None
-    for tile_m, min_w, max_w in ((128, 64, 256), (256, _C41_LONG_256_MIN_W, 192)):
+    forms = ((128, 64, 256), (256, _C41_LONG_256_MIN_W, 192)) if in_bytes == 2 else ((128, 64, 256),)
+    for tile_m, min_w, max_w in forms:
         t = _c41_token_tiles(n, tile_m, _C41_LONG_MIN_CLUSTERS, num_sms)
         if t is None or (tile_m == 256 and n < _C41_LONG_256_MIN_N):
             continue
@@ -1072,6 +1077,40 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
             return None
         return (tile_m == 256 and _one_wave_192_config(m, n, num_sms)) or GemmConfig(tile_m, w, 4, 1, swap_ab=True)
     return None
+
+
+# fp8 (per-row `scaled_mm`, swap_ab where no bias rules it out) takes two of the 16-bit swap_ab
+# rules. The long-K one wave of 4 x 1 clusters (`long_k_c41_config`) in its 128-row form only:
+# same run, H200, 3 rounds, vs `_scaled_mm` (`gemm_probe_fp8_c41_wide_h200.md`), on the 9
+# shapes it changes 1.17x the picks geomean, 8 faster (1309x1024x4096 0.85x -> 1.30x,
+# 853x1024x4096 1.18x -> 1.55x, 334x4608x3584 0.87x -> 1.09x, 386x5120x27648 1.49x -> 1.73x),
+# 712x4608x3584 0.99x; its 256-row form lost (337x10240x8192 0.93x, 434x10240x8192 0.98x), as did the short-K
+# 4 x 1 rule over 128 x 128 2 x 2 picks (1178x3072x1024 0.90x). And where one wave of
+# unswapped 128 x 128 ping-pong tiles (the 1 x 2 raster-N pick) covers 257-1023 tokens on a
+# weight of 3072+ rows, the same number of 128-row swap_ab token tiles, as wide as the tokens
+# need, in the mid-M fill rule's clusters (`fp8_equal_fill_swap_config`): the same CTAs, less
+# padding, the token tile multicast. Same run (`gemm_probe_fp8_eqfill_h200.md`): over those
+# picks 10 of 10 faster, 1.01x-1.25x (340x4608x3584 0.87x -> 1.06x, 341x5120x27648 0.83x ->
+# 1.02x, 282x4800x1600 0.90x -> 1.11x); over unswapped 128 x 96 cooperative picks it lost
+# (486x3072x2048 0.85x, 426x3072x1024 0.88x), over 2 x 1 ping-pong ones 1.02x-1.03x (not taken).
+FP8_EQUAL_FILL_MIN_N = 3072
+
+
+def fp8_equal_fill_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
+                               num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The 128-row swap_ab config over ceil(M / 128) token tiles for an fp8 problem whose pick
+    `current` is one wave of unswapped 128 x 128 ping-pong tiles in 1 x 2 clusters (notes
+    above: FP8_EQUAL_FILL_*), or None."""
+    if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or n < FP8_EQUAL_FILL_MIN_N or current.swap_ab
+            or not current.pingpong or (current.tile_m, current.tile_n) != (128, 128)
+            or (current.cluster_m, current.cluster_n) != (1, 2) or current.split_k > 1
+            or config_waves(current, m, n, num_sms) != 1):
+        return None
+    t = math.ceil(m / 128)
+    w = _covering_width(m, t)
+    cm, cn = (1, 2) if t % 2 == 0 else (4, 1) if math.ceil(n / 128) % 4 == 0 else (2, 1)
+    cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
+    return cfg if config_waves(cfg, m, n, num_sms) == 1 else None
 
 
 # From 400 tokens at long K (>= 3584), the swap_ab tile whose grid pads the least work: 256-row
