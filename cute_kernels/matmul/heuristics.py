@@ -1093,6 +1093,8 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # picks 10 of 10 faster, 1.01x-1.25x (340x4608x3584 0.87x -> 1.06x, 341x5120x27648 0.83x ->
 # 1.02x, 282x4800x1600 0.90x -> 1.11x); over unswapped 128 x 96 cooperative picks it lost
 # (486x3072x2048 0.85x, 426x3072x1024 0.88x), over 2 x 1 ping-pong ones 1.02x-1.03x (not taken).
+# Both rules held out, 22 draws of seed 45 at 200-1500 tokens (`gemm_probe_fp8_swap_held_h200.md`):
+# 22 of 22 faster, 1.007x-1.36x (262x5120x1280 0.87x -> 1.18x, 961x1024x4096 1.27x -> 1.47x).
 FP8_EQUAL_FILL_MIN_N = 3072
 
 
