@@ -178,7 +178,8 @@ def decode_splits_heuristic(batch: int, q_heads: int, heads_per_cta: int, seqlen
     """Key splits for decode.py.
 
     Merged through global memory (partials out, a fence, the counter, the last CTA reading
-    them back: ~2.5 us of dependent round trips): at most one wave of CTAs (in an H100 sweep
+    them back in one pass: dependent L2 round trips, a few microseconds of a batch-1
+    launch): at most one wave of CTAs (in an H100 sweep
     over batch 1-64 x 8k-32k keys the best split counts filled the SMs once: 12 CTAs -> 8-11
     splits, 64 -> 2, 96 -> 1), no split shorter than one key block, and none with less work
     than MIN_SPLIT_WORK (bytes of K and V to read times the query heads sharing them). A CTA
