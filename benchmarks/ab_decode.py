@@ -13,6 +13,8 @@ the point's config class lacks, that is the pick itself or that fails `validate`
 of that point. `splits=N` in a variant splits the keys N ways (merged as `flash_attn` merges
 them: in a cluster where `decode_merges_in_cluster` allows, else through global memory;
 `merge=global` always through global memory); variants without it split as the pick does.
+`kernel=simt` / `kernel=mma` runs the other kernel where dispatch picks one (`decode_uses_mma`),
+from that kernel's own pick and split count, with the variant's other fields on top.
 cuDNN's SDPA runs for reference. Points: `--batches` x `--seqlens` x `--heads` x `--gqa` (query heads per KV head; 1:
 MHA) x `--head-dims`. Timing as the decode suite's (benchmarks.attention): CUDA graphs,
 `--reps` repetitions, every other one in reverse order, median kept; each variant's output is
@@ -44,12 +46,12 @@ def parse_set(spec: str, config_cls=None) -> tuple[dict, int | None, bool]:
     """'threads=128,kv_pack=1,splits=2,merge=global' -> ({'threads': 128, 'kv_pack': 1}, 2, False):
     config fields (values are Python literals), the launch's key splits (`splits`; None: the
     pick's) and whether splits may merge in a cluster (`merge=global` merges them through
-    global memory). The fields must be config_cls's, or by default DecodeConfig's or
-    DecodeMmaConfig's."""
+    global memory); `kernel` is checked here and read by parse_kernel. The fields must be
+    config_cls's, or by default DecodeConfig's or DecodeMmaConfig's."""
     from cute_kernels.attention.config import DecodeConfig, DecodeMmaConfig
 
     items = [p.partition("=") for p in spec.split(",")]
-    launch = {"splits", "merge"}
+    launch = {"splits", "merge", "kernel"}
     parts = [f"{k}={v}" if sep else k for k, sep, v in items if k.strip() not in launch]
     splits = [v.strip() for k, _, v in items if k.strip() == "splits"]
     merge = [v.strip() for k, _, v in items if k.strip() == "merge"]
@@ -57,6 +59,9 @@ def parse_set(spec: str, config_cls=None) -> tuple[dict, int | None, bool]:
         raise ValueError(f"--set {spec!r}: splits takes one integer in 1..{MAX_DECODE_SPLITS}")
     if len(merge) > 1 or (merge and merge[0] not in ("global", "cluster")):
         raise ValueError(f"--set {spec!r}: merge takes one of global, cluster")
+    kernels = [v.strip() for k, _, v in items if k.strip() == "kernel"]
+    if len(kernels) > 1 or (kernels and kernels[0] not in ("simt", "mma")):
+        raise ValueError(f"--set {spec!r}: kernel takes one of simt, mma")
     n = int(splits[0]) if splits else None
     cluster = not merge or merge[0] == "cluster"
     if not parts:
@@ -72,6 +77,27 @@ def parse_set(spec: str, config_cls=None) -> tuple[dict, int | None, bool]:
             raise e from None
 
 
+def parse_kernel(spec: str) -> str | None:
+    """The decode kernel a --set spec asks for (`kernel=simt` or `kernel=mma`), None for the
+    dispatch's choice (parse_set checks the value)."""
+    found = [v.strip() for k, _, v in (p.partition("=") for p in spec.split(",")) if k.strip() == "kernel"]
+    return found[0] if found else None
+
+
+def _point_pick(B: int, L: int, H: int, G: int, D: int, mma: bool):
+    """(config, heads per CTA, key splits) dispatch would run at this point with the SIMT
+    (mma False) or the tensor-core kernel."""
+    from cute_kernels.attention import api
+    from cute_kernels.attention.config import decode_config, decode_mma_config
+
+    heads = api._heads_per_cta(G, api._decode_cfg(D, mma))
+    splits = api.decode_splits_heuristic(B, H, heads, L, D, mma=mma)
+    ctas = B * (H // heads)
+    pick = (decode_mma_config(D, 0 if splits > 1 else ctas, heads, L) if mma
+            else decode_config(D, ctas, L, mha=G == 1 and splits == 1))
+    return pick, heads, splits
+
+
 def _fits(spec: str, config_cls) -> dict | None:
     """The spec's fields for config_cls, None where it names a field config_cls lacks."""
     try:
@@ -85,7 +111,7 @@ def run(sets: list[str], points, reps: int):
 
     from benchmarks.attention import _sdpa
     from cute_kernels.attention import api
-    from cute_kernels.attention.config import decode_config, decode_mma_config
+    from cute_kernels.attention.config import DecodeMmaConfig
     from cute_kernels.attention.reference import flash_attn_ref
 
     cudnn = _sdpa("cudnn")
@@ -97,23 +123,24 @@ def run(sets: list[str], points, reps: int):
         k, v = (torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = flash_attn_ref(q[:1].float(), k[:1].float(), v[:1].float())
         mma = api.decode_uses_mma(B, H, Hkv, L, D)
-        heads = api._heads_per_cta(G, api._decode_cfg(D, mma))
-        splits = api.decode_splits_heuristic(B, H, heads, L, D, mma=mma)
-        ctas = B * (H // heads)
-        pick = (decode_mma_config(D, 0 if splits > 1 else ctas, heads, L) if mma
-                else decode_config(D, ctas, L, mha=G == 1 and splits == 1))
+        pick, _, splits = _point_pick(B, L, H, G, D, mma)
         fns = {"cudnn": (lambda: cudnn(q, k, v, False), None),
                "cute": (lambda: api._run_decode(q, k, v, None)[0], pick)}
         for spec in sets:
-            fields, (_, n, merge) = _fits(spec, type(pick)), parse_set(spec)
+            kernel = parse_kernel(spec)
+            other = kernel is not None and (kernel == "mma") != mma
+            if other and kernel == "mma" and D not in DecodeMmaConfig.HEAD_DIMS:
+                continue
+            base, _, base_splits = _point_pick(B, L, H, G, D, kernel == "mma") if other else (pick, None, splits)
+            fields, (_, n, merge) = _fits(spec, type(base)), parse_set(spec)
             if fields is None:
                 continue
-            cfg, n = dataclasses.replace(pick, **fields), splits if n is None else n
+            cfg, n = dataclasses.replace(base, **fields), base_splits if n is None else n
             try:
                 cfg.validate()
             except ValueError:
                 continue
-            if cfg != pick or n != splits or not merge:
+            if other or cfg != pick or n != splits or not merge:
                 fns[f"cute {spec}"] = (lambda cfg=cfg, n=n, merge=merge: api._run_decode(
                     q, k, v, None, num_splits=n, config=cfg, cluster_merge=merge)[0], cfg)
         errs = {}
@@ -151,8 +178,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
                    help="one variant: DecodeConfig or DecodeMmaConfig fields set on top of the pick, splits=N "
-                        "to split the keys N ways and merge=global to merge the splits in global memory "
-                        "(repeatable)")
+                        "to split the keys N ways, merge=global to merge the splits in global memory and "
+                        "kernel=simt|mma to run that kernel (its own pick and splits) (repeatable)")
     p.add_argument("--batches", type=int_list, default="16,32,48,64,96,128", help="comma-separated batch sizes")
     p.add_argument("--seqlens", type=int_list, default="1024,8192", help="comma-separated cache lengths")
     p.add_argument("--heads", type=int_list, default="12", help="comma-separated query head counts")

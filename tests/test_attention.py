@@ -438,15 +438,17 @@ def test_ab_decode_specs_and_gpu_check():
     import subprocess
     import sys
 
-    from benchmarks.ab_decode import parse_set
+    from benchmarks.ab_decode import parse_kernel, parse_set
 
     assert parse_set("threads=128,kv_pack=1") == ({"threads": 128, "kv_pack": 1}, None, True)
     assert parse_set("unroll=4,splits=3") == ({"unroll": 4}, 3, True)
     assert parse_set("splits=2") == ({}, 2, True)
     assert parse_set("merge=global") == ({}, None, False)
     assert parse_set("warps=8,stages=2,merge=cluster") == ({"warps": 8, "stages": 2}, None, True)  # tensor-core fields
+    assert parse_set("kernel=mma,splits=8") == ({}, 8, True) and parse_kernel("kernel=mma,splits=8") == "mma"
+    assert parse_kernel("splits=8") is None
     for bad in ("head_dim=64", "n_block=64", "threads", "threads=x", "splits=0", "splits=x", "splits=2,splits=3",
-                "merge=x", "merge=global,merge=cluster"):
+                "merge=x", "merge=global,merge=cluster", "kernel=x", "kernel=mma,kernel=simt"):
         with pytest.raises(ValueError, match="--set"):
             parse_set(bad)
     out = subprocess.run([sys.executable, "-m", "benchmarks.ab_decode", "--batches", "0"],
