@@ -4,6 +4,7 @@
     python -m benchmarks.gemm_probe tuned --shapes 171x50257x768,154x5120x27648 [--keep DIR]
     python -m benchmarks.gemm_probe widths --shapes 1302x768x768,2081x1024x4096 [--widths 64:256:16] [--top 3]
     python -m benchmarks.gemm_probe epilogue --shapes 299x5120x1280,1186x2048x2048 [--top 10]
+    python -m benchmarks.gemm_probe rule --rule fp8_equal_fill_swap_config --dtype fp8 --seed 45 [--dry-run]
 
 `tuned`: a draw of bf16 `linear` shapes, M log-uniform in the --m range and (N, K) a weight of
 the grid's models (cute_kernels.tuning.models) inside --n with K >= --min-k, the draw a pure
@@ -48,6 +49,13 @@ current pick where that was timed. --dtype fp8 times the tuner's fp8 per-row cla
 epilogue carries a bias (so no swap_ab config runs); --scales-only drops the bias, as the grid's
 `scaled_mm` call does, and --rule then compares against the grid's pick. Writes
 gemm_probe_configs_<gpu>.{json,md}.
+
+`rule`: one heuristic rule of `matmul.api` (--rule, e.g. fp8_equal_fill_swap_config) switched
+off and on: a draw (grid-model weights, M log-uniform in --m, --seed) kept where the rule changes
+the grid's pick (--count such draws), both picks timed as `configs` times them in the grid's call
+of --dtype (fp8: per-row scales without a bias). Summary: the pick with the rule against the pick
+without it, and both against cuBLAS. --dry-run prints the draws' picks as a configs spec without
+a GPU. Writes gemm_probe_rule_<gpu>.{json,md} (--name to change "rule").
 
 All times: CUDA graphs over L2-rotated randn inputs (runtime.timing), bf16 unless said, H100-class GPU.
 """
@@ -484,6 +492,82 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
     return rows, summary
 
 
+# Config functions of matmul.api that are not rules on top of a pick: they make it.
+_NOT_RULES = ("default_config", "split_config")
+
+
+def rule_names() -> list[str]:
+    """The heuristic rules dispatch applies (`heuristics` *_config functions `matmul.api` calls
+    by name), each of which `rule_spec` can switch off."""
+    from cute_kernels.matmul import api, heuristics
+
+    return sorted(n for n in dir(api) if n.endswith("_config") and n not in _NOT_RULES
+                  and getattr(heuristics, n, None) is getattr(api, n))
+
+
+def rule_spec(rule: str, dtype: str, seed: int, count: int, m_range: tuple[int, int],
+              n_range: tuple[int, int] = (1, 1 << 30), min_k: int = 1, tries: int = 20000) -> dict[str, list[str]]:
+    """{"MxNxK": [the grid's pick with `rule` switched off, the pick with it]} for the first
+    `count` draws the rule changes: (N, K) a grid-model weight in n_range with K >= min_k, M
+    log-uniform in m_range, a pure function of the arguments (and the heuristics). Skinny GEMV
+    picks are left out (configs cannot name them)."""
+    from benchmarks.gemm import _grid_label
+    from cute_kernels.matmul import api
+    from cute_kernels.tuning.models import MODELS, linears
+
+    if rule not in rule_names():
+        raise ValueError(f"--rule takes one of {', '.join(rule_names())}, got {rule!r}")
+    pool = sorted({(lin.n, lin.k) for model in MODELS for lin in linears(model)
+                   if n_range[0] <= lin.n <= n_range[1] and lin.k >= min_k and (dtype == "bf16" or lin.k % 16 == 0)})
+    if not pool:
+        raise ValueError(f"no grid-model weight has N in {n_range} and K >= {min_k}")
+    rng, on, spec = random.Random(seed), getattr(api, rule), {}
+
+    def off(*args, **kwargs):
+        return None
+
+    try:
+        for _ in range(tries):
+            if len(spec) >= count:
+                break
+            n, k = rng.choice(pool)
+            m = round(math.exp(rng.uniform(math.log(m_range[0]), math.log(m_range[1]))))
+            key = f"{m}x{n}x{k}"
+            if key in spec:
+                continue
+            setattr(api, rule, on)
+            api.clear_dispatch_caches()
+            with_rule = _grid_label(dtype, m, n, k)
+            setattr(api, rule, off)
+            api.clear_dispatch_caches()
+            without = _grid_label(dtype, m, n, k)
+            if without != with_rule and "gemv" not in (without, with_rule):
+                spec[key] = [without, with_rule]
+    finally:
+        setattr(api, rule, on)
+        api.clear_dispatch_caches()
+    return spec
+
+
+def rule_summary(rows: list[Row], spec: dict[str, list[str]]) -> dict:
+    """The `rule` probe's figures: each shape's pick with the rule against the pick without it,
+    and both against cuBLAS."""
+    ms = {(r.case, r.provider): r.ms for r in rows}
+    gain, without, with_rule = [], [], []
+    for shape, (off, on) in spec.items():
+        a, b, c = ms.get((shape, f"cute {off}")), ms.get((shape, f"cute {on}")), ms.get((shape, "cublas"))
+        if a and b and c:
+            gain.append(a / b)
+            without.append(c / a)
+            with_rule.append(c / b)
+    if not gain:
+        return {}
+    return {"rule_shapes": len(gain), "geomean_with_vs_without": geomean(gain), "faster_with": sum(g > 1 for g in gain),
+            "min_with_vs_without": min(gain), "geomean_without_vs_cublas": geomean(without),
+            "geomean_with_vs_cublas": geomean(with_rule), "min_without_vs_cublas": min(without),
+            "min_with_vs_cublas": min(with_rule)}
+
+
 # The nvjet kernels cuBLAS 12.x runs for F.linear (tst) and per-row _scaled_mm (qqtst) on sm_90:
 # tile, k-tile x stages, cluster.
 _NVJET = re.compile(r"nvjet_sm90_(?:tst|qqtst)_(\d+)x(\d+)_(\d+)x(\d+)_(\d)x(\d)_")
@@ -620,7 +704,17 @@ def main(argv=None) -> int:
                    help="bf16 `linear`, fp8 per-row `scaled_mm` or int8 `int8_mm`")
     c.add_argument("--scales-only", action="store_true",
                    help="fp8: per-row scales without the bias of the tuner's class (the grid's call; swap_ab can run)")
-    for s in (t, w, e, d, cb, c):
+    ru = sub.add_parser("rule", help="a heuristic rule switched off and on, on the draws it changes, vs cuBLAS")
+    ru.add_argument("--rule", required=True, help="a matmul.api rule (e.g. fp8_equal_fill_swap_config)")
+    ru.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"], help="the grid's call of this dtype")
+    ru.add_argument("--seed", type=int, required=True)
+    ru.add_argument("--count", type=int, default=20, help="draws the rule changes")
+    ru.add_argument("--m", default="200,1500", help="LO,HI of the log-uniform token count")
+    ru.add_argument("--n", default=f"1,{1 << 30}", help="LO,HI of the weight rows")
+    ru.add_argument("--min-k", type=int, default=1)
+    ru.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (medians)")
+    ru.add_argument("--dry-run", action="store_true", help="print the draws and both picks as a configs spec; no GPU")
+    for s in (t, w, e, d, cb, c, ru):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -651,6 +745,20 @@ def main(argv=None) -> int:
                 raise ValueError("--rounds must be >= 1")
             shapes = parse_shapes(args.shapes)
             flags = f"cublas --shapes {args.shapes} --dtype {args.dtype} --rounds {args.rounds}"
+        elif args.probe == "rule":
+            if args.rounds < 1 or args.count < 1 or args.min_k < 1:
+                raise ValueError("--rounds, --count and --min-k must be >= 1")
+            spec = rule_spec(args.rule, args.dtype, args.seed, args.count, parse_range(args.m, "--m"),
+                             parse_range(args.n, "--n"), args.min_k)
+            if not spec:
+                raise ValueError(f"{args.rule} changes none of the draws")
+            flags = (f"rule --rule {args.rule} --dtype {args.dtype} --seed {args.seed} --count {args.count} "
+                     f"--m {args.m} --n {args.n} --min-k {args.min_k} --rounds {args.rounds}")
+            if args.dry_run:
+                import json
+
+                print(json.dumps(spec, indent=0))
+                return 0
         elif args.probe == "configs":
             if args.rounds < 1:
                 raise ValueError("--rounds must be >= 1")
@@ -679,6 +787,9 @@ def main(argv=None) -> int:
         rows, summary = run_cublas(shapes, args.dtype, args.rounds)
     elif args.probe == "configs":
         rows, summary = run_configs(spec, args.rounds, args.rule, args.dtype, args.scales_only)
+    elif args.probe == "rule":
+        rows, summary = run_configs(spec, args.rounds, False, args.dtype, args.dtype == "fp8")
+        summary.update(rule=args.rule, **rule_summary(rows, spec))
     else:
         rows, summary = run_epilogue(shapes, args.top)
     print(format_table(rows, baseline="cublas"))

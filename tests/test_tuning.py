@@ -679,6 +679,35 @@ def test_gemm_probe_draw_and_arguments(tmp_path):
     assert P._forced(GemmConfig(128, 128, pingpong=True), True) is None
 
 
+def test_gemm_probe_rule_spec(capsys):
+    """benchmarks.gemm_probe rule: the draws a rule changes, with the grid's pick without the rule
+    and with it, a function of the arguments; the rule is switched back on afterwards, and an
+    unknown rule or a draw it never changes is refused before any GPU work."""
+    import json
+
+    import benchmarks.gemm_probe as P
+    from benchmarks.gemm import _grid_label
+    from cute_kernels.matmul import api
+
+    names = P.rule_names()
+    assert "fp8_equal_fill_swap_config" in names and "long_k_c41_config" in names and "default_config" not in names
+    spec = P.rule_spec("fp8_equal_fill_swap_config", "fp8", 45, 4, (200, 1500))
+    assert len(spec) == 4 and spec == P.rule_spec("fp8_equal_fill_swap_config", "fp8", 45, 4, (200, 1500))
+    before = api.fp8_equal_fill_swap_config
+    for shape, (off, on) in spec.items():
+        m, n, k = (int(x) for x in shape.split("x"))
+        assert off != on and _grid_label("fp8", m, n, k) == on and off.endswith("P") and on.endswith("T")
+    assert api.fp8_equal_fill_swap_config is before
+    assert P.main(["rule", "--rule", "fp8_equal_fill_swap_config", "--dtype", "fp8", "--seed", "45", "--count", "2",
+                   "--dry-run"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+    for argv in (["rule", "--rule", "no_such_config", "--seed", "1"], ["rule", "--rule", "default_config", "--seed", "1"],
+                 ["rule", "--rule", "fp8_equal_fill_swap_config", "--dtype", "fp8", "--seed", "1", "--m", "1,8"],
+                 ["rule", "--rule", "swap_config", "--seed", "1", "--count", "0"]):
+        with pytest.raises(SystemExit):
+            P.main(argv)
+
+
 def test_grid_slices_and_quack_cache(tmp_path, monkeypatch):
     """--slice picks part of the seed's draw (validated before the GPU check); QuACK's
     autotuning cache defaults under our cache root and keeps a user's own setting."""
