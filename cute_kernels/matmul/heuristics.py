@@ -1063,7 +1063,7 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     """The one-wave 4 x 1 swap_ab config for a 16-bit or fp8 M x N x K problem at long K (notes
     above: C41_LONG_*; for 16-bit inputs on weights whose rows divide by 192, the 192-row 1 x 2
     form) to replace a pick `current` of 128+ rows, or None. fp8 (in_bytes 1) takes the 128-row
-    form only (FP8_C41_*)."""
+    form only (notes at FP8_EQUAL_FILL_MIN_N)."""
     if (k < C41_LONG_MIN_K or not C41_LONG_M[0] <= m <= C41_LONG_M[1] or current.tile_m < 128
             or num_sms != H100_SMS):
         return None
@@ -1084,8 +1084,8 @@ def long_k_c41_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
 # same run, H200, 3 rounds, vs `_scaled_mm` (`gemm_probe_fp8_c41_wide_h200.md`), on the 9
 # shapes it changes 1.17x the picks geomean, 8 faster (1309x1024x4096 0.85x -> 1.30x,
 # 853x1024x4096 1.18x -> 1.55x, 334x4608x3584 0.87x -> 1.09x, 386x5120x27648 1.49x -> 1.73x),
-# 712x4608x3584 0.99x; its 256-row form lost (337x10240x8192 0.93x, 434x10240x8192 0.98x), as did the short-K
-# 4 x 1 rule over 128 x 128 2 x 2 picks (1178x3072x1024 0.90x). And where one wave of
+# 712x4608x3584 0.99x; its 256-row form lost (337x10240x8192 0.93x, 434x10240x8192 0.98x), as
+# did the short-K 4 x 1 rule over 128 x 128 2 x 2 picks (1178x3072x1024 0.90x). And where one wave of
 # unswapped 128 x 128 ping-pong tiles (the 1 x 2 raster-N pick) covers 257-1023 tokens on a
 # weight of 3072+ rows, the same number of 128-row swap_ab token tiles, as wide as the tokens
 # need, in the mid-M fill rule's clusters (`fp8_equal_fill_swap_config`): the same CTAs, less
@@ -1101,10 +1101,10 @@ FP8_EQUAL_FILL_MIN_N = 3072
 def fp8_equal_fill_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
                                num_sms: int = H100_SMS) -> GemmConfig | None:
     """The 128-row swap_ab config over ceil(M / 128) token tiles for an fp8 problem whose pick
-    `current` is one wave of unswapped 128 x 128 ping-pong tiles in 1 x 2 clusters (notes
-    above: FP8_EQUAL_FILL_*), or None."""
+    `current` is one wave of unswapped 128 x 128 ping-pong tiles in 1 x 2 clusters, rastered
+    along N (notes above: FP8_EQUAL_FILL_*), or None."""
     if (not MID_M_SWAP_M[0] <= m <= MID_M_SWAP_M[1] or n < FP8_EQUAL_FILL_MIN_N or current.swap_ab
-            or not current.pingpong or (current.tile_m, current.tile_n) != (128, 128)
+            or not current.pingpong or (current.tile_m, current.tile_n) != (128, 128) or current.raster_m
             or (current.cluster_m, current.cluster_n) != (1, 2) or current.split_k > 1
             or config_waves(current, m, n, num_sms) != 1):
         return None
