@@ -584,19 +584,26 @@ def mid_m_fill_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
             or config_waves(current, m, n, num_sms) != 1 or _ctas(current, m, n) > MID_M_FILL_MAX_FILL * num_sms
             or (step == _NARROW_STEP_INT and current.swap_ab and current.tile_m == 64)):
         return None
-    wt = math.ceil(n / 128)
-    for t in range(num_sms // wt, 0, -1):
-        w = _covering_width(m, t, step)
-        tiles = math.ceil(m / w)  # the rounding up of w may need fewer
-        cm, cn = (1, 2) if tiles % 2 == 0 else (4, 1) if wt % 4 == 0 else (2, 1)
-        cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
-        if w <= 256 and config_waves(cfg, m, n, num_sms) == 1:
+    for t in range(num_sms // math.ceil(n / 128), 0, -1):
+        cfg = _token_tiles_128(m, n, t, step)
+        if cfg.tile_n <= 256 and config_waves(cfg, m, n, num_sms) == 1:
             break
     else:
         return None
-    if w < MID_M_FILL_MIN_W or _ctas(cfg, m, n) < 1.1 * _ctas(current, m, n):
+    if cfg.tile_n < MID_M_FILL_MIN_W or _ctas(cfg, m, n) < 1.1 * _ctas(current, m, n):
         return None
     return cfg
+
+
+def _token_tiles_128(m: int, n: int, tiles: int, step: int = 8) -> GemmConfig:
+    """128-row swap_ab weight tiles over M tokens in `tiles` token tiles of the covering width:
+    1 x 2 clusters where the token tiles pair up, else 4 x 1 where the weight tiles come in
+    fours (the token tile multicast to four weight tiles), else 2 x 1 (`mid_m_fill_config`,
+    `fp8_equal_fill_swap_config`)."""
+    w = _covering_width(m, tiles, step)
+    tiles = math.ceil(m / w)  # the rounding up of w may need fewer
+    cm, cn = (1, 2) if tiles % 2 == 0 else (4, 1) if math.ceil(n / 128) % 4 == 0 else (2, 1)
+    return GemmConfig(128, w, cm, cn, swap_ab=True)
 
 
 def narrow_step(integer: bool) -> int:
@@ -1108,10 +1115,7 @@ def fp8_equal_fill_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
             or (current.cluster_m, current.cluster_n) != (1, 2) or current.split_k > 1
             or config_waves(current, m, n, num_sms) != 1):
         return None
-    t = math.ceil(m / 128)
-    w = _covering_width(m, t)
-    cm, cn = (1, 2) if t % 2 == 0 else (4, 1) if math.ceil(n / 128) % 4 == 0 else (2, 1)
-    cfg = GemmConfig(128, w, cm, cn, swap_ab=True)
+    cfg = _token_tiles_128(m, n, math.ceil(m / 128))
     return cfg if config_waves(cfg, m, n, num_sms) == 1 else None
 
 
