@@ -48,7 +48,10 @@ summary sets the first label (the pick before a heuristic change) against the he
 current pick where that was timed. --dtype fp8 times the tuner's fp8 per-row class, whose
 epilogue carries a bias (so no swap_ab config runs); --scales-only drops the bias, as the grid's
 `scaled_mm` call does, and --rule then compares against the grid's pick. Writes
-gemm_probe_configs_<gpu>.{json,md}.
+gemm_probe_configs_<gpu>.{json,md}. A kernel-level A/B (a module constant set in the process
+before any compile, as `gemm_probe_mma_*` ran) needs CUTE_KERNELS_DISK_CACHE=0: the compile
+pool's workers are spawned, import the code afresh and would build the unpatched kernel; with
+the disk cache off every config compiles in this process.
 
 `rule`: one heuristic rule of `matmul.api` (--rule, e.g. fp8_equal_fill_swap_config) switched
 off and on: a draw (grid-model weights, M log-uniform in --m, --seed) kept where the rule changes
