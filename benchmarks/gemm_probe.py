@@ -48,10 +48,18 @@ summary sets the first label (the pick before a heuristic change) against the he
 current pick where that was timed. --dtype fp8 times the tuner's fp8 per-row class, whose
 epilogue carries a bias (so no swap_ab config runs); --scales-only drops the bias, as the grid's
 `scaled_mm` call does, and --rule then compares against the grid's pick. Writes
-gemm_probe_configs_<gpu>.{json,md}. A kernel-level A/B (a module constant set in the process
-before any compile, as `gemm_probe_mma_*` ran) needs CUTE_KERNELS_DISK_CACHE=0: the compile
-pool's workers are spawned, import the code afresh and would build the unpatched kernel; with
-the disk cache off every config compiles in this process.
+gemm_probe_configs_<gpu>.{json,md}. Plain 16-bit problems also check the first config's output
+against an fp64 product (at most 2x torch's error). --set cute_kernels.MODULE.ATTR=VALUE (repeatable)
+sets a module constant before anything compiles and turns the disk cache of compiled kernels off:
+the compile pool's workers are spawned and would import the code afresh, building the unchanged
+kernel (a first A/B without that compared the same code with itself, 0.999x over 73 shapes, the
+spread of two processes about +-3% a shape).
+
+`ab`: a kernel-code constant switched, as one command: --pairs pairs of `configs` processes on
+--spec, one as the tree is and one with the --set items, alternating which runs first, every
+kernel compiled in its own process. Per shape and config each side is taken against cuBLAS in
+its own process (geomean over the pairs) and the variant's speed set over the base's; summary:
+geomean, how many faster, min and max. Writes gemm_probe_ab_<gpu>.{json,md}.
 
 `rule`: one heuristic rule of `matmul.api` (--rule, e.g. fp8_equal_fill_swap_config) switched
 off and on: a draw (grid-model weights, M log-uniform in --m, --seed) kept where the rule changes
@@ -440,6 +448,137 @@ def load_spec(path: str) -> dict[str, list[str]]:
     return spec
 
 
+def _check_against_torch(timer, problem) -> None:
+    """The first config's output for a plain 16-bit problem (the timer's reference for the
+    others) against an fp64 product of the same inputs: at most 2x torch's own error, so a
+    kernel variant timed alone (`ab`) is checked too. Other classes: the timer's checks."""
+    import torch
+
+    a, w, _out, args = timer._sets[0]
+    if args or problem.eight_bit or problem.epilogue != "plain" or timer._ref is None:
+        return
+    ref = a.double() @ w.double().t()
+    ours = (timer._ref.double() - ref).abs().max().item()
+    theirs = (torch.nn.functional.linear(a, w).double() - ref).abs().max().item()
+    if not ours <= 2 * theirs + 1e-6 * max(ref.abs().max().item(), 1.0):
+        raise ArithmeticError(f"{problem.m}x{problem.n}x{problem.k}: error {ours:.3g} against an fp64 product, "
+                              f"torch's {theirs:.3g}")
+
+
+_SET = re.compile(r"(cute_kernels(?:\.\w+)+)\.(\w+)=(.+)$")
+
+
+def parse_sets(values) -> list[tuple[str, str, object]]:
+    """--set MODULE.ATTR=VALUE items: an existing module constant of cute_kernels and a Python
+    literal. Refused (ValueError) if the module or attribute does not exist: a typo must not
+    time the unchanged code as the variant."""
+    import ast
+    import importlib
+
+    out = []
+    for v in values or ():
+        m = _SET.match(v.strip())
+        if not m:
+            raise ValueError(f"--set takes cute_kernels.MODULE.ATTR=VALUE, got {v!r}")
+        mod, attr, literal = m.groups()
+        try:
+            value = ast.literal_eval(literal)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {v!r}: the value must be a Python literal") from None
+        try:
+            module = importlib.import_module(mod)
+        except ImportError:
+            raise ValueError(f"--set {v!r}: no module {mod}") from None
+        if not hasattr(module, attr):
+            raise ValueError(f"--set {v!r}: {mod} has no attribute {attr}")
+        out.append((mod, attr, value))
+    return out
+
+
+def apply_sets(sets) -> None:
+    """Set each (module, attr, value) in this process, with the disk cache of compiled kernels
+    off: the compile pool's spawned workers would import the code afresh and build the
+    unchanged kernel, and a cached object would be the unchanged kernel too."""
+    import importlib
+
+    os.environ["CUTE_KERNELS_DISK_CACHE"] = "0"
+    for mod, attr, value in sets:
+        setattr(importlib.import_module(mod), attr, value)
+
+
+def combine_ab(base: list[dict], varied: list[dict], dtype: str = "bf16") -> tuple[list[Row], dict]:
+    """The `ab` probe's table from its `configs` runs' results (payloads with rows): per shape and
+    config the median time of each side and cuBLAS's, and the variant's speed over the base's,
+    each side taken against cuBLAS in its own process (geomean over the runs), which cancels
+    most of the drift between processes."""
+    import statistics
+
+    def table(runs):
+        t = {}
+        for run in runs:
+            by = {}
+            for r in run["rows"]:
+                by.setdefault(r["case"], {})[r["provider"]] = r["ms"]
+            for case, provs in by.items():
+                cub = provs.get("cublas")
+                for prov, ms in provs.items():
+                    if prov.startswith("cute ") and cub:
+                        t.setdefault((case, prov), []).append((ms, cub / ms, cub))
+        return t
+
+    tb, tv = table(base), table(varied)
+    rows, ratios = [], []
+    for key in tb:
+        if key not in tv:
+            continue
+        case, prov = key
+        m, n, k = (int(x) for x in case.split("x"))
+        b_speed = geomean([x[1] for x in tb[key]])
+        v_speed = geomean([x[1] for x in tv[key]])
+        ratio = v_speed / b_speed
+        ratios.append(ratio)
+        rows.append(_row(case, prov, m, n, k, statistics.median(x[0] for x in tb[key]), dtype, side="base"))
+        rows.append(_row(case, f"{prov} [set]", m, n, k, statistics.median(x[0] for x in tv[key]), dtype, side="set",
+                         set_over_base=round(ratio, 4)))
+        rows.append(_row(case, "cublas", m, n, k, statistics.median(x[2] for x in tb[key] + tv[key]), dtype))
+    summary = {"configs_compared": len(ratios)}
+    if ratios:
+        summary.update({"geomean_set_over_base": geomean(ratios), "set_faster": sum(r > 1 for r in ratios),
+                        "min_set_over_base": min(ratios), "max_set_over_base": max(ratios)})
+    return rows, summary
+
+
+def run_ab(spec: dict, sets_argv: list[str], pairs: int, rounds: int, dtype: str) -> tuple[list[Row], dict]:
+    """The `ab` probe: `pairs` pairs of `configs` processes on `spec`, one as the tree is and one
+    with the --set items, alternating which runs first, every kernel compiled in its process."""
+    import json
+    import subprocess
+    import sys
+
+    work = tempfile.mkdtemp(prefix="gemm-probe-ab-")
+    spec_path = os.path.join(work, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    env = dict(os.environ, CUTE_KERNELS_DISK_CACHE="0")
+    runs = {"base": [], "set": []}
+    for i in range(pairs):
+        for side in (("base", "set") if i % 2 == 0 else ("set", "base")):
+            name = f"ab_{side}{i}"
+            cmd = [sys.executable, "-m", "benchmarks.gemm_probe", "configs", "--spec", spec_path, "--rounds", str(rounds),
+                   "--dtype", dtype, "--name", name, "--out", work]
+            if side == "set":
+                for v in sets_argv:
+                    cmd += ["--set", v]
+            print(f"[ab] {side} {i + 1}/{pairs}", flush=True)
+            subprocess.run(cmd, env=env, check=True)
+            (path,) = [os.path.join(work, f) for f in os.listdir(work) if f.startswith(f"gemm_probe_{name}_") and f.endswith(".json")]
+            with open(path) as f:
+                runs[side].append(json.load(f))
+    rows, summary = combine_ab(runs["base"], runs["set"], dtype)
+    summary.update({"set": list(sets_argv), "pairs": pairs, "rounds": rounds, "dtype": dtype, "spec": spec})
+    return rows, summary
+
+
 def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "bf16",
                 scales_only: bool = False) -> tuple[list[Row], dict]:
     """The `configs` probe: every named config compiled ahead in the tuner's pool, timed by its
@@ -471,6 +610,7 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
                 cubs.append(_cublas_on_timer_inputs(timer, dtype))
         if not acc:
             continue
+        _check_against_torch(timer, p)
         case, cub = f"{p.m}x{p.n}x{p.k}", statistics.median(cubs)
         med = {lab: statistics.median(t) for lab, t in acc.items()}
         for lab, ms in med.items():
@@ -707,6 +847,17 @@ def main(argv=None) -> int:
                    help="bf16 `linear`, fp8 per-row `scaled_mm` or int8 `int8_mm`")
     c.add_argument("--scales-only", action="store_true",
                    help="fp8: per-row scales without the bias of the tuner's class (the grid's call; swap_ab can run)")
+    c.add_argument("--set", action="append", default=[], metavar="MODULE.ATTR=VALUE",
+                   help="a cute_kernels module constant set in this process before anything compiles "
+                        "(repeatable; turns the disk cache of compiled kernels off)")
+    ab = sub.add_parser("ab", help="a kernel-code constant switched in one of two processes, on a configs spec, vs cuBLAS")
+    ab.add_argument("--spec", required=True, help='{"MxNxK": [labels]} JSON, or a configs results file')
+    ab.add_argument("--set", action="append", required=True, metavar="MODULE.ATTR=VALUE",
+                    help="what the variant processes set (repeatable), e.g. cute_kernels.matmul.kernel.MMA_PEEK=False")
+    ab.add_argument("--pairs", type=int, default=2, help="pairs of processes, alternating which side runs first")
+    ab.add_argument("--rounds", type=int, default=2, help="alternating timing rounds in each process (medians)")
+    ab.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"],
+                    help="bf16 `linear`, fp8 per-row `scaled_mm` or int8 `int8_mm`")
     ru = sub.add_parser("rule", help="a heuristic rule switched off and on, on the draws it changes, vs cuBLAS")
     ru.add_argument("--rule", required=True, help="a matmul.api rule (e.g. fp8_equal_fill_swap_config)")
     ru.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "int8"], help="the grid's call of this dtype")
@@ -717,7 +868,7 @@ def main(argv=None) -> int:
     ru.add_argument("--min-k", type=int, default=1)
     ru.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (medians)")
     ru.add_argument("--dry-run", action="store_true", help="print the draws and both picks as a configs spec; no GPU")
-    for s in (t, w, e, d, cb, c, ru):
+    for s in (t, w, e, d, cb, c, ab, ru):
         s.add_argument("--name", default=None, help="results name suffix (default: the probe's name)")
         s.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -765,11 +916,20 @@ def main(argv=None) -> int:
         elif args.probe == "configs":
             if args.rounds < 1:
                 raise ValueError("--rounds must be >= 1")
+            sets = parse_sets(args.set)
             spec = load_spec(args.spec)
             if args.scales_only and args.dtype != "fp8":
                 raise ValueError("--scales-only is for --dtype fp8")
             flags = (f"configs --spec {args.spec} --rounds {args.rounds} --dtype {args.dtype}"
-                     f"{' --rule' if args.rule else ''}{' --scales-only' if args.scales_only else ''}")
+                     f"{' --rule' if args.rule else ''}{' --scales-only' if args.scales_only else ''}"
+                     + "".join(f" --set {v}" for v in args.set))
+        elif args.probe == "ab":
+            if args.rounds < 1 or args.pairs < 1:
+                raise ValueError("--rounds and --pairs must be >= 1")
+            parse_sets(args.set)
+            spec = load_spec(args.spec)
+            flags = (f"ab --spec {args.spec} --pairs {args.pairs} --rounds {args.rounds} --dtype {args.dtype}"
+                     + "".join(f" --set {v}" for v in args.set))
         else:
             if args.top < 1:
                 raise ValueError("--top must be >= 1")
@@ -789,7 +949,12 @@ def main(argv=None) -> int:
     elif args.probe == "cublas":
         rows, summary = run_cublas(shapes, args.dtype, args.rounds)
     elif args.probe == "configs":
+        apply_sets(sets)
         rows, summary = run_configs(spec, args.rounds, args.rule, args.dtype, args.scales_only)
+        if sets:
+            summary["set"] = list(args.set)
+    elif args.probe == "ab":
+        rows, summary = run_ab(spec, args.set, args.pairs, args.rounds, args.dtype)
     elif args.probe == "rule":
         rows, summary = run_configs(spec, args.rounds, False, args.dtype, args.dtype == "fp8")
         summary.update(rule=args.rule, **rule_summary(rows, spec))

@@ -679,6 +679,61 @@ def test_gemm_probe_draw_and_arguments(tmp_path):
     assert P._forced(GemmConfig(128, 128, pingpong=True), True) is None
 
 
+def test_gemm_probe_ab_sets_and_table(tmp_path, monkeypatch):
+    """benchmarks.gemm_probe ab / configs --set: only an existing cute_kernels module constant and
+    a Python literal are taken (a typo would time the unchanged code as the variant); applying one
+    turns the disk cache of compiled kernels off; the table sets each side against cuBLAS in its
+    own process."""
+    import benchmarks.gemm_probe as P
+    from cute_kernels.matmul import config
+
+    sets = P.parse_sets(["cute_kernels.matmul.config.EPI_STAGES=3"])
+    assert sets == [("cute_kernels.matmul.config", "EPI_STAGES", 3)]
+    for bad in ("EPI_STAGES=3", "cute_kernels.matmul.config.NO_SUCH=1", "cute_kernels.no_such.X=1",
+                "cute_kernels.matmul.config.EPI_STAGES=three", "torch.cuda.X=1"):
+        with pytest.raises(ValueError):
+            P.parse_sets([bad])
+    monkeypatch.setattr(config, "EPI_STAGES", config.EPI_STAGES)  # restored after the test
+    monkeypatch.setenv("CUTE_KERNELS_DISK_CACHE", "1")
+    P.apply_sets(sets)
+    assert config.EPI_STAGES == 3 and os.environ["CUTE_KERNELS_DISK_CACHE"] == "0"
+
+    def run(cute_ms, cublas_ms):
+        return {"rows": [{"case": "100x200x300", "provider": "cute 128x96c21T", "ms": cute_ms},
+                         {"case": "100x200x300", "provider": "cublas", "ms": cublas_ms}]}
+
+    # the variant's process ran slower overall (cuBLAS too): against cuBLAS it is 1.1x the base
+    rows, summary = P.combine_ab([run(1.0, 1.0), run(1.0, 1.0)], [run(1.0, 1.1), run(1.0, 1.1)])
+    assert summary["configs_compared"] == 1 and summary["set_faster"] == 1
+    assert summary["geomean_set_over_base"] == pytest.approx(1.1)
+    assert [r.provider for r in rows] == ["cute 128x96c21T", "cute 128x96c21T [set]", "cublas"]
+    assert P.combine_ab([run(1.0, 1.0)], [])[1] == {"configs_compared": 0}
+    # run_ab's orchestration, with the configs processes stood in for: pairs alternate the side
+    # that runs first, only the variant's processes get the --set items, all with the disk cache off
+    import subprocess
+    from pathlib import Path
+
+    calls = []
+
+    def fake_run(cmd, env, check):
+        name, out = cmd[cmd.index("--name") + 1], cmd[cmd.index("--out") + 1]
+        calls.append((name, "--set" in cmd, env["CUTE_KERNELS_DISK_CACHE"]))
+        cub = 1.1 if "--set" in cmd else 1.0
+        (Path(out) / f"gemm_probe_{name}_h200.json").write_text(json.dumps(run(1.0, cub)))
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    rows, summary = P.run_ab({"100x200x300": ["128x96c21T"]}, ["cute_kernels.matmul.config.EPI_STAGES=3"], 2, 1, "bf16")
+    assert calls == [("ab_base0", False, "0"), ("ab_set0", True, "0"), ("ab_set1", True, "0"), ("ab_base1", False, "0")]
+    assert summary["geomean_set_over_base"] == pytest.approx(1.1) and summary["pairs"] == 2
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"312x1280x5120": ["64x64c41T"]}')
+    for argv in (["ab", "--spec", str(spec), "--set", "cute_kernels.matmul.config.NO_SUCH=1"],
+                 ["ab", "--spec", str(spec)], ["configs", "--spec", str(spec), "--set", "nope"],
+                 ["ab", "--spec", str(spec), "--set", "cute_kernels.matmul.config.EPI_STAGES=2", "--pairs", "0"]):
+        with pytest.raises(SystemExit):
+            P.main(argv)
+
+
 def test_gemm_probe_rule_spec(capsys):
     """benchmarks.gemm_probe rule: the draws a rule changes, with the grid's pick without the rule
     and with it, a function of the arguments; the rule is switched back on afterwards, and an
