@@ -501,6 +501,8 @@ def apply_sets(sets) -> None:
     unchanged kernel, and a cached object would be the unchanged kernel too."""
     import importlib
 
+    if not sets:
+        return
     os.environ["CUTE_KERNELS_DISK_CACHE"] = "0"
     for mod, attr, value in sets:
         setattr(importlib.import_module(mod), attr, value)
