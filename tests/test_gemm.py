@@ -255,12 +255,20 @@ def test_config_validation_and_heuristic():
         GemmConfig(256, 256).validate()
     # whole_tile_epi: one smem buffer per slab (13 of 128 x 8 at swap width 104), cooperative only;
     # by default for swap_ab widths of 8 mod 16 (8-column slabs) that keep 5 A/B stages with it
-    from cute_kernels.matmul.config import epi_buffers, whole_tile_epilogue
+    from cute_kernels.matmul.config import epi_buffers, epi_group, whole_tile_epilogue
 
     assert epi_buffers(GemmConfig(128, 104, swap_ab=True), 2) == 13
     assert stages_that_fit(GemmConfig(128, 104, swap_ab=True), 2, 2) == 6
     assert epi_buffers(GemmConfig(128, 104, swap_ab=True, whole_tile_epi=False), 2) == 2
     assert stages_that_fit(GemmConfig(128, 104, swap_ab=True, whole_tile_epi=False), 2, 2) == 7
+    # The ring's 8-column slabs go out in store groups of up to 32 columns, where the group's
+    # buffers cost no A/B stage: 4 for 256 x 152 (4 stages either way), 2 for 128 x 200 (5).
+    assert epi_group(GemmConfig(256, 152, 2, 1, swap_ab=True), 2) == 4
+    assert epi_group(GemmConfig(128, 200, 2, 1, swap_ab=True), 2) == 2
+    assert epi_group(GemmConfig(128, 104, swap_ab=True), 2) == 1  # whole tile
+    assert epi_group(GemmConfig(256, 144, 2, 1, swap_ab=True), 2) == 1  # 16-column slabs
+    assert epi_group(GemmConfig(128, 104, 1, 2, pingpong=True, swap_ab=True), 2) == 1
+    assert epi_group(GemmConfig(256, 152, 2, 1, swap_ab=True), 4) == 1  # 32-bit outputs
     assert whole_tile_epilogue(GemmConfig(64, 104, swap_ab=True), 2) and whole_tile_epilogue(GemmConfig(128, 152, swap_ab=True), 2)
     assert not whole_tile_epilogue(GemmConfig(128, 168, swap_ab=True), 2)  # 4 stages with it
     assert not whole_tile_epilogue(GemmConfig(64, 112, swap_ab=True), 2)  # 16-column slabs
@@ -1054,6 +1062,7 @@ SWAP_CFGS = {
     # the least-padding swap_ab tile from 1400 tokens at long K (heuristics.long_k_wave_swap_config)
     "256x152c21": GemmConfig(256, 152, 2, 1, swap_ab=True),  # 8-column slabs
     "128x248c21": GemmConfig(128, 248, 2, 1, swap_ab=True),  # 8-column slabs
+    "128x200c21": GemmConfig(128, 200, 2, 1, swap_ab=True),  # 25 8-column slabs in 13 store groups (the last of one)
     "192x88c12": GemmConfig(192, 88, 1, 2, swap_ab=True),  # mid_m_swap_config at 351x6144x4096
     "128x160c21s3": GemmConfig(128, 160, 2, 1, split_k=3, swap_ab=True),  # the one-token-tile split
 }
@@ -1064,7 +1073,7 @@ SWAP_CFGS = {
                                       "64x16c11", "64x48c12", "64x208c12", "256x160c21", "256x144c12",
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
                                       "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41",
-                                      "256x88c41", "256x152c21", "128x248c21", "192x88c12", "128x176c12",
+                                      "256x88c41", "256x152c21", "128x248c21", "128x200c21", "192x88c12", "128x176c12",
                                       "128x160c21s3"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""

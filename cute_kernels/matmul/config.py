@@ -175,16 +175,44 @@ def epi_tile(cfg: GemmConfig, out_bytes: int = 2) -> tuple[int, int]:
 EPI_STAGES = 2
 
 
-def epi_buffers(cfg: GemmConfig, out_bytes: int) -> int:
+def epi_buffers(cfg: GemmConfig, out_bytes: int, group: int = 1) -> int:
     """Epilogue smem buffers: EPI_STAGES per consumer warp (32-bit), per warpgroup in
-    ping-pong, one per slab of the tile with whole_tile_epi, else EPI_STAGES shared by the
-    cooperating warpgroups."""
+    ping-pong, one per slab of the tile with whole_tile_epi, else EPI_STAGES store groups of
+    `group` slabs (`epi_group`) shared by the cooperating warpgroups."""
     if out_bytes == 4:
         return EPI_STAGES * 4 * cfg.num_mma_warpgroups
     if whole_tile_epilogue(cfg, out_bytes):
         em, en = epi_tile(cfg, out_bytes)
         return (cfg.tile_m // em) * (cfg.tile_n // en)
-    return EPI_STAGES * (2 if cfg.pingpong else 1)
+    return EPI_STAGES * group * (2 if cfg.pingpong else 1)
+
+
+# The cooperative 16-bit ring epilogue stores 8-column slabs (swap_ab widths of 8 mod 16 where
+# the whole-tile epilogue does not fit) in groups of up to EPI_GROUP_COLS columns: the group's
+# slabs are written to smem, then one fence, one barrier and one bulk group of TMA stores. A
+# 256 x 152 tile otherwise runs 38 slabs of 128 x 8, each with two barriers of 256 threads and
+# a store wait. Same machine, H200, 73 bf16 shapes of 138-7340 tokens on their picks, one
+# process each way, in-process compiles (`gemm_probe_epi_{A,B}_1_h200.md`): the 256-row
+# 8-column picks 1.035x faster grouped (29 shapes, 0.993x-1.100x; 1824x4608x3584 0.949x ->
+# 1.044x cuBLAS), 128-row ones 1.02x-1.03x, 192-row 1.01x-1.08x; 16-column slabs in pairs
+# 1.005x (0.966x-1.044x) and ping-pong 8-column slabs 1.005x: both keep one slab a round.
+EPI_GROUP_COLS = 32
+
+
+def epi_group(cfg: GemmConfig, out_bytes: int) -> int:
+    """Slabs per TMA store group of the 16-bit ring epilogue: as many as EPI_GROUP_COLS
+    columns hold (a power of two), halved while their buffers would cost an A/B stage."""
+    em, en = epi_tile(cfg, out_bytes)
+    if out_bytes != 2 or cfg.pingpong or en != 8 or whole_tile_epilogue(cfg, out_bytes):
+        return 1
+    group = 1
+    while 2 * group * en <= EPI_GROUP_COLS and 2 * group <= (cfg.tile_m // em) * (cfg.tile_n // en):
+        group *= 2
+    slab = em * en * out_bytes
+    base = min(cfg.stages or MAX_AB_STAGES, _stages_with_epi(cfg, 2, out_bytes, slab * epi_buffers(cfg, out_bytes)))
+    while group > 1 and _stages_with_epi(cfg, 2, out_bytes, slab * epi_buffers(cfg, out_bytes, group)) < base:
+        group //= 2
+    return group
 
 
 # The whole-tile epilogue by default: swap_ab tiles of widths 8 mod 16, whose epilogue runs

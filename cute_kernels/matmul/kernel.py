@@ -32,6 +32,7 @@ from .config import (
     GemmConfig,
     block_scale_smem_bytes,
     epi_buffers,
+    epi_group,
     epi_tile,
     epi_vector_slots,
     residual_smem_bytes,
@@ -226,8 +227,13 @@ class GemmSm90:
             self.ab_stages = stages_with_slabs
         self.a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, self.tile_mnk, a_dtype, self.ab_stages)
         self.b_smem_staged = sm90_utils.make_smem_layout_b(b_layout, self.tile_mnk, b_dtype, self.ab_stages)
+        # Slabs per bulk group of TMA stores (config.epi_group): one slab at a time where a
+        # residual's slots or block scales take the shared memory, or under SwiGLU.
+        self.epi_group = 1
+        if not (self.epi.residual or self.epi.block_scaled or self.swiglu):
+            self.epi_group = epi_group(self.cfg, out_bytes)
         self.c_smem_staged = sm90_utils.make_smem_layout_epi(
-            c_dtype, c_layout, self.epi_tile, epi_buffers(self.cfg, out_bytes))
+            c_dtype, c_layout, self.epi_tile, epi_buffers(self.cfg, out_bytes, self.epi_group))
         self.res_slots = RES_SLOTS * (2 if self.cfg.pingpong else 1)
         self.n_slabs = (self.tile_mn[0] // self.epi_tile[0]) * (self.tile_mn[1] // self.epi_tile[1])
         self.r_smem_staged = sm90_utils.make_smem_layout_epi(
@@ -1014,9 +1020,11 @@ class GemmSm90:
         # *source* partition says which elements a thread holds (the destination
         # partition only says which smem rows it addresses).
         tRS_cD = thr_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
+        G = self.epi_group
+        n_groups = (n_slabs + G - 1) // G
         buf0 = 0
         if cutlass.const_expr(self.cfg.pingpong):
-            buf0 = wg_idx * EPI_STAGES
+            buf0 = wg_idx * EPI_STAGES * G
         res = [None, None]
         if cutlass.const_expr(self.epi.residual and not self.res_tma):
             res = [res_first, self._residual_fragment(thr_r2s, sD)]
@@ -1060,23 +1068,33 @@ class GemmSm90:
             if cutlass.const_expr(whole):
                 cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, slab)])
             else:
-                buf = buf0 + (tiles_done * n_slabs + slab) % EPI_STAGES
-                cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, buf)])
-                # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
-                cute.arch.fence_proxy("async.shared", space="cta")
-                self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
-                if is_store_warp:
-                    # One lane issues the store: a TMA instruction executed by the whole warp
-                    # is 32 identical bulk copies (measured: no time difference on the H100,
-                    # but there is no reason to queue 31 redundant copies).
-                    with cute.arch.elect_one():
-                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, slab_mn)])
-                        store_pipeline.producer_commit()
-                        store_pipeline.producer_acquire()
-                    if cutlass.const_expr(self.res_tma and slab + RES_SLOTS < n_slabs):
-                        # Everyone has read this slab's residual (barrier above): refill its slot.
-                        self._issue_residual_slab(res_tma, tm, tn, wg_idx, slab + RES_SLOTS)
-                self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+                # Group `slab // G` of the tile takes buffer set (tiles_done * n_groups + group)
+                # % EPI_STAGES; its slabs go out together once the last is in shared memory.
+                group = slab // G
+                first = group * G
+                bufs = buf0 + ((tiles_done * n_groups + group) % EPI_STAGES) * G
+                cute.copy(copy_r2s, tRS_rOut, tRS_sD[(None, None, None, bufs + slab - first)])
+                if cutlass.const_expr(slab == n_slabs - 1 or slab - first == G - 1):
+                    # stmatrix writes are generic-proxy; the TMA store reads via the async proxy.
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
+                    if is_store_warp:
+                        # One lane issues the stores: a TMA instruction executed by the whole
+                        # warp is 32 identical bulk copies (measured: no time difference on
+                        # the H100, but there is no reason to queue 31 redundant copies).
+                        with cute.arch.elect_one():
+                            for s in cutlass.range_constexpr(first, slab + 1):
+                                cute.copy(tma_d, bSG_sD[(None, bufs + s - first)],
+                                          bSG_gD[(None, slab_layout.get_hier_coord(s))])
+                            # One bulk group: the wait below leaves this group in flight and
+                            # frees the other set's buffers for the next group.
+                            store_pipeline.producer_commit()
+                            store_pipeline.producer_acquire()
+                        if cutlass.const_expr(self.res_tma and slab + RES_SLOTS < n_slabs):
+                            # Everyone has read this slab's residual (barrier above): refill its
+                            # slot (res_tma runs one slab a group).
+                            self._issue_residual_slab(res_tma, tm, tn, wg_idx, slab + RES_SLOTS)
+                    self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
         if cutlass.const_expr(whole):
             # stmatrix writes are generic-proxy; the TMA stores read via the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
