@@ -1032,6 +1032,13 @@ class GemmSm90:
         if cutlass.const_expr(self.res_tma):
             r_tma = cute.make_rmem_tensor(tRS_rD.shape, self.c_dtype)
         whole = self.whole_epi
+        if cutlass.const_expr(self.split and not whole):
+            # The buffer sets alternate by tile count, and a split tile this CTA did not finish
+            # ran no epilogue: with an odd number of store rounds a tile, this epilogue's first
+            # set could be the one the last stores are still reading. Let them finish first.
+            if is_store_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            self._epi_sync(epi_barrier, epi_barrier_wg1, wg_idx)
         if cutlass.const_expr(whole):
             # One buffer per slab: the previous tile's stores must have read them (the wait
             # lands here, under this tile's main loop, rather than after every slab).
