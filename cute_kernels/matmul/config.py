@@ -192,7 +192,7 @@ def epi_buffers(cfg: GemmConfig, out_bytes: int, group: int = 1) -> int:
 # slabs are written to smem, then one fence, one barrier and one bulk group of TMA stores. A
 # 256 x 152 tile otherwise runs 38 slabs of 128 x 8, each with two barriers of 256 threads and
 # a store wait. Same machine, H200, 73 bf16 shapes of 138-7340 tokens on their picks, one
-# process each way, in-process compiles (`gemm_probe_epi_{A,B}_1_h200.md`): the 256-row
+# process each way, in-process compiles (`gemm_probe_epi_ab_h200.md`): the 256-row
 # 8-column picks 1.035x faster grouped (29 shapes, 0.993x-1.100x; 1824x4608x3584 0.949x ->
 # 1.044x cuBLAS), 128-row ones 1.02x-1.03x, 192-row 1.01x-1.08x; 16-column slabs in pairs
 # 1.005x (0.966x-1.044x) and ping-pong 8-column slabs 1.005x: both keep one slab a round.
