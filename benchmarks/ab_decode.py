@@ -93,7 +93,7 @@ def _point_pick(B: int, L: int, H: int, G: int, D: int, mma: bool):
     heads = api._heads_per_cta(G, api._decode_cfg(D, mma))
     splits = api.decode_splits_heuristic(B, H, heads, L, D, mma=mma)
     ctas = B * (H // heads)
-    pick = (decode_mma_config(D, 0 if splits > 1 else ctas, heads, L) if mma
+    pick = (decode_mma_config(D, 0 if splits > 1 else ctas, heads, L, split_ctas=ctas if splits > 1 else 0) if mma
             else decode_config(D, ctas, L, mha=G == 1 and splits == 1))
     return pick, heads, splits
 

@@ -655,6 +655,42 @@ def test_decode_mma_stage_pick():
     assert decode_mma_config(128) == decode_mma_config(128, 0, 0, 0)
 
 
+def test_decode_mma_wide_pick():
+    """Split launches over at most 8 (batch, KV head) pairs of 8 packed heads take 8 warps and
+    2 stages; more pairs, other packings and unsplit launches keep their picks, and the split
+    count is planned with the 4-warp config either way."""
+    import cute_kernels.attention.api as api
+    from cute_kernels.attention.config import decode_mma_config
+
+    wide = decode_mma_config(128, split_ctas=8, heads=8)
+    assert (wide.warps, wide.stages) == (8, 2) and decode_mma_config(64, split_ctas=4, heads=8).warps == 8
+    assert decode_mma_config(128, split_ctas=16, heads=8) == decode_mma_config(128)
+    assert decode_mma_config(128, split_ctas=8, heads=4) == decode_mma_config(128)
+    assert decode_mma_config(128, split_ctas=2, heads=16) == decode_mma_config(128)
+    assert decode_mma_config(128, 8, 8, 8192) == decode_mma_config(128)  # unsplit
+    assert api._decode_cfg(128, True).warps == 4  # what decode_splits_heuristic plans with
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_mma_wide_compiles_for_sm90a(tmp_path, head_dim):
+    """The 8-warp, 2-stage tensor-core build (8 packed heads, split, global merge): 256 threads,
+    a 2-deep ring (stages - 2 = 0 groups left in flight at a wait), no spills."""
+    from cute_kernels.attention.api import _compile_decode
+    from cute_kernels.attention.config import decode_mma_config
+    from tests.test_gemm import _ptxas_report
+
+    cfg = decode_mma_config(head_dim, split_ctas=8, heads=8)
+    assert cfg.warps == 8
+    _compile_decode(torch.bfloat16, cfg, 8, True, True, False, 1, True, keep_dir=str(tmp_path))
+    ptx_path = glob.glob(str(tmp_path / "*.ptx"))[0]
+    ptx = open(ptx_path).read()
+    assert re.search(r"cp\.async\.wait_group\s+0;", ptx) and "mma.sync.aligned.m16n8k16" in ptx
+    assert re.search(r"\.reqntid\s+256\b", ptx)
+    report = _ptxas_report(ptx_path)
+    assert not report or "0 bytes spill stores" in report
+
+
 @pytest.mark.compile
 def test_decode_mma_deep_ring_compiles_for_sm90a(tmp_path):
     """The tensor-core kernel's 4-stage ring (decode_mma_config's many-wave pick at D = 128):

@@ -343,7 +343,7 @@ def _run_decode(q, k, v, softmax_scale, seqlens_k=None, num_splits=None, key_mas
     split = splits > 1
     ctas = B * (Hq // heads)
     if config is None:
-        config = (decode_mma_config(D, 0 if split else ctas, heads, k.shape[1]) if mma
+        config = (decode_mma_config(D, 0 if split else ctas, heads, k.shape[1], split_ctas=ctas if split else 0) if mma
                   else decode_config(D, ctas, k.shape[1], mha=G == 1 and not split))
     if getattr(config, "kv_pack", 1) > 1 and (G != 1 or split or Hq % config.kv_pack):
         config = replace(config, kv_pack=1)  # KV heads share a CTA only for unsplit MHA

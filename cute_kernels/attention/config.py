@@ -489,13 +489,30 @@ def _wave_fill(ctas: int, slots: int) -> float:
 # they won (1.017 / 0.991 / 0.968 -> 1.053 / 1.051 / 1.038).
 MMA_DEEP_RING_MARGIN = 0.05
 
+# Split launches over at most this many (batch, KV head) pairs of 8 packed query heads take 8
+# warps and 2 stages: each split's CTA then streams 128 keys a step (twice the warps in flight
+# on its slice of the cache) and the last CTA folds the partials with 256 threads. The splits
+# stay as the 4-warp config plans them. Same run, H200, x the shipped config (4 warps, 3
+# stages), 2k / 4k / 8k / 32k keys (`ab_decode_w8_*_h200.md`): h64/8 D = 128 batch 1
+# 1.042 / 1.063 / 1.070 / 1.002 (again in another process: 1.038 / 1.064 / 1.081 at 2k-8k);
+# 8 packed heads over 4 KV heads, batch 1 1.006 / 1.062 / 1.063 / 1.012, batch 2 1.040 /
+# 1.059 / 1.078 / 0.999; D = 64 at 4k / 8k / 32k, batch 1 1.043 / 1.072 / 1.141, batch 2
+# 1.053 / 1.081 / 0.999. Not taken: 16 pairs (h64/8 batch 2: 0.974-1.024), 4 packed heads
+# (h28/7 batch 1-2: 0.964-1.088), 16 packed heads (not measured).
+MMA_WIDE_SPLIT_CTAS = 8
+MMA_WIDE_HEADS = 8
+
 
 def decode_mma_config(head_dim: int, ctas: int = 0, heads: int = 0, seqlen_k: int = 0,
-                      num_sms: int = H100_SMS) -> DecodeMmaConfig:
+                      num_sms: int = H100_SMS, *, split_ctas: int = 0) -> DecodeMmaConfig:
     """The tensor-core decode kernel's config for an unsplit launch of `ctas` CTAs of `heads`
-    packed query heads each over `seqlen_k` keys (ctas 0: split or unknown): 4 warps x 16 keys
-    x 3 stages (best at every split GQA point swept: docs/attention.md), at D = 128 with a long
-    cache 4 stages where their waves fill the SMs better (notes above; D = 64 not measured)."""
+    packed query heads each over `seqlen_k` keys (ctas 0: split or unknown), or a split launch
+    over `split_ctas` (batch, head group) pairs: 4 warps x 16 keys x 3 stages (best at every
+    split GQA point swept: docs/attention.md), 8 warps x 2 stages for split launches over few
+    pairs of 8 packed heads, at D = 128 with a long cache 4 stages where their waves fill the
+    SMs better (notes above; D = 64 not measured)."""
+    if 0 < split_ctas <= MMA_WIDE_SPLIT_CTAS and heads == MMA_WIDE_HEADS:
+        return _decode_mma_config(head_dim, wide=True)
     long_grid = head_dim == 128 and ctas > num_sms and seqlen_k >= MANY_WAVES_LONG_CACHE
     return _decode_mma_config(head_dim, long_grid and _deep_ring_fills_better(head_dim, ctas, heads, num_sms))
 
@@ -509,8 +526,11 @@ def _deep_ring_fills_better(head_dim: int, ctas: int, heads: int, num_sms: int) 
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_mma_config(head_dim: int, deep_ring: bool = False) -> DecodeMmaConfig:
-    cfg = DecodeMmaConfig(head_dim, stages=4 if deep_ring else DecodeMmaConfig.stages)
+def _decode_mma_config(head_dim: int, deep_ring: bool = False, wide: bool = False) -> DecodeMmaConfig:
+    if wide:
+        cfg = DecodeMmaConfig(head_dim, warps=8, stages=2)
+    else:
+        cfg = DecodeMmaConfig(head_dim, stages=4 if deep_ring else DecodeMmaConfig.stages)
     cfg.validate()
     return cfg
 
