@@ -498,7 +498,7 @@ MMA_DEEP_RING_MARGIN = 0.05
 # 8 packed heads over 4 KV heads, batch 1 1.006 / 1.062 / 1.063 / 1.012, batch 2 1.040 /
 # 1.059 / 1.078 / 0.999; D = 64 at 4k / 8k / 32k, batch 1 1.043 / 1.072 / 1.141, batch 2
 # 1.053 / 1.081 / 0.999. Not taken: 16 pairs (h64/8 batch 2: 0.974-1.024), 4 packed heads
-# (h28/7 batch 1-2: 0.964-1.088), 16 packed heads (not measured).
+# (h28/7 batch 1-2: 0.964-1.088), 7 (h28/4 batch 1-2: 0.908-1.049), 16 (not measured).
 MMA_WIDE_SPLIT_CTAS = 8
 MMA_WIDE_HEADS = 8
 
