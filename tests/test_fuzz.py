@@ -85,6 +85,28 @@ def draw_gemm(i: int) -> dict:
                 b_major=r.choice("kn"), out=r.choice(["same", "same", "float32"]))
 
 
+def draw_gemm_config(i: int) -> dict:
+    """A config from the space the tuner searches (any of them can win a class and be
+    dispatched for every shape of it), on a shape of its own."""
+    from cute_kernels.matmul.config import GemmConfig
+
+    r = _rng("gemm_config", i)
+    while True:
+        swap = r.random() < 0.4
+        tm = r.choice([64, 128, 128, 192, 256])
+        tn = r.choice(range(16, 257, 8)) if swap else r.choice([64, 96, 128, 160, 192, 256])
+        cm, cn = r.choice([(1, 1), (2, 1), (2, 1), (1, 2), (2, 2)])
+        cfg = GemmConfig(tm, tn, cm, cn, pingpong=r.random() < 0.4, split_k=r.choice([1, 1, 2, 3, 4]), swap_ab=swap,
+                         raster_m=r.random() < 0.7, group=r.choice([1, 4, 8]))
+        try:
+            cfg.validate(2, 2)
+        except ValueError:
+            continue
+        m, n, k = _log_int(r, 1, 4096), _mult(r, 8, 8192, 8), _mult(r, 16, 8192, 8)
+        if m * n * k <= MAX_GEMM_MACS:
+            return dict(m=m, n=n, k=k, config=cfg, dtype=r.choice(["bfloat16", "float16"]))
+
+
 def draw_scaled_mm(i: int) -> dict:
     r = _rng("scaled_mm", i)
     while True:
@@ -204,7 +226,7 @@ def draw_varlen(i: int) -> dict:
 
 DRAWS = {"linear": draw_linear, "gemm": draw_gemm, "scaled_mm": draw_scaled_mm, "int8_mm": draw_int8_mm,
          "attention": draw_attention, "kvcache": draw_kvcache, "attention_fp8": draw_attention_fp8,
-         "swiglu": draw_swiglu, "layernorm_linear": draw_layernorm_linear,
+         "gemm_config": draw_gemm_config, "swiglu": draw_swiglu, "layernorm_linear": draw_layernorm_linear,
          "scaled_mm_blockwise": draw_scaled_mm_blockwise, "varlen": draw_varlen}
 
 
@@ -328,6 +350,19 @@ def _round_to_zero_f32(x: torch.Tensor) -> torch.Tensor:
     y = x.float()
     over = y.double().abs() > x.abs()
     return torch.where(over, torch.nextafter(y, torch.zeros_like(y)), y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(CASES))
+def test_gemm_config(i):
+    import cute_kernels as ck
+
+    c = draw_gemm_config(i)
+    g, dt = _gen("gemm_config", i), getattr(torch, c["dtype"])
+    a = _randn(g, c["m"], c["k"], dtype=dt)
+    b = _randn(g, c["n"], c["k"], dtype=dt).t()
+    out = ck.gemm(a, b, config=c["config"])
+    _close(out, a @ b, a.double() @ b.double(), c)
 
 
 def _quant_fp8(x, dim=None):
