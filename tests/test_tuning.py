@@ -415,6 +415,30 @@ def test_refinements_split_a_sparse_last_wave():
     assert {c.split_k for c in refinements(dense, [cfg])} == {1}
 
 
+def test_split_residual_configs_that_spill_are_not_tuned():
+    """Split-K with a residual spills from 192 accumulators a consumer thread (ptxas; the
+    compile tier pins the boundary): the residual class never takes such a split, unsplit
+    and plain classes still do."""
+    from cute_kernels.tuning.cache import accumulators_per_thread
+    from cute_kernels.tuning.tune import last_wave_splits
+
+    assert [accumulators_per_thread(c) for c in (
+        GemmConfig(128, 192, pingpong=True), GemmConfig(256, 96, pingpong=True), GemmConfig(256, 192),
+        GemmConfig(128, 160, pingpong=True), GemmConfig(256, 160), GemmConfig(128, 256), GemmConfig(192, 160),
+        GemmConfig(64, 128))] == [192, 192, 192, 160, 160, 128, 80, 64]
+    res = Problem("bf16", "bf16", "kk", "residual", 1355, 3584, 18944)
+    plain = Problem("bf16", "bf16", "kk", "plain", 1355, 3584, 18944)
+    spills = GemmConfig(128, 192, 2, 1, pingpong=True, split_k=2)
+    with pytest.raises(ValueError, match="spills"):
+        res.check(spills)
+    plain.check(spills)
+    res.check(dataclasses.replace(spills, split_k=1))
+    res.check(GemmConfig(128, 160, 2, 1, pingpong=True, split_k=2))
+    big = GemmConfig(128, 192, 2, 1, pingpong=True)  # 1100 rows: 95 clusters, 29 in the last wave
+    plain, res = (dataclasses.replace(p, m=1100) for p in (plain, res))
+    assert last_wave_splits(plain, [big]) and not last_wave_splits(res, [big])
+
+
 def test_refinements_skip_raster_variants_of_the_same_tile_order():
     """A raster or band variant whose tile order equals its base's (a grid one cluster wide, a
     band at least as wide as the grid) is not timed; distinct orders are."""

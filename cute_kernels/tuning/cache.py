@@ -197,6 +197,26 @@ class Problem:
             raise ValueError(f"a 192-row tile takes no residual or SwiGLU epilogue, got {self.epilogue}")
         if self.epilogue == "swiglu" and not swiglu_fits(cfg, self.n // 2):
             raise ValueError(f"the swiglu epilogue needs split_k 1 and tile_n / 2 dividing {self.n // 2}, got {cfg}")
+        if self.epilogue == "residual" and cfg.split_k > 1 and accumulators_per_thread(cfg) >= SPLIT_RESIDUAL_SPILL_ACC:
+            raise ValueError(f"split-K with a residual spills at {accumulators_per_thread(cfg)} accumulators a "
+                             f"consumer thread (ptxas), got {cfg}")
+
+
+# Split-K builds load a residual through registers (its TMA slabs would be issued before the
+# CTA knows whether it finishes the tile), and from this many fp32 accumulators a consumer
+# thread ptxas spills: 128 x 192 ping-pong, 256 x 96 ping-pong and 256 x 192 cooperative, bf16
+# and fp16, with or without a bias, 4-124 bytes; 160 (128 x 160 ping-pong, 256 x 160) do not.
+# The heuristic never picks them; the tuner's last-wave splits would time them.
+SPLIT_RESIDUAL_SPILL_ACC = 192
+# Consumer warpgroups of a cooperative tile: 64 rows each, except 256-row tiles (two of 128).
+_COOP_WARPGROUPS = {64: 1, 128: 2, 192: 3, 256: 2}
+
+
+def accumulators_per_thread(cfg: GemmConfig) -> int:
+    """fp32 accumulators a consumer thread holds: a ping-pong warpgroup owns the whole tile,
+    a cooperative tile is shared by its warpgroups."""
+    threads = 128 if cfg.pingpong else 128 * _COOP_WARPGROUPS[cfg.tile_m]
+    return cfg.tile_m * cfg.tile_n // threads
 
 
 @dataclass(frozen=True)
