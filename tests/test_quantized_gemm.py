@@ -125,6 +125,16 @@ def test_8bit_api_rejects_bad_input_on_cpu():
         ck.int8_mm(a, b)
 
 
+def test_promoted_64_row_tiles_stop_where_they_spill():
+    """One warpgroup holds both accumulators of a 64-row promoted tile: up to 192 wide it
+    compiles without spills (the compile tier's 64 x 128), wider ptxas spills."""
+    GemmConfig(64, 192, 1, 1, promote=True).validate(1, 2)
+    GemmConfig(64, 192, 1, 1, promote=True, split_k=2, swap_ab=True).validate(1, 2)
+    for cfg in (GemmConfig(64, 256, 1, 1, promote=True), GemmConfig(64, 224, 1, 1, promote=True, swap_ab=True)):
+        with pytest.raises(ValueError, match="64-row tile"):
+            cfg.validate(1, 2)
+
+
 def test_block_scales_for_kernel_layouts():
     """Block scales reach the kernel M-major (scale_a) / K-major (scale_b) with 16-byte
     strides; ones already laid out so (the quantizer's output) are passed through."""

@@ -140,6 +140,10 @@ class GemmConfig:
             raise ValueError("a ping-pong warpgroup holds a whole tile: tile_m * tile_n must be <= 128 * 192")
         if self.promote and (self.pingpong or self.tile_m * self.tile_n > 128 * 128):
             raise ValueError("promote keeps two accumulators: needs a cooperative tile of at most 128 x 128")
+        if self.promote and self.tile_m == 64 and self.tile_n > 192:
+            # One warpgroup holds both 64 x tile_n accumulators: ptxas spills 64 x 224 split
+            # (64 bytes) and 64 x 240 / 256 (200-1000 bytes); up to 192 it does not.
+            raise ValueError(f"promote on a 64-row tile needs tile_n <= 192, got {self.tile_n}")
         if self.whole_tile_epi and self.pingpong:
             raise ValueError("whole_tile_epi is for cooperative tiles (a ping-pong warpgroup stages its own slabs)")
         if self.group < 1:
