@@ -88,20 +88,11 @@ def draw_gemm(i: int) -> dict:
 def draw_gemm_config(i: int) -> dict:
     """A config from the space the tuner searches (any of them can win a class and be
     dispatched for every shape of it), on a shape of its own."""
-    from cute_kernels.matmul.config import GemmConfig
+    from benchmarks.compile_sweep import draw_config
 
     r = _rng("gemm_config", i)
+    cfg = draw_config(r, "bf16")
     while True:
-        swap = r.random() < 0.4
-        tm = r.choice([64, 128, 128, 192, 256])
-        tn = r.choice(range(16, 257, 8)) if swap else r.choice([64, 96, 128, 160, 192, 256])
-        cm, cn = r.choice([(1, 1), (2, 1), (2, 1), (1, 2), (2, 2)])
-        cfg = GemmConfig(tm, tn, cm, cn, pingpong=r.random() < 0.4, split_k=r.choice([1, 1, 2, 3, 4]), swap_ab=swap,
-                         raster_m=r.random() < 0.7, group=r.choice([1, 4, 8]))
-        try:
-            cfg.validate(2, 2)
-        except ValueError:
-            continue
         m, n, k = _log_int(r, 1, 4096), _mult(r, 8, 8192, 8), _mult(r, 16, 8192, 8)
         if m * n * k <= MAX_GEMM_MACS:
             return dict(m=m, n=n, k=k, config=cfg, dtype=r.choice(["bfloat16", "float16"]))
@@ -248,6 +239,22 @@ def test_draws_are_reproducible_and_in_range():
                 assert all(0 <= n_ <= d["smax"] - d["s_new"] for n_ in d["lens"])
             if "hq" in d:
                 assert d["hq"] % d["hkv"] == 0
+
+
+def test_compile_sweep_draws_valid_configs_and_epilogues():
+    from benchmarks.compile_sweep import draw_config, draw_epilogue
+
+    for dtype, in_bytes in (("bf16", 2), ("fp8", 1), ("int8", 1)):
+        r = random.Random(dtype)
+        for _ in range(200):
+            cfg = draw_config(r, dtype)
+            cfg.validate(in_bytes, 2, integer=dtype == "int8")
+            epi = draw_epilogue(r, cfg, dtype)
+            if cfg.swap_ab:
+                assert not {"bias", "residual", "activation"} & set(epi)
+            if cfg.tile_m == 192:
+                assert "residual" not in epi
+            assert ("row_scale" in epi) == (dtype != "bf16")
 
 
 # ------------------------------------------------------------------------------ gpu tier
