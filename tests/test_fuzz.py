@@ -372,16 +372,11 @@ def test_gemm_config(i):
     _close(out, a @ b, a.double() @ b.double(), c)
 
 
-def _quant_fp8(x, dim=None):
-    amax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
-    scale = (amax.float() / 448.0).clamp(min=1e-12)
-    return (x / scale).clamp(-448, 448).to(E4M3), scale.float()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("i", range(CASES))
 def test_scaled_mm(i):
     import cute_kernels as ck
+    from tests.test_quantized_gemm import _quant_fp8
 
     c = draw_scaled_mm(i)
     g = _gen("scaled_mm", i)
@@ -475,6 +470,7 @@ def test_flash_attn(i):
 @pytest.mark.parametrize("i", range(CASES))
 def test_flash_attn_with_kvcache(i):
     import cute_kernels as ck
+    from cute_kernels.attention.reference import flash_attn_ref
 
     c = draw_kvcache(i)
     g = _gen("kvcache", i)
@@ -503,15 +499,7 @@ def test_flash_attn_with_kvcache(i):
         if seen == 0:
             assert (out[s] == 0).all(), f"empty cache must give zeros for {c}"
             continue
-        # bottom-right causal: query row j of the new block sees keys < seen - s_new + j + 1
-        rep = hq // hkv
-        qd, kd, vd = qs.double().transpose(1, 2), ks.double().transpose(1, 2), vs.double().transpose(1, 2)
-        kd, vd = kd.repeat_interleave(rep, 1), vd.repeat_interleave(rep, 1)
-        sc = (qd @ kd.transpose(-1, -2)) / math.sqrt(d)
-        jj = torch.arange(seen, device="cuda")[None, :]
-        ii = torch.arange(s_new, device="cuda")[:, None]
-        sc = sc.masked_fill(jj > ii + seen - s_new, float("-inf"))
-        ref = (torch.softmax(sc, -1).nan_to_num(0.0) @ vd).transpose(1, 2)
+        ref = flash_attn_ref(qs.double(), ks.double(), vs.double(), causal=True)  # bottom-right, as the cache's
         _close(out[s:s + 1], _sdpa(qs, ks, vs, True, None), ref, c, slack=1e-3)
 
 
@@ -577,7 +565,7 @@ def test_layernorm_linear(i):
     def run(xx, ww, lww, lbb, bb, to):
         h = torch.nn.functional.layer_norm(xx, (k,), lww, lbb, 1e-5)
         t = torch.nn.functional.linear(h, ww, bb)
-        return apply_activation(t.to(torch.float64 if to == torch.float64 else torch.float32), c["activation"]).to(to)
+        return apply_activation(t.double() if to is torch.float64 else t.float(), c["activation"]).to(to)
 
     ref = run(x.double(), w.double(), lw.double(), lb.double(), None if bias is None else bias.double(), torch.float64)
     _close(out, run(x, w, lw, lb, bias, dt), ref, c)
