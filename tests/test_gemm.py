@@ -1117,6 +1117,27 @@ def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
         assert spills and all(s == ("0", "0") for s in spills), report
 
 
+def test_wide_decode_tiles_rule(monkeypatch):
+    """One row on a weight of more than 4096 rows runs the 64-row swap_ab tiles, not the skinny
+    GEMV, and a norm before such a product its own launch; narrower weights, biases (the tiles'
+    epilogue cannot take them) and short K keep the GEMV; WIDE_DECODE_TILES off restores both."""
+    from cute_kernels.matmul import heuristics
+    from cute_kernels.matmul.api import norm_prologue_fits
+    from cute_kernels.matmul.heuristics import skinny_gemv
+
+    assert not skinny_gemv(1, 8192, 2048, True) and not skinny_gemv(1, 50257, 768, True)
+    assert skinny_gemv(1, 8192, 2048, False) and skinny_gemv(1, 4096, 14336, True) and skinny_gemv(1, 50257, 512, True)
+    bf16 = torch.bfloat16
+    for m in (1, 2, 8):
+        assert not norm_prologue_fits(m, 128256, 4096, bf16) and not norm_prologue_fits(m, 50257, 1600, bf16)
+        assert norm_prologue_fits(m, 4800, 1600, bf16, bias=True)  # GPT-2's c_attn: biased, fused
+        assert norm_prologue_fits(m, 4096, 4096, bf16)
+    assert norm_prologue_fits(1, 8192, 4096, torch.float32)  # fp32 outputs: no swap_ab tiles, the GEMV
+    monkeypatch.setattr(heuristics, "WIDE_DECODE_TILES", False)
+    assert skinny_gemv(1, 8192, 2048, True) and norm_prologue_fits(8, 128256, 4096, bf16)
+    assert not skinny_gemv(2, 8192, 2048, True)  # 2-8 rows: the tiles either way
+
+
 def test_swap_256_picks():
     """256-row swap_ab tiles where they fill whole waves that 128-row tiles leave sparse
     (16-bit, 640-4096 rows, N >= 1024), at least 1% under the pick they replace by the model;
@@ -1658,7 +1679,7 @@ def test_narrow_swap_picks():
     from cute_kernels.matmul.heuristics import skinny_gemv
 
     assert not skinny_gemv(4, 8192, 2048, True) and skinny_gemv(4, 8192, 2048, False)  # a bias: the GEMV
-    assert skinny_gemv(4, 4096, 4096, True) and not skinny_gemv(3, 1024, 4096, True) and skinny_gemv(1, 8192, 2048, True)
+    assert skinny_gemv(4, 4096, 4096, True) and not skinny_gemv(3, 1024, 4096, True)
     assert pick(203, 55296, 5120)[0] == 128  # 864 weight tiles: no one-wave token tiling
     assert pick(845, 4096, 1024) == (128, 224, 1, 2, 1)  # pads as 128 rows do, in one wave, not two
     assert pick(277, 28672, 4096)[:2] == (128, 144)  # 16-column steps from K = 2048

@@ -725,6 +725,23 @@ def swiglu_linear_ref(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x @ gate_up[:N].t()) * (x @ gate_up[N:].t())
 
 
+def norm_prologue_fits(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool = False,
+                       activation: str | None = None) -> bool:
+    """Whether linear(norm(x)) over m <= 8 rows of K = k into n outputs runs as one skinny-GEMV
+    launch with the norm (LayerNorm or RMSNorm) in its prologue: exactly where `linear` itself
+    would take the GEMV (heuristics.skinny_gemv). Where it takes 64 x 16 swap_ab tiles, the
+    norm's own launch and then the tiles ran faster than the fused launch (H200, same run,
+    RMSNorm -> 128256 x 4096 at 1 and 8 rows 270 and 324 us -> 242 and 247; heuristics'
+    WIDE_DECODE_TILES notes). With WIDE_DECODE_TILES off, always (as before the rule)."""
+    from . import heuristics
+    from .config import Epilogue
+
+    if not heuristics.WIDE_DECODE_TILES:
+        return True
+    epi = Epilogue(bias=bias, activation=activation or "none")
+    return skinny_gemv(m, n, k, swappable(dtype, dtype, dtype, epi))
+
+
 def layernorm_linear(
     x: torch.Tensor,
     ln_weight: torch.Tensor,
@@ -756,6 +773,7 @@ def layernorm_linear(
         and activation in ACTIVATIONS and weight.shape[0] > 0
         and (bias is None or (isinstance(bias, torch.Tensor) and bias.shape == (weight.shape[0],)
                               and bias.dtype == x.dtype and bias.is_contiguous()))
+        and norm_prologue_fits(x2.shape[0], weight.shape[0], K, x.dtype, bias=bias is not None, activation=activation)
     )
     if not fused:
         return linear(F.layer_norm(x, (K,), ln_weight, ln_bias, eps), weight, bias, activation=activation)

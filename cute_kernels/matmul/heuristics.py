@@ -440,6 +440,19 @@ _NARROW_TAIL_SPLIT_FILL = 1 / 4
 SKINNY_MAX_N = 4096
 SKINNY_SPLIT_MAX_N = 1600
 SKINNY_SPLIT_MIN_K = 4096
+# One row (M = 1) takes the swapped tiles on weights of more than SKINNY_MAX_N rows too, from
+# K = NARROW_MIN_K: the one-row GEMV streams such a weight at 80-88% of HBM, the tiles' TMA ring
+# at 85-92%. And a norm before such a product (LayerNorm / RMSNorm -> lm_head, 1-8 rows) runs as
+# its own launch ahead of the tiles rather than in the GEMV's prologue (api.norm_prologue_fits).
+# H200, same run (`python -m benchmarks.skinny_heads`, `skinny_heads_h200.md`): at one row the
+# tiles 1.06x the GEMV over 15 weights of 4800-152064 rows (1.01x-1.20x; 1x32000x4096 67.8 ->
+# 61.9 us, cuBLAS 63.9), the norm's own launch then the tiles 1.25x (RMSNorm) and 1.34x
+# (LayerNorm) the fused launch over six heads at 1, 2 and 8 rows (min 1.08x / 1.03x; RMSNorm ->
+# 128256 x 4096 at 8 rows 324 -> 247 us); decode steps 1.006x-1.022x (Llama-3-8B and GPT-2 XL,
+# batch 1 and 8, the same tokens). At 4096 rows and fewer the GEMV stays ahead (1x4096x14336
+# 29.7 us against 32.8, 1x2048x8192 9.6 against 13.3), as at 2-8 rows. False: the GEMV and its
+# fused prologue, as before.
+WIDE_DECODE_TILES = True
 
 
 def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
@@ -447,8 +460,10 @@ def skinny_gemv(m: int, n: int, k: int, swappable: bool) -> bool:
     swap_ab tiles (`swappable`: a 16-bit product whose epilogue swap_ab can run)."""
     if m > 8:
         return False
+    if m == 1:
+        return not (WIDE_DECODE_TILES and swappable and n > SKINNY_MAX_N and k >= NARROW_MIN_K)
     wide = n > SKINNY_MAX_N or (n <= SKINNY_SPLIT_MAX_N and k >= SKINNY_SPLIT_MIN_K)
-    return not (swappable and m >= 2 and k >= 1024 and wide)
+    return not (swappable and k >= 1024 and wide)
 
 
 def narrow_swap_config(m: int, n: int, k: int, *, num_sms: int = H100_SMS, in_bytes: int = 2,
