@@ -73,8 +73,9 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def gpu_tag() -> str:
-    name = gpu_name().lower()
+def gpu_tag(name: str | None = None) -> str:
+    """The results-file tag of GPU `name` (default: this machine's)."""
+    name = (gpu_name() if name is None else name).lower()
     for tag in ("h100", "h200", "h800", "a100", "b200"):
         if tag in name:
             return tag
@@ -178,15 +179,19 @@ def results_json(payload: dict) -> str:
     return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
-def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "", baseline: str = "cublas") -> Path:
-    """Write benchmarks/results/<suite>_<gpu>.json and .md; return the JSON path."""
+def write_results(suite: str, rows: Sequence[Row], summary: dict, notes: str = "", baseline: str = "cublas",
+                  *, gpu: str | None = None, date: str | None = None) -> Path:
+    """Write benchmarks/results/<suite>_<gpu>.json and .md; return the JSON path. gpu / date:
+    the GPU and day the rows were measured on (default: this machine, today), for results
+    assembled from files measured elsewhere."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out_dir = results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    tag = gpu_tag()
+    gpu = gpu_name() if gpu is None else gpu
+    tag = gpu_tag(gpu)
     payload = {
-        "gpu": gpu_name(),
-        "date": datetime.date.today().isoformat(),
+        "gpu": gpu,
+        "date": date or datetime.date.today().isoformat(),
         "rows": [{k: v for k, v in asdict(r).items() if v is not None and v != {}} for r in rows],
         "summary": summary,
     }

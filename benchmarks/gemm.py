@@ -2,7 +2,8 @@
 
     python -m benchmarks.gemm [--providers cute,cublas,quack,triton] [--quick]
     python -m benchmarks.gemm --decode [--no-gemv]
-    python -m benchmarks.gemm --grid [--seed S] [--count 60] [--dtypes bf16,fp8,int8] [--rounds 3]
+    python -m benchmarks.gemm --grid [--seed S] [--count 60] [--dtypes bf16,fp8,int8] [--rounds 3] [--slice A:B]
+    python -m benchmarks.gemm --merge gemm_grid_slice0-20_h100.json gemm_grid_slice20-60_h100.json
 
 Layout is the F.linear one (A [M, K] row-major, B = W.t() with W [N, K]) for every
 provider. Writes benchmarks/results/gemm_<gpu>.json and .md.
@@ -20,7 +21,8 @@ per-row scales and fast accumulation, `int8_mm`) against cuBLAS (`F.linear`,
 (gemm_grid_<gpu>.*). cuBLAS gets its operands padded to what it needs for free (N to a
 multiple of 16, int8 M to 17 rows; --unpadded-baseline: as they are). --slice START:STOP
 times part of the draw (gemm_grid_slice<START>-<STOP>_<gpu>.*); QuACK's autotuning results
-persist under the cache root, so later slices and reruns skip its per-shape tuning. Every
+persist under the cache root, so later slices and reruns skip its per-shape tuning;
+--merge FILE... assembles gemm_grid_<gpu>.* from a grid's slice files (no GPU needed). Every
 provider of a case is timed --rounds times (3), the order reversed each round, the median
 kept: single timings of one config moved by up to 7% against cuBLAS between runs.
 """
@@ -383,10 +385,8 @@ def run_grid(seed: int = 0, count: int = 60, dtypes=GRID_DTYPES, providers=None,
     return rows
 
 
-def summarize_grid(rows, seed: int, count: int, dtypes=GRID_DTYPES) -> dict:
-    from cute_kernels.runtime import env
-    from cute_kernels.tuning import cache
-
+def _grid_ratios(rows, seed: int, count: int, dtypes) -> dict:
+    """The grid summary's figures: per dtype, ours against cuBLAS (and QuACK for bf16)."""
     by = {d: [r for r in rows if r.extra.get("dtype") == d] for d in dtypes}
     vs_cublas = {d: speedups(rs, "cute", "cublas") for d, rs in by.items()}
     vs_quack = speedups(by.get("bf16", []), "cute", "quack")
@@ -395,12 +395,71 @@ def summarize_grid(rows, seed: int, count: int, dtypes=GRID_DTYPES) -> dict:
         "geomean_speedup_vs_cublas": {d: geomean(list(s.values())) for d, s in vs_cublas.items() if s},
         "min_speedup_vs_cublas": {d: min(s.values()) for d, s in vs_cublas.items() if s},
         "cases_timed": {d: len(s) for d, s in vs_cublas.items()},
-        "tuning_cache": env.enabled("CUTE_KERNELS_TUNING"),
-        "tuning_entries": len(cache.entries()),
     }
     if vs_quack:
         summary["geomean_speedup_vs_quack"] = {"bf16": geomean(list(vs_quack.values()))}
+        summary["min_speedup_vs_quack"] = {"bf16": min(vs_quack.values())}
+        summary["cases_with_quack"] = {"bf16": len(vs_quack)}
     return summary
+
+
+def summarize_grid(rows, seed: int, count: int, dtypes=GRID_DTYPES) -> dict:
+    from cute_kernels.runtime import env
+    from cute_kernels.tuning import cache
+
+    return {**_grid_ratios(rows, seed, count, dtypes), "tuning_cache": env.enabled("CUTE_KERNELS_TUNING"),
+            "tuning_entries": len(cache.entries())}
+
+
+# What every slice of one grid must share for their rows to make one grid.
+_MERGE_KEYS = ("seed", "count", "rounds", "cublas_padded", "tuning_cache", "tuning_entries")
+
+
+def merge_grid(paths) -> tuple[list[Row], dict, str, str]:
+    """(rows, summary, gpu, date) of one grid assembled from its --slice results files, which
+    must come from one GPU and share _MERGE_KEYS (the same seed's draw, timed alike); a case
+    timed in two files is refused. The summary is computed afresh over every row, names the
+    slices and lists any case of the draw that no slice timed. Runs without a GPU."""
+    import json
+    from pathlib import Path
+
+    if not paths:
+        raise ValueError("merge_grid needs at least one slice file")
+    files = []
+    for p in paths:
+        try:
+            d = json.loads(Path(p).read_text())
+            s = d["summary"]
+            files.append((str(p), d["gpu"], d["date"], s, d["rows"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{p}: not a grid results file ({type(e).__name__}: {e})") from None
+    first = files[0]
+    for p, gpu, _, s, _ in files:
+        if gpu != first[1]:
+            raise ValueError(f"{p} ran on {gpu}, {first[0]} on {first[1]}: one grid is one GPU")
+        for k in _MERGE_KEYS:
+            if s.get(k) != first[3].get(k):
+                raise ValueError(f"{p} has {k} = {s.get(k)!r}, {first[0]} {first[3].get(k)!r}: not one grid")
+    rows, seen = [], {}
+    for p, _, _, _, file_rows in files:
+        for r in file_rows:
+            row = Row(**r)
+            key = (row.case, row.provider)
+            if key in seen:
+                raise ValueError(f"{row.case} {row.provider} is in both {seen[key]} and {p}")
+            seen[key] = p
+            rows.append(row)
+    seed, count = first[3]["seed"], first[3]["count"]
+    dtypes = tuple(d for d in GRID_DTYPES if any(r.extra.get("dtype") == d for r in rows))
+    summary = _grid_ratios(rows, seed, count, dtypes)
+    summary.update({k: first[3][k] for k in _MERGE_KEYS[2:] if k in first[3]})
+    summary["merged_from"] = [f"{Path(p).name} ({s.get('slice', 'all')}, {date})" for p, _, date, s, _ in files]
+    timed = {r.case for r in rows if r.provider == "cute"}
+    missing = [f"{d}-{M}x{N}x{K}-{name}" for d in dtypes for name, M, N, K in grid_shapes(seed, count)
+               if f"{d}-{M}x{N}x{K}-{name}" not in timed]
+    if missing:
+        summary["missing"] = missing
+    return rows, summary, first[1], max(f[2] for f in files)
 
 
 def _slice(text: str | None) -> slice:
@@ -437,10 +496,22 @@ def main(argv=None):
                    help="with --grid: time cuBLAS on the unpadded operands (no ratio where it needs alignment)")
     p.add_argument("--rounds", type=int, default=GRID_ROUNDS,
                    help="with --grid: timings per provider and case, alternating order, median kept")
+    p.add_argument("--merge", nargs="+", metavar="SLICE_JSON",
+                   help="assemble gemm_grid_<gpu>.* from one grid's --slice results files (no GPU needed)")
     args = p.parse_args(argv)
     if args.slice is not None and not args.grid:
         raise SystemExit("error: --slice selects shapes of --grid")
     part = _slice(args.slice)
+    if args.merge:
+        try:
+            rows, summary, gpu, date = merge_grid(args.merge)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        for k, v in summary.items():
+            print(f"{k}: {v}")
+        if not args.no_write:
+            print("wrote", write_results("gemm_grid", rows, summary, gpu=gpu, date=date))
+        return rows, summary
     require_hopper("python -m benchmarks.gemm")
     if args.grid:
         dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
