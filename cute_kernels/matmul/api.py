@@ -731,7 +731,7 @@ def norm_prologue_fits(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool
     launch with the norm (LayerNorm or RMSNorm) in its prologue: exactly where `linear` itself
     would take the GEMV (heuristics.skinny_gemv). Where it takes 64 x 16 swap_ab tiles, the
     norm's own launch and then the tiles ran faster than the fused launch (H200, same run,
-    RMSNorm -> 128256 x 4096 at 1 and 8 rows 270 and 324 us -> 242 and 247; heuristics'
+    RMSNorm -> 128256 x 4096 at 1 and 8 rows 271 and 341 us -> 247 and 251; heuristics'
     WIDE_DECODE_TILES notes). With WIDE_DECODE_TILES off, always (as before the rule)."""
     from . import heuristics
     from .config import Epilogue

@@ -445,13 +445,13 @@ SKINNY_SPLIT_MIN_K = 4096
 # at 85-92%. And a norm before such a product (LayerNorm / RMSNorm -> lm_head, 1-8 rows) runs as
 # its own launch ahead of the tiles rather than in the GEMV's prologue (api.norm_prologue_fits).
 # H200, same run (`python -m benchmarks.skinny_heads`, `skinny_heads_h200.md`): at one row the
-# tiles 1.06x the GEMV over 15 weights of 4800-152064 rows (1.01x-1.20x; 1x32000x4096 67.8 ->
-# 61.9 us, cuBLAS 63.9), the norm's own launch then the tiles 1.25x (RMSNorm) and 1.34x
-# (LayerNorm) the fused launch over six heads at 1, 2 and 8 rows (min 1.08x / 1.03x; RMSNorm ->
-# 128256 x 4096 at 8 rows 324 -> 247 us); decode steps 1.006x-1.022x (Llama-3-8B and GPT-2 XL,
-# batch 1 and 8, the same tokens). At 4096 rows and fewer the GEMV stays ahead (1x4096x14336
-# 29.7 us against 32.8, 1x2048x8192 9.6 against 13.3), as at 2-8 rows. False: the GEMV and its
-# fused prologue, as before.
+# tiles 1.05x the GEMV over 16 weights of 4800-152064 rows (1.01x-1.20x; 1x32000x4096 69.1 ->
+# 64.0 us, cuBLAS 66.6), the norm's own launch then the tiles 1.25x (RMSNorm) and 1.33x
+# (LayerNorm) the fused launch over six heads at 1, 2 and 8 rows (min 1.07x / 1.01x; RMSNorm ->
+# 128256 x 4096 at 8 rows 341 -> 251 us); decode steps 1.004x-1.044x (Llama-3-8B, Llama-3.2-1B
+# and GPT-2 XL, batch 1 and 8, the same tokens). At 4096 rows and fewer the GEMV stays ahead
+# (1x4096x14336 30.0 us against 32.8, 1x2048x8192 9.5 against 13.4), as at 2-8 rows. False: the
+# GEMV and its fused prologue, as before.
 WIDE_DECODE_TILES = True
 
 
