@@ -1,7 +1,7 @@
 """Decode-size products on wide weights: the skinny GEMV against 64 x 16 swap_ab tiles.
 
     python -m benchmarks.skinny_heads [--shapes NxK,...] [--norm-shapes NxK,...] [--m 1,2,8]
-                                      [--models llama-3-8b,gpt2-xl] [--batches 1,8] [--no-decode]
+                                      [--models llama-3-8b,gpt2-xl] [--batches 1,8] [--no-decode] [--no-write]
 
 What `heuristics.WIDE_DECODE_TILES` decides, measured three ways in one run:
 
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="llama-3-8b,gpt2-xl")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--no-decode", action="store_true", help="kernels only")
+    p.add_argument("--no-write", action="store_true", help="print, write no results files")
     args = p.parse_args(argv)
     shapes, norm_shapes = _pairs(args.shapes), _pairs(args.norm_shapes)
     try:
@@ -184,6 +185,10 @@ def main(argv=None) -> int:
     summary = kernels(shapes, norm_shapes, ms_list, rows)
     if not args.no_decode:
         summary.update(decode([s for s in args.models.split(",") if s], batches, rows))
+    for k, v in summary.items():
+        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    if args.no_write:
+        return 0
     path = write_results("skinny_heads", rows, summary, notes=(
         "`python -m benchmarks.skinny_heads`: bf16, randn inputs, weights rotated through L2, CUDA-graph "
         "medians; `gemv` the skinny GEMV, `tiles` the 64-row swap_ab tiles dispatch runs without it, "

@@ -15,3 +15,11 @@ def test_bench_gemm_decode():
 
     rows, summary = main(["--decode"])
     assert rows
+
+
+@pytest.mark.bench
+def test_bench_skinny_heads():
+    from benchmarks.skinny_heads import main
+
+    assert main(["--shapes", "32000x4096,2048x2048", "--norm-shapes", "50257x768", "--m", "1,8", "--no-decode",
+                 "--no-write"]) == 0
