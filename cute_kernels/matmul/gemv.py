@@ -48,8 +48,8 @@ On the H100 (2026-11-22) it is correct (tests/test_gemm.py -k gemv) and runs GPT
 decode linears at 1.11-1.43x cuBLAS at M = 1 and the 1x50257x1600 lm_head at 1.7x
 (`gemm_decode_h100.md`), where the wgmma path ran 0.75-0.92x; so `kernel_for` routes eligible
 M <= 8 products here, except plain ones on weights of more than 4096 rows, which 64 x 16
-swap_ab tiles stream faster (heuristics.skinny_gemv, docs/quant-and-decode.md). CUTE_KERNELS_GEMV=0 turns it off (the wgmma path, for
-comparison). In the GPT-2 XL decode step (48 layers x 4 GEMVs in one CUDA graph) PDL took
+swap_ab tiles stream faster (heuristics.skinny_gemv, docs/quant-and-decode.md).
+CUTE_KERNELS_GEMV=0 turns it off (the wgmma path, for comparison). In the GPT-2 XL decode step (48 layers x 4 GEMVs in one CUDA graph) PDL took
 2.24 to 2.09 ms per token, and loading weights ahead of the wait 2.09 to 1.81.
 
 The Llama family's decode step (inference/decode_llama.py) runs three launches per layer
