@@ -186,8 +186,8 @@ class LlamaStaticDecoder(StaticDecoder):
 
             return linear(self._norm(norm, x2).contiguous(), weight, bias, backend=self._backend).view(
                 *x.shape[:-1], N)
-        elif self._prologue_fits(x2) and (self._backend == "reference" or norm_prologue_fits(
-                x2.shape[0], N, x2.shape[1], x2.dtype, bias=bias is not None)):
+        elif self._prologue_fits(x2) and norm_prologue_fits(x2.shape[0], N, x2.shape[1], x2.dtype,
+                                                             bias=bias is not None):
             y = ops.rms_linear(x2.contiguous(), norm.weight, float(norm.variance_epsilon), weight, bias,
                                self._backend)
         else:
