@@ -348,13 +348,16 @@ def test_num_splits_heuristic_and_validation(monkeypatch):
 
 
 def test_prefill_config_choices():
-    from cute_kernels.attention.config import prefill_config
+    from cute_kernels.attention.config import prefill_config, prefill_config_fp8
 
     assert [prefill_config(D, 1024).pingpong for D in (64, 96, 128, 256)] == [False, True, True, True]
     assert prefill_config(64, 4096).num_mma_wg == 3 and prefill_config(64, 4096).pingpong
     assert prefill_config(64, 2047).num_mma_wg == 2 and prefill_config(128, 4096).num_mma_wg == 2
     assert prefill_config(256, 1024).n_block == 64 and prefill_config(128, 1024).n_block == 128
     assert prefill_config(64, 1024).exps_before_pv_wait == 32 and prefill_config(128, 1024).exps_before_pv_wait is None
+    # Three warpgroups at D = 64 run every exp2 after the P V wait; FP8 keeps 32 before it.
+    assert prefill_config(64, 4096).exps_before_pv_wait == 0 and prefill_config(64, 1024, 1, True).exps_before_pv_wait == 0
+    assert prefill_config_fp8(64, 4096).exps_before_pv_wait == 32
     assert prefill_config(64, 1024).stages == 4 and prefill_config(128, 1024).stages == 2
     # O through shared memory and TMA where its slots fit: not at D = 256.
     assert [prefill_config(D, 1024).tma_o for D in (64, 96, 128, 256)] == [True, True, True, False]
@@ -369,8 +372,6 @@ def test_prefill_config_choices():
     # tiles, 64-key blocks at D = 256, FP8's 224-key blocks).
     assert [prefill_config(D, 1024, 1, True).wg_key_range for D in (64, 96, 128, 256)] == [True, False, False, True]
     assert prefill_config(128, 4096, 8, True).wg_key_range is False
-    from cute_kernels.attention.config import prefill_config_fp8
-
     assert prefill_config_fp8(128, 4096).wg_key_range and not prefill_config_fp8(128, 1024).wg_key_range
 
 
@@ -1180,8 +1181,10 @@ def test_fp8_prefill_config():
     assert (wide.n_block, wide.pingpong) == (192, False) and prefill_config_fp8(128, 1024).n_block == 128
     # Split by mask: 80 of 96 exp2s before the P V wait without a causal mask, all with one.
     assert wide.exps_before_pv_wait == 80 and prefill_config_fp8(128, 4096, True).exps_before_pv_wait is None
-    # D = 64: the 16-bit pick with its 4 K/V stages (the 2-stage 192-row tiles were timed on bf16 only).
-    assert prefill_config_fp8(64, 4096) == dataclasses.replace(prefill_config(64, 4096), stages=4)
+    # D = 64: the 16-bit pick with 4 K/V stages and 32 exp2s before the P V wait (the 2-stage
+    # 192-row tiles and the all-after order were timed on bf16 only).
+    assert prefill_config_fp8(64, 4096) == dataclasses.replace(prefill_config(64, 4096), stages=4,
+                                                               exps_before_pv_wait=32)
     assert prefill_config(64, 4096).stages == 2 and prefill_config(64, 1024, 1, True).stages == 4
     PrefillConfig(128, n_block=224).validate(in_bytes=1)
     with pytest.raises(ValueError, match="n_block must be one of"):

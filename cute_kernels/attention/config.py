@@ -167,12 +167,20 @@ def _prefill_config(head_dim: int, long_q: bool, pack: int, causal: bool) -> Pre
         # causal 239 -> 249; D = 128 and three warpgroups were even or mixed, so they keep it).
         # The short-query 3-warpgroup tiles at D = 64 run without it too, as measured.
         pingpong=head_dim != 64 or long_q,
-        # D = 64 issues 32 of its 64 exp2s a thread before the P V wait and interleaves the
-        # rest with O's rescale. Same-run A/B on the H100 (two runs, bit-identical outputs):
-        # +1.8% geomean over the suite's six D = 64 shapes (causal S = 1024 +3%, 8x25x1024
-        # non-causal -1%); D = 128 moved +-2% either way with 4, 8 or 32 and keeps the wait
-        # after all of them.
-        exps_before_pv_wait=32 if head_dim == 64 else None,
+        # D = 64 with two consumer warpgroups issues 32 of its 64 exp2s a thread before the
+        # P V wait and interleaves the rest with O's rescale and P's conversion. Same-run A/B
+        # on the H100 (two runs, bit-identical outputs): +1.8% geomean over the suite's six
+        # D = 64 shapes (causal S = 1024 +3%, 8x25x1024 non-causal -1%). With three, every
+        # exp2 follows the wait, as FlashAttention-4 orders them (its P conversions then
+        # interleave with the MUFU work instead of queueing after the wait; Nsight Compute,
+        # 1 x 16384 x 32 x 64: F2FP stall samples ours 38k, FA4's 15k). Same run, H200,
+        # against 32 (`ab_attention_e0_d64_h200.md`, S 2048-16384, 12 shapes): 1.018x geomean,
+        # 10 faster (8 x 2048 +4.3%), 1 x 16384 non-causal -0.8%; held out
+        # (`ab_attention_e0_d64_held_h200.md`, S 512-4096): the 10 three-warpgroup shapes
+        # 1.012x, 9 at 1.0x or faster; the two-warpgroup ones (512-1024 rows, MHA, no mask)
+        # 0.975x-0.980x, so they keep 32. D = 128 moved +-2% with 4, 8 or 32 (H100) and 0.991x
+        # geomean with 0 (H200, `ab_attention_e0_d128_h200.md`): it keeps the wait after all.
+        exps_before_pv_wait=(0 if num_mma_wg == 3 else 32) if head_dim == 64 else None,
         # K/V stages: 4 at D = 64 below 2048 query rows, 2 elsewhere. One more (5 / 3)
         # measured 0.992x geomean over the suite's prefill cases on the H100
         # (docs/tried-and-not-kept.md). The 192-row tiles from 2048 rows take 2, as
@@ -230,8 +238,8 @@ def prefill_config_fp8(head_dim: int, seqlen_q: int, causal: bool = False) -> Pr
 @functools.lru_cache(maxsize=None)
 def _prefill_config_fp8(head_dim: int, long_q: bool, wide_block: bool, causal: bool) -> PrefillConfig:
     cfg = _prefill_config(head_dim, long_q, 1, False)
-    if head_dim == 64:  # 4 K/V stages: the 2-stage 16-bit pick was not measured on e4m3
-        cfg = replace(cfg, stages=4)
+    if head_dim == 64:  # 4 K/V stages and 32 exp2s before the P V wait: as measured on e4m3
+        cfg = replace(cfg, stages=4, exps_before_pv_wait=32)
     if head_dim == 128 and wide_block:
         cfg = replace(cfg, n_block=192, pingpong=False, exps_before_pv_wait=None if causal else 80)
     cfg = replace(cfg, wg_key_range=key_range_pays(cfg))
