@@ -85,6 +85,24 @@ def test_ab_attention_needs_a_gpu_and_says_so_in_one_line():
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
 
 
+def test_ncu_attention_cases_and_gpu_check():
+    import subprocess
+    import sys
+
+    from benchmarks.ncu_attention import parse_case
+
+    assert parse_case("1x16384x32x8x128") == ((1, 16384, 32, 8, 128), False)
+    assert parse_case("2x4096x32x32x64:causal") == ((2, 4096, 32, 32, 64), True)
+    for bad in ("1x16384x32x128", "1x16384x32x8x128:noncausal"):
+        with pytest.raises(ValueError):
+            parse_case(bad)
+    if torch.cuda.is_available():
+        return
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ncu_attention", "1x1024x8x8x64"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Hopper" in out.stderr, out.stderr
+
+
 def test_reference_matches_sdpa_and_handles_empty_rows():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 5, 4, 64) for _ in range(3))

@@ -173,9 +173,9 @@ def _prefill_config(head_dim: int, long_q: bool, pack: int, causal: bool) -> Pre
         # D = 64 shapes (causal S = 1024 +3%, 8x25x1024 non-causal -1%). With three, every
         # exp2 follows the wait, as FlashAttention-4 orders them (its P conversions then
         # interleave with the MUFU work instead of queueing after the wait; Nsight Compute,
-        # 1 x 16384 x 32 x 64: F2FP stall samples ours 38k, FA4's 15k). Same run, H200,
-        # against 32 (`ab_attention_e0_d64_h200.md`, S 2048-16384, 12 shapes): 1.018x geomean,
-        # 10 faster (8 x 2048 +4.3%), 1 x 16384 non-causal -0.8%; held out
+        # 1 x 16384 x 32 x 64, `attention_ncu_h200.md`: F2FP stall samples ours 14.9k, FA4's
+        # 7.2k). Same run, H200, against 32 (`ab_attention_e0_d64_h200.md`, S 2048-16384, 12
+        # shapes): 1.018x geomean, 10 faster (8 x 2048 +4.3%), 1 x 16384 non-causal -0.8%; held out
         # (`ab_attention_e0_d64_held_h200.md`, S 512-4096): the 10 three-warpgroup shapes
         # 1.012x, 9 at 1.0x or faster; the two-warpgroup ones (512-1024 rows, MHA, no mask)
         # 0.975x-0.980x, so they keep 32. D = 128 moved +-2% with 4, 8 or 32 (H100) and 0.991x
