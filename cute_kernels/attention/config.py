@@ -171,8 +171,9 @@ def _prefill_config(head_dim: int, long_q: bool, pack: int, causal: bool) -> Pre
         # P V wait and interleaves the rest with O's rescale and P's conversion. Same-run A/B
         # on the H100 (two runs, bit-identical outputs): +1.8% geomean over the suite's six
         # D = 64 shapes (causal S = 1024 +3%, 8x25x1024 non-causal -1%). With three, every
-        # exp2 follows the wait, as FlashAttention-4 orders them (its P conversions then
-        # interleave with the MUFU work instead of queueing after the wait; Nsight Compute,
+        # exp2 follows the wait, the order FlashAttention-4's compiled loop runs them in (its
+        # SASS interleaves P's conversions with the MUFU work instead of queueing them after
+        # the wait, although its source issues the exp2s before it; Nsight Compute,
         # 1 x 16384 x 32 x 64, `attention_ncu_h200.md`: F2FP stall samples ours 14.9k, FA4's
         # 7.2k). Same run, H200, against 32 (`ab_attention_e0_d64_h200.md`, S 2048-16384, 12
         # shapes): 1.018x geomean, 10 faster (8 x 2048 +4.3%), 1 x 16384 non-causal -0.8%; held out
