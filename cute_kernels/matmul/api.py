@@ -734,12 +734,18 @@ def norm_prologue_fits(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool
     RMSNorm -> 128256 x 4096 at 1 and 8 rows 271 and 341 us -> 247 and 251; heuristics'
     WIDE_DECODE_TILES notes). With WIDE_DECODE_TILES off, always (as before the rule)."""
     from . import heuristics
-    from .config import Epilogue
 
     if not heuristics.WIDE_DECODE_TILES:
         return True
-    epi = Epilogue(bias=bias, activation=activation or "none")
-    return skinny_gemv(m, n, k, swappable(dtype, dtype, dtype, epi))
+    return _gemv_takes(m, n, k, dtype, bias, activation or "none")
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, activation: str) -> bool:
+    # Memoised: layernorm_linear asks on every call (an Epilogue and swappable cost ~2 us of host time).
+    from .config import Epilogue
+
+    return skinny_gemv(m, n, k, swappable(dtype, dtype, dtype, Epilogue(bias=bias, activation=activation)))
 
 
 def layernorm_linear(
