@@ -1155,7 +1155,11 @@ def test_swap_256_picks():
     assert pick(1355, 3584, 3584) == (256, 152, 2, 1, True)
     assert pick(1065, 4096, 14336) == (256, 136, 2, 1, True)
     assert pick(1931, 3584, 3584)[0] == 128  # 256 x 112 costs what 128 x 224 swapped does
-    assert pick(781, 4800, 1600)[:2] == (256, 144)  # a 16-column-slab width at K < 2048
+    # The rule ranks widths in steps of 16 (256 x 144 here); the pick then takes the width in
+    # steps of 8 (swap_256_fine_config): 6 token tiles of 136, as 144 pads to.
+    assert swap_256_config(781, 4800, 1600, GemmConfig(128, 128, 2, 1)).tile_n == 144
+    assert pick(781, 4800, 1600)[:2] == (256, 136)
+    assert pick(1291, 6144, 4096) == (256, 120, 2, 1, True)  # nvjet's 256x120 there
     assert pick(1809, 768, 3072)[0] != 256 and pick(300, 4096, 4096)[0] != 256 and pick(8192, 4096, 4096)[1] != 144
     assert pick(1355, 3584, 3584, in_bytes=1)[0] != 256
     assert swap_256_config(1211, 128256, 8192, api._pick_config(1211, 128256, 8192, 2, True, None, True)) is None
@@ -1164,6 +1168,25 @@ def test_swap_256_picks():
     assert pick_cost(1355, 3584, 3584, new) < 0.99 * pick_cost(1355, 3584, 3584, cur)
     with pytest.raises(ValueError, match="256-row swap_ab"):
         GemmConfig(256, 160, 2, 1, swap_ab=True).validate(in_bytes=1)
+
+
+def test_swap_256_fine_widths():
+    """A 256-row swap_ab pick whose width came in steps of 16 takes the best width in steps of 8
+    in the same cluster; 4 x 1, split, ping-pong and 128-row picks, widths already of 8 mod 16
+    and tokens outside SWAP_256_M are left alone."""
+    from cute_kernels.matmul.heuristics import swap_256_fine_config
+
+    assert swap_256_fine_config(1291, 6144, GemmConfig(256, 128, 2, 1, swap_ab=True)) == \
+        GemmConfig(256, 120, 2, 1, swap_ab=True)
+    assert swap_256_fine_config(3509, 3840, GemmConfig(256, 144, 1, 2, swap_ab=True)) == \
+        GemmConfig(256, 136, 1, 2, swap_ab=True)
+    for cur in (GemmConfig(256, 168, 4, 1, swap_ab=True), GemmConfig(256, 128, 2, 1, split_k=2, swap_ab=True),
+                GemmConfig(128, 128, 2, 1, swap_ab=True), GemmConfig(256, 152, 2, 1, swap_ab=True),
+                GemmConfig(128, 256, 2, 1)):
+        assert swap_256_fine_config(1291, 6144, cur) is None
+    assert swap_256_fine_config(4472, 768, GemmConfig(256, 128, 1, 2, swap_ab=True)) is None
+    # Already the best in steps of 8: nothing to change.
+    assert swap_256_fine_config(1291, 6144, GemmConfig(256, 120, 2, 1, swap_ab=True)) is None
 
 
 def test_wave_swap_picks():

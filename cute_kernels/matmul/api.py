@@ -29,6 +29,7 @@ from .heuristics import (
     skinny_gemv,
     split_config,
     swap_256_config,
+    swap_256_fine_config,
     swap_config,
     vocab_few_tokens_config,
     vocab_pingpong_config,
@@ -230,8 +231,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                 or wave_swap_c41_config(M, N, K, pick) or pick)
         pick = long_k_c41_config(M, N, K, pick) or pick
         pick = large_m_pp192_config(M, N, pick) or pick
-        return (long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick)
+        pick = (long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick)
                 or mid_m_swap_config(M, N, K, pick) or mid_m_fill_config(M, N, K, pick) or pick)
+        return swap_256_fine_config(M, N, pick) or pick
     if in_bytes == 1 and not integer:
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
         if not swappable:

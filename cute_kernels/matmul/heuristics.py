@@ -1403,11 +1403,12 @@ def pick_cost(m: int, n: int, k: int, cfg: GemmConfig, num_sms: int = H100_SMS) 
     return config_waves(cfg, m, n, num_sms) * cfg.tile_m * cfg.tile_n * (k + _EPILOGUE_K[cfg.pingpong]) / eff
 
 
-def swap_256_ranked(m: int, n: int, *, num_sms: int = H100_SMS) -> list[GemmConfig]:
-    """Every 256-row swap_ab width in 2 x 1 and 1 x 2 clusters, best first: the fewest waves x
-    width, the wider on a tie, the cluster sharing the token tile between two weight tiles
-    (2 x 1) first."""
-    configs = [GemmConfig(256, w, cm, cn, swap_ab=True) for w in _SWAP_256_WIDTHS for cm, cn in ((2, 1), (1, 2))]
+def swap_256_ranked(m: int, n: int, *, num_sms: int = H100_SMS, widths=None) -> list[GemmConfig]:
+    """Every 256-row swap_ab width (`widths`, default _SWAP_256_WIDTHS) in 2 x 1 and 1 x 2
+    clusters, best first: the fewest waves x width, the wider on a tie, the cluster sharing the
+    token tile between two weight tiles (2 x 1) first."""
+    configs = [GemmConfig(256, w, cm, cn, swap_ab=True) for w in (widths or _SWAP_256_WIDTHS)
+               for cm, cn in ((2, 1), (1, 2))]
     return sorted(configs, key=lambda c: (config_waves(c, m, n, num_sms) * c.tile_n, -c.tile_n, c.cluster_n))
 
 
@@ -1426,6 +1427,34 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
     if pick_cost(m, n, k, best, num_sms) < _SWAP_256_MARGIN * pick_cost(m, n, k, current, num_sms):
         return best
     return None
+
+
+# A 256-row swap_ab pick then takes its width in steps of 8 (96-192 tokens): the widths of
+# 8 mod 16 store 8-column epilogue slabs, and cuBLAS runs them there (nvjet 256x120 at
+# 1291x6144x4096, 256x152 at 2349x4096x1024). The rule that takes 256 rows still ranks the
+# widths in steps of 16: ranked in steps of 8 there, 256-row tiles displaced 128-row picks at
+# 800-940 tokens and K >= 4096 (909x4096x14336 0.96x, 920x8192x28672 0.93x; the 50 draws of grid
+# seeds 2000-2019 / 2100-2124 that change, `gemm_probe_w8_fit_h200.md`, `gemm_probe_w8_held_h200.md`).
+# H200, same run, 3 alternating rounds, pick -> the width in steps of 8: the 23 of those draws
+# this rule changes 1.032x, 19 faster; held out, the 20 draws of seeds 2200-2259 it changes
+# (`gemm_probe_w8_held2_h200.md`) 1.035x, 17 faster (2126x2048x2048 256 x 144 0.90x -> 256 x
+# 136 0.99x cuBLAS, 771x4800x1600 0.86x -> 0.91x, 1483x5120x5120 0.94x -> 0.99x), the slowest
+# 0.966x (2077x8192x28672, 256 x 176 -> 256 x 104; the three draws at K >= 14336 0.97x-0.99x).
+_SWAP_256_FINE_WIDTHS = tuple(range(96, 193, 8))
+
+
+def swap_256_fine_config(m: int, n: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """For a 256-row swap_ab pick `current` at SWAP_256_M tokens whose width came in steps of 16
+    (unsplit, cooperative, in a 2 x 1 or 1 x 2 cluster), the config of that cluster `swap_256_ranked` puts first among the
+    widths in steps of 8 (notes above), where it is another one; else None. 4 x 1 picks
+    (long_k_c41_config) and the one-wave picks above 4096 tokens keep their widths."""
+    cluster = (current.cluster_m, current.cluster_n)
+    if not (current.swap_ab and current.tile_m == 256 and current.split_k == 1 and not current.pingpong
+            and current.tile_n % 16 == 0 and cluster in ((2, 1), (1, 2)) and SWAP_256_M[0] <= m <= SWAP_256_M[1]):
+        return None
+    best = next(c for c in swap_256_ranked(m, n, num_sms=num_sms, widths=_SWAP_256_FINE_WIDTHS)
+                if (c.cluster_m, c.cluster_n) == cluster)
+    return best if best != current else None
 
 
 # A 128 x 128 ping-pong pick on a weight of 3072+ rows runs 128 x 192 ping-pong instead: the
