@@ -195,7 +195,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
     (heuristics.mid_m_swap_config), and at any K a one-wave pick filling at most 0.8 of the
     SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
-    (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks). fp8 also takes the long-K
+    (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks); a 16-bit 256-row swap_ab
+    pick at the end of that chain takes its width in steps of 8 (heuristics.swap_256_fine_config).
+    fp8 also takes the long-K
     one wave of 4 x 1 clusters in its 128-row form and, over a one-wave unswapped 128 x 128 1 x 2
     ping-pong pick, as many 128-row swap_ab token tiles (heuristics.fp8_equal_fill_swap_config).
     integer: int8 inputs (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""

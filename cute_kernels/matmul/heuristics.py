@@ -1445,9 +1445,10 @@ _SWAP_256_FINE_WIDTHS = tuple(range(96, 193, 8))
 
 def swap_256_fine_config(m: int, n: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
     """For a 256-row swap_ab pick `current` at SWAP_256_M tokens whose width came in steps of 16
-    (unsplit, cooperative, in a 2 x 1 or 1 x 2 cluster), the config of that cluster `swap_256_ranked` puts first among the
-    widths in steps of 8 (notes above), where it is another one; else None. 4 x 1 picks
-    (long_k_c41_config) and the one-wave picks above 4096 tokens keep their widths."""
+    (unsplit, cooperative, in a 2 x 1 or 1 x 2 cluster): the config of that cluster that
+    `swap_256_ranked` puts first among the widths in steps of 8 (notes above), where it is
+    another one; else None. 4 x 1 picks (long_k_c41_config) and the one-wave picks above 4096
+    tokens keep their widths."""
     cluster = (current.cluster_m, current.cluster_n)
     if not (current.swap_ab and current.tile_m == 256 and current.split_k == 1 and not current.pingpong
             and current.tile_n % 16 == 0 and cluster in ((2, 1), (1, 2)) and SWAP_256_M[0] <= m <= SWAP_256_M[1]):
