@@ -1436,7 +1436,7 @@ def swap_256_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int
 # 800-940 tokens and K >= 4096 (909x4096x14336 0.96x, 920x8192x28672 0.93x; the 50 draws of grid
 # seeds 2000-2019 / 2100-2124 that change, `gemm_probe_w8_fit_h200.md`, `gemm_probe_w8_held_h200.md`).
 # H200, same run, 3 alternating rounds, pick -> the width in steps of 8: the 23 of those draws
-# this rule changes 1.032x, 19 faster; held out, the 20 draws of seeds 2200-2259 it changes
+# this rule changes 1.032x, 20 faster; held out, the 20 draws of seeds 2200-2259 it changes
 # (`gemm_probe_w8_held2_h200.md`) 1.035x, 17 faster (2126x2048x2048 256 x 144 0.90x -> 256 x
 # 136 0.99x cuBLAS, 771x4800x1600 0.86x -> 0.91x, 1483x5120x5120 0.94x -> 0.99x), the slowest
 # 0.966x (2077x8192x28672, 256 x 176 -> 256 x 104; the three draws at K >= 14336 0.97x-0.99x).
