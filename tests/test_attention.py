@@ -1199,8 +1199,8 @@ def test_fp8_prefill_config():
     assert (wide.n_block, wide.pingpong) == (192, False) and prefill_config_fp8(128, 1024).n_block == 128
     # Split by mask: 80 of 96 exp2s before the P V wait without a causal mask, all with one.
     assert wide.exps_before_pv_wait == 80 and prefill_config_fp8(128, 4096, True).exps_before_pv_wait is None
-    # D = 64: the 16-bit pick with 4 K/V stages and 32 exp2s before the P V wait (the 2-stage
-    # 192-row tiles and the all-after order were timed on bf16 only).
+    # D = 64: the 16-bit pick with 4 K/V stages (the 2-stage 192-row tiles were timed on bf16
+    # only) and 32 exp2s before the P V wait (the all-after order tied on e4m3).
     assert prefill_config_fp8(64, 4096) == dataclasses.replace(prefill_config(64, 4096), stages=4,
                                                                exps_before_pv_wait=32)
     assert prefill_config(64, 4096).stages == 2 and prefill_config(64, 1024, 1, True).stages == 4

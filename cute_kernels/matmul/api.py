@@ -275,6 +275,7 @@ def clear_dispatch_caches() -> None:
     """Forget memoised config picks and recorded launches (after the tuning cache changed)."""
     _pick_config.cache_clear()
     swiglu_config.cache_clear()
+    _gemv_takes.cache_clear()
     _GEMM_PLANS.clear()
     _LINEAR_PLANS.clear()
     _SPLIT_LAUNCHES.clear()
