@@ -1089,6 +1089,8 @@ SWAP_CFGS = {
     "128x200c21": GemmConfig(128, 200, 2, 1, swap_ab=True),  # 25 8-column slabs in 13 store groups (the last of one)
     "192x88c12": GemmConfig(192, 88, 1, 2, swap_ab=True),  # mid_m_swap_config at 351x6144x4096
     "128x160c21s3": GemmConfig(128, 160, 2, 1, split_k=3, swap_ab=True),  # the one-token-tile split
+    # the long-K split in steps of 8 (heuristics.long_k_split_swap_config): 8-column slabs, split
+    "128x104c21s3": GemmConfig(128, 104, 2, 1, split_k=3, swap_ab=True),
 }
 
 
@@ -1098,7 +1100,7 @@ SWAP_CFGS = {
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
                                       "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41",
                                       "256x88c41", "256x152c21", "128x248c21", "128x200c21", "192x88c12", "128x176c12",
-                                      "128x160c21s3"])
+                                      "128x160c21s3", "128x104c21s3"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -1187,6 +1189,35 @@ def test_swap_256_fine_widths():
     assert swap_256_fine_config(4472, 768, GemmConfig(256, 128, 1, 2, swap_ab=True)) is None
     # Already the best in steps of 8: nothing to change.
     assert swap_256_fine_config(1291, 6144, GemmConfig(256, 120, 2, 1, swap_ab=True)) is None
+
+
+def test_long_k_split_swap_picks():
+    """At 65-256 tokens and K >= 24576 one 128-row swap_ab token tile (the tokens in steps of 8)
+    split over one wave of 2 x 1 clusters replaces an unsplit pick the model rates 1 / 0.9x as
+    costly; not within that margin, at shorter K, outside the token range, over a split pick, or
+    where split-K is not allowed (split=False)."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import long_k_split_swap_config
+
+    assert long_k_split_swap_config(221, 5120, 27648, GemmConfig(128, 112, 1, 2, swap_ab=True)) == \
+        GemmConfig(128, 224, 2, 1, split_k=3, swap_ab=True)
+    assert long_k_split_swap_config(159, 8192, 28672, GemmConfig(128, 96, 1, 2, swap_ab=True)) == \
+        GemmConfig(128, 160, 2, 1, split_k=2, swap_ab=True)
+    assert long_k_split_swap_config(98, 5120, 27648, GemmConfig(64, 112, 1, 1, swap_ab=True, stages=9)) == \
+        GemmConfig(128, 104, 2, 1, split_k=3, swap_ab=True)
+    # 128 x 184 over 2 splits against 128 x 96 unsplit: 0.96 of its work, inside the margin.
+    assert long_k_split_swap_config(177, 8192, 28672, GemmConfig(128, 96, 1, 2, swap_ab=True)) is None
+    assert long_k_split_swap_config(221, 5120, 18944, GemmConfig(128, 112, 1, 2, swap_ab=True)) is None
+    assert long_k_split_swap_config(300, 5120, 27648, GemmConfig(128, 112, 1, 2, swap_ab=True)) is None
+    assert long_k_split_swap_config(64, 5120, 27648, GemmConfig(64, 64, 1, 1, swap_ab=True)) is None
+    assert long_k_split_swap_config(221, 5120, 27648, GemmConfig(128, 112, 2, 1, split_k=2, swap_ab=True)) is None
+
+    def pick(m, n, k, split=True):
+        return api._pick_config(m, n, k, 2, split, None, True)
+
+    assert pick(221, 5120, 27648) == GemmConfig(128, 224, 2, 1, split_k=3, swap_ab=True)
+    assert pick(221, 5120, 27648, split=False).split_k == 1
+    assert pick(238, 4096, 14336).split_k == 1
 
 
 def test_wave_swap_picks():

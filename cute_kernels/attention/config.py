@@ -93,7 +93,7 @@ class PrefillConfig:
         if self.num_mma_wg not in (2, 3):
             raise ValueError(f"num_mma_wg must be 2 or 3 (128- or 192-row tiles), got {self.num_mma_wg}")
         # A 16-bit P V consumes 16 keys a wgmma, an e4m3 one 32.
-        blocks = (64, 128, 160, 176, 192) if in_bytes == 2 else (64, 128, 160, 192, 224)
+        blocks = (64, 128, 160, 176, 192) if in_bytes == 2 else (64, 96, 128, 160, 192, 224)
         if self.n_block not in blocks:
             raise ValueError(f"n_block must be one of {blocks} for {in_bytes}-byte inputs, got {self.n_block}")
         if not isinstance(self.stages, int) or self.stages < 1:
@@ -103,9 +103,10 @@ class PrefillConfig:
         # thread) and S (n_block / 2) must leave room under it: D = 256 with 128-key blocks
         # (192) spilled, with 64-key blocks (160) it compiles clean. FP8 counts P's e4m3
         # fragment too (n_block / 8): D = 128 with 224-key blocks (204) compiles clean, with
-        # 256 (224) it spilled; at 3 warpgroups D = 64 with 160-key blocks (132) spilled.
+        # 256 (224) it spilled; at 3 warpgroups D = 64 with 160-key blocks (132) spilled, FP8
+        # D = 128 with 96-key blocks (124) compiles clean, with 128 (144) it spilled.
         acc = (self.head_dim + self.n_block) // 2 + (self.n_block // 8 if in_bytes == 1 else 0)
-        limit = (160 if in_bytes == 2 else 208) if self.num_mma_wg == 2 else 120
+        limit = (160 if in_bytes == 2 else 208) if self.num_mma_wg == 2 else (120 if in_bytes == 2 else 124)
         if acc > limit:
             raise ValueError(f"{self}: the O and S accumulators take {acc} registers a thread, over the {limit} "
                              f"that {self.num_mma_wg} consumer warpgroups leave (D = 256 needs n_block = 64 and 2 of them)")

@@ -1364,6 +1364,41 @@ def _one_tile_split_config(m: int, n: int, k: int, narrow: GemmConfig, num_sms: 
     return GemmConfig(128, math.ceil(m / 16) * 16, 2, 1, split_k=split, swap_ab=True)
 
 
+# The same form where the pick is not one narrow token tile: at K >= ONE_TILE_SPLIT_MIN_K and
+# 65-256 tokens (the down projections of Llama-3-70B and Qwen2.5-32B), one 128-row swap_ab token
+# tile W = the tokens in steps of 8 wide, split over K as many ways as one wave of 2 x 1 clusters
+# holds, replaces an unsplit pick where its work a wave slot (128 x W x K / splits) is under
+# LONG_K_SPLIT_MARGIN of the pick's (waves x tile area x K). cuBLAS runs this form there (nvjet
+# 128x200 2 x 1 splitK at 194x8192x28672, 128x104 splitK at 104x5120x27648). H200, same run,
+# 3 alternating rounds, vs cuBLAS, pick -> this config (`gemm_probe_split_longk_fit_h200.md`):
+# 221x5120x27648 128 x 112 in 1 x 2 0.86x -> 128 x 224 3 splits 0.98x, 159x8192x28672 128 x 96
+# 0.88x -> 128 x 160 2 splits 1.01x, 98x5120x27648 64 x 112 0.91x -> 128 x 104 3 splits 0.99x,
+# 248x5120x27648 1.02x -> 1.04x; where the model rates the two within the margin the pick stayed
+# ahead (177x8192x28672 128 x 96 1.09x against 128 x 184 split 1.03x), and at K 14336-18944 the
+# narrow 64-row picks beat every split form at all 14 draws. Held out
+# (`gemm_probe_split_longk_held_h200.md`): the 16 draws it changes 1.105x, 14 faster, min 0.716x ->
+# 0.966x cuBLAS; the slowest 0.969x (251x5120x27648, 128 x 96 unswapped).
+LONG_K_SPLIT_M = (65, 256)
+LONG_K_SPLIT_MARGIN = 0.9
+
+
+def long_k_split_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
+                             num_sms: int = H100_SMS) -> GemmConfig | None:
+    """One split 128-row swap_ab token tile for a 16-bit M x N x K problem at very long K (notes
+    above: LONG_K_SPLIT_M), where the model puts it under LONG_K_SPLIT_MARGIN of the unsplit
+    `current`; else None."""
+    if not (LONG_K_SPLIT_M[0] <= m <= LONG_K_SPLIT_M[1] and k >= ONE_TILE_SPLIT_MIN_K) or current.split_k > 1:
+        return None
+    clusters = math.ceil(math.ceil(n / 128) / 2)
+    split = min(_per_wave(2, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
+    if split < 2:
+        return None
+    cfg = GemmConfig(128, math.ceil(m / 8) * 8, 2, 1, split_k=split, swap_ab=True)
+    work = cfg.tile_m * cfg.tile_n * math.ceil(k / split)
+    pick_work = config_waves(current, m, n, num_sms) * current.tile_m * current.tile_n * k
+    return cfg if work < LONG_K_SPLIT_MARGIN * pick_work else None
+
+
 # 256-row swap_ab tiles (16-bit inputs): 256 weight rows a tile and 96-192 tokens, in steps of
 # 16, so a mid-size token count fills whole waves where 128-row tiles leave a sparse one:
 # cuBLAS runs such tiles there (its kernel names on the H100: nvjet 256x152 in 2 x 1 at
