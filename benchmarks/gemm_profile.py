@@ -7,8 +7,9 @@
 of bf16 `linear`, or --config, a tuning.tune.label) and cuBLAS (`F.linear`), profiles one launch
 after warm-up with the SpeedOfLight, WarpStateStats, SourceCounters and InstructionStats
 sections, and writes under --out (default gemm_profile_out/, git-ignored: the reports are
-0.4-0.6 MB each): <provider>_<shape>.ncu-rep, its SASS source page as CSV
-(<provider>_<shape>_sass.csv) and the summary of each side by side (profile_<shape>.md).
+0.4-0.6 MB each): <provider>_<shape>.ncu-rep, its SASS source page and details page as CSV
+(<provider>_<shape>_sass.csv, _details.csv) and the summary of each side by side
+(profile_<shape>.md: elapsed and SM-active cycles, then the stall samples).
 
 `summarize`: for a source-page CSV, the warp-stall samples by stall reason and by opcode, the share
 on wgmma instructions and their waits (HGMMA / IGMMA / QGMMA, WARPGROUP.*), and the share of the
@@ -96,10 +97,39 @@ def summarize(path: str, top: int = 25) -> dict:
     }
 
 
-def format_summary(name: str, s: dict, top: int = 12) -> str:
+# What the SpeedOfLight section gives per kernel, in the order the report lists them: elapsed
+# against SM-active cycles is what a kernel's launch, ramp and tail cost besides its CTAs' work
+# (sample counts alone hid a 15% cycle gap between two kernels with as many samples).
+_SOL_METRICS = ("Elapsed Cycles", "SM Active Cycles", "Duration", "SM Frequency")
+
+
+def speed_of_light(path: str) -> dict:
+    """The SpeedOfLight figures of the first kernel in an ncu details page (`--page details
+    --csv`): {metric: (value, unit)} for the metrics of _SOL_METRICS it holds."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or not {"Section Name", "Metric Name", "Metric Unit", "Metric Value"} <= set(rows[0]):
+        raise ValueError(f"{path}: not an ncu details page (no Section / Metric Name / Unit / Value header)")
+    hdr = rows[0]
+    i_sec, i_name, i_unit, i_val = (hdr.index(h) for h in ("Section Name", "Metric Name", "Metric Unit", "Metric Value"))
+    i_id = hdr.index("ID") if "ID" in hdr else None
+    first = rows[1][i_id] if i_id is not None and len(rows) > 1 else None
+    need = max(i_sec, i_name, i_unit, i_val) + 1  # rows leave out the trailing rule columns
+    out = {}
+    for r in rows[1:]:
+        if len(r) < need or (i_id is not None and r[i_id] != first) or not r[i_sec].startswith("GPU Speed Of Light"):
+            continue
+        if r[i_name] in _SOL_METRICS:
+            out[r[i_name]] = (float(r[i_val].replace(",", "")), r[i_unit])
+    return out
+
+
+def format_summary(name: str, s: dict, top: int = 12, sol: dict | None = None) -> str:
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    lines = [f"### {name}", "", f"kernel: `{s['kernel'][:120]}`", "",
-             f"samples {s['samples']}, wgmma and its waits {pct(s['mma_share'])}, epilogue stores' span "
+    lines = [f"### {name}", "", f"kernel: `{s['kernel'][:120]}`", ""]
+    if sol:
+        lines += [", ".join(f"{k} {v:,.2f} {u}".replace(".00 ", " ") for k, (v, u) in sol.items()), ""]
+    lines += [f"samples {s['samples']}, wgmma and its waits {pct(s['mma_share'])}, epilogue stores' span "
              f"{pct(s['epilogue_share'])}", "",
              "| stall reason | samples | share |", "|---|---|---|"]
     for k, v in list(s["by_reason"].items())[:top]:
@@ -164,7 +194,9 @@ def run(shape: tuple[int, int, int], label: str | None, out_dir: str) -> str:
         with open(base + "_sass.csv", "w") as f:
             subprocess.run([ncu, "-i", base + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                            check=True, stdout=f)
-        parts.append(format_summary(provider, summarize(base + "_sass.csv")))
+        with open(base + "_details.csv", "w") as f:
+            subprocess.run([ncu, "-i", base + ".ncu-rep", "--page", "details", "--csv"], check=True, stdout=f)
+        parts.append(format_summary(provider, summarize(base + "_sass.csv"), sol=speed_of_light(base + "_details.csv")))
     path = os.path.join(out_dir, f"profile_{tag}.md")
     with open(path, "w") as f:
         f.write("\n".join(parts))

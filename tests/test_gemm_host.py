@@ -959,3 +959,28 @@ def test_gemm_profile_summarizes_an_ncu_source_page(tmp_path):
         summarize(str(tmp_path / "bad.csv"))
     with pytest.raises(SystemExit):
         main(["run", "--shape", "12x34"])  # a shape is MxNxK
+
+
+def test_gemm_profile_reads_speed_of_light_from_an_ncu_details_page(tmp_path):
+    """The first kernel's elapsed and SM-active cycles, duration and clock from ncu's details page;
+    other sections and kernels are ignored, and they head that kernel's summary."""
+    from benchmarks.gemm_profile import format_summary, speed_of_light
+
+    # Rows leave out the rule columns that end the header.
+    hdr = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value", "Rule Name", "Rule Type"]
+    body = [["0", "kernel_cutlass_x", "GPU Speed Of Light Throughput", "Elapsed Cycles", "cycle", "34,368"],
+            ["0", "kernel_cutlass_x", "GPU Speed Of Light Throughput", "Duration", "us", "19.46"],
+            ["0", "kernel_cutlass_x", "GPU Speed Of Light Throughput", "SM Active Cycles", "cycle", "27,073.34"],
+            ["0", "kernel_cutlass_x", "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "23.80"],
+            ["0", "kernel_cutlass_x", "Occupancy", "Elapsed Cycles", "cycle", "1"],
+            ["1", "nvjet_sm90_y", "GPU Speed Of Light Throughput", "Elapsed Cycles", "cycle", "29,338"]]
+    path = tmp_path / "k_details.csv"
+    path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in [hdr] + body) + "\n")
+    sol = speed_of_light(str(path))
+    assert sol == {"Elapsed Cycles": (34368.0, "cycle"), "Duration": (19.46, "us"),
+                   "SM Active Cycles": (27073.34, "cycle")}
+    s = {"kernel": "k", "samples": 0, "mma_share": None, "epilogue_share": None, "by_reason": {}, "by_opcode": {}}
+    assert "Elapsed Cycles 34,368 cycle, Duration 19.46 us, SM Active Cycles 27,073.34 cycle" in format_summary("k", s, sol=sol)
+    with pytest.raises(ValueError, match="not an ncu details page"):
+        (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+        speed_of_light(str(tmp_path / "bad.csv"))
