@@ -1355,13 +1355,19 @@ def _one_tile_split_config(m: int, n: int, k: int, narrow: GemmConfig, num_sms: 
     ONE_TILE_SPLIT_MIN_K), or None. k is the 16-bit-equivalent K."""
     if m <= 128 or in_bytes != 2 or k < ONE_TILE_SPLIT_MIN_K or narrow.split_k > 1 or narrow.tile_n < m:
         return None
-    clusters = math.ceil(math.ceil(n / 128) / 2)
-    if 2 * clusters > _ONE_TILE_SPLIT_FILL * num_sms:
+    if 2 * math.ceil(math.ceil(n / 128) / 2) > _ONE_TILE_SPLIT_FILL * num_sms:
         return None
-    split = min(_per_wave(2, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
+    split = _one_token_tile_splits(n, k, num_sms)
     if split < 2:
         return None
     return GemmConfig(128, math.ceil(m / 16) * 16, 2, 1, split_k=split, swap_ab=True)
+
+
+def _one_token_tile_splits(n: int, k: int, num_sms: int) -> int:
+    """The ways one 128-row swap_ab token tile over an N-row weight splits K: as many as one wave of
+    2 x 1 clusters holds, each split at least _SWAP_SPLIT_MIN_K_TILES k-tiles, at most MAX_SPLIT_K."""
+    clusters = math.ceil(math.ceil(n / 128) / 2)
+    return min(_per_wave(2, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
 
 
 # The same form where the pick is not one narrow token tile: at K >= ONE_TILE_SPLIT_MIN_K and
@@ -1389,8 +1395,7 @@ def long_k_split_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
     `current`; else None."""
     if not (LONG_K_SPLIT_M[0] <= m <= LONG_K_SPLIT_M[1] and k >= ONE_TILE_SPLIT_MIN_K) or current.split_k > 1:
         return None
-    clusters = math.ceil(math.ceil(n / 128) / 2)
-    split = min(_per_wave(2, num_sms) // clusters, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES, MAX_SPLIT_K)
+    split = _one_token_tile_splits(n, k, num_sms)
     if split < 2:
         return None
     cfg = GemmConfig(128, math.ceil(m / 8) * 8, 2, 1, split_k=split, swap_ab=True)
