@@ -1091,6 +1091,8 @@ SWAP_CFGS = {
     "128x160c21s3": GemmConfig(128, 160, 2, 1, split_k=3, swap_ab=True),  # the one-token-tile split
     # the long-K split in steps of 8 (heuristics.long_k_split_swap_config): 8-column slabs, split
     "128x104c21s3": GemmConfig(128, 104, 2, 1, split_k=3, swap_ab=True),
+    # a sparse last wave split (heuristics.tail_split_config) under a ping-pong swap_ab pick
+    "128x168c12Ps2": GemmConfig(128, 168, 1, 2, pingpong=True, split_k=2, swap_ab=True),
 }
 
 
@@ -1100,7 +1102,7 @@ SWAP_CFGS = {
                                       "64x32c12d12", "64x16c11s3d16", "128x88c21", "128x232c12", "64x104c12",
                                       "128x104c41W", "128x152c21s3W", "128x88c21R", "64x56c42d12", "128x80c41",
                                       "256x88c41", "256x152c21", "128x248c21", "128x200c21", "192x88c12", "128x176c12",
-                                      "128x160c21s3", "128x104c21s3"])
+                                      "128x160c21s3", "128x104c21s3", "128x168c12Ps2"])
 def test_swap_ab_compiles_for_sm90a(tmp_path, cfg_name):
     """swap_ab: D^T leaves through transposed stmatrix and an M-major TMA store, without spills."""
     from cute_kernels.matmul.api import _compile, _kernel_view
@@ -1218,6 +1220,32 @@ def test_long_k_split_swap_picks():
     assert pick(221, 5120, 27648) == GemmConfig(128, 224, 2, 1, split_k=3, swap_ab=True)
     assert pick(221, 5120, 27648, split=False).split_k == 1
     assert pick(238, 4096, 14336).split_k == 1
+
+
+def test_tail_split_picks():
+    """A 128-row swap_ab pick of 1-6 waves whose last wave holds at most half the resident
+    clusters splits that wave over K, min(4, clusters a wave / tail clusters) ways; not a
+    64-row pick, a fuller or a lone wave, a split pick, nor where split-K is not allowed."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import tail_split_config
+
+    # 57344 / 128 = 448 tiles = 224 clusters of 2: 3 waves of 66 and 26 (0.39 of a wave).
+    assert tail_split_config(149, 57344, 8192, GemmConfig(128, 160, 2, 1, swap_ab=True)) == \
+        GemmConfig(128, 160, 2, 1, split_k=2, swap_ab=True)
+    # 523 tokens in three 176-wide tiles: 224 x 3 tiles = 336 clusters, 5 waves and 6: 4 splits (the cap).
+    assert tail_split_config(523, 28672, 4096, GemmConfig(128, 176, 2, 1, swap_ab=True)) == \
+        GemmConfig(128, 176, 2, 1, split_k=4, swap_ab=True)
+    assert tail_split_config(119, 28672, 4096, GemmConfig(64, 128, 1, 1, swap_ab=True)) is None
+    assert tail_split_config(212, 28672, 4096, GemmConfig(128, 224, 2, 1, swap_ab=True)) is None  # 1.7 waves
+    assert tail_split_config(158, 16384, 2048, GemmConfig(128, 160, 2, 1, swap_ab=True)) is None  # one wave
+    assert tail_split_config(149, 57344, 8192, GemmConfig(128, 160, 2, 1, split_k=2, swap_ab=True)) is None
+    assert tail_split_config(4400, 3072, 2048, GemmConfig(128, 192, 2, 1, pingpong=True)) is None  # unswapped
+
+    def pick(m, n, k, split=True):
+        return api._pick_config(m, n, k, 2, split, None, True)
+
+    assert pick(149, 57344, 8192).split_k == 2
+    assert pick(149, 57344, 8192, split=False).split_k == 1
 
 
 def test_wave_swap_picks():

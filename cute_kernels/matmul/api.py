@@ -32,6 +32,7 @@ from .heuristics import (
     swap_256_config,
     swap_256_fine_config,
     swap_config,
+    tail_split_config,
     vocab_few_tokens_config,
     vocab_pingpong_config,
     wave_swap_c41_config,
@@ -199,7 +200,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks); a 16-bit 256-row swap_ab
     pick at the end of that chain takes its width in steps of 8 (heuristics.swap_256_fine_config),
     and at 65-256 tokens and K >= 24576, with split=True, one split 128-row swap_ab token tile
-    replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config).
+    replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config); with
+    split=True a 128-row swap_ab pick of 1-6 waves whose last wave holds at most half the
+    clusters splits that wave over K (heuristics.tail_split_config).
     fp8 also takes the long-K
     one wave of 4 x 1 clusters in its 128-row form and, over a one-wave unswapped 128 x 128 1 x 2
     ping-pong pick, as many 128-row swap_ab token tiles (heuristics.fp8_equal_fill_swap_config).
@@ -240,7 +243,8 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
                 or mid_m_swap_config(M, N, K, pick) or mid_m_fill_config(M, N, K, pick) or pick)
         if split:
             pick = long_k_split_swap_config(M, N, K, pick) or pick
-        return swap_256_fine_config(M, N, pick) or pick
+        pick = swap_256_fine_config(M, N, pick) or pick
+        return (tail_split_config(M, N, K, pick) or pick) if split else pick
     if in_bytes == 1 and not integer:
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
         if not swappable:

@@ -1404,6 +1404,35 @@ def long_k_split_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
     return cfg if work < LONG_K_SPLIT_MARGIN * pick_work else None
 
 
+# A sparse last wave of 128-row swap_ab tiles splits over K (16-bit, split-K allowed). Where
+# such a pick runs 1-6 waves and its last, partial wave holds at most half the resident
+# clusters, `GemmConfig.split_k` (which splits only that wave's tiles) deals each of them out as
+# s = min(4, clusters a wave / tail clusters) work items: the tail then runs 1/s as long on s
+# times the SMs. These are gate_up weights at 100-600 tokens (28672-57344 rows: 3.4 waves of
+# 128 x 160 at 149x57344x8192, the weakest class of the H200 grids). H200, same run, 3
+# alternating rounds, pick -> split (`gemm_probe_tail_split_h200.md`): the 19 draws of 103-561
+# tokens it takes 1.054x geomean, 18 faster (slowest 0.994x), vs cuBLAS 0.938x -> 0.989x;
+# 523x28672x4096 0.94x -> 1.00x (4 splits), 130x57344x8192 0.95x -> 1.01x, 307x28672x4096 0.95x
+# -> 1.04x. The 64-row narrow picks of 108-122 tokens gained nothing from 2 splits (0.98x-1.00x),
+# as the thin second wave's notes found for them.
+TAIL_SPLIT_MAX_WAVES = 6
+TAIL_SPLIT_MAX = 4
+
+
+def tail_split_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: int = H100_SMS) -> GemmConfig | None:
+    """`current` with its sparse last wave split over K (notes above: TAIL_SPLIT_MAX_WAVES), for an
+    unsplit 128-row swap_ab pick of a 16-bit M x N x K problem; else None."""
+    if not current.swap_ab or current.tile_m != 128 or current.split_k > 1:
+        return None
+    clusters, _ = grid_clusters(current, *current.kernel_mn(m, n))
+    per_wave = _per_wave(current.cluster_m * current.cluster_n, num_sms)
+    tail = clusters % per_wave
+    if not (per_wave < clusters <= TAIL_SPLIT_MAX_WAVES * per_wave) or tail == 0 or 2 * tail > per_wave:
+        return None
+    split = min(TAIL_SPLIT_MAX, per_wave // tail, math.ceil(k / 64) // _SWAP_SPLIT_MIN_K_TILES)
+    return dataclasses.replace(current, split_k=split) if split >= 2 else None
+
+
 # 256-row swap_ab tiles (16-bit inputs): 256 weight rows a tile and 96-192 tokens, in steps of
 # 16, so a mid-size token count fills whole waves where 128-row tiles leave a sparse one:
 # cuBLAS runs such tiles there (its kernel names on the H100: nvjet 256x152 in 2 x 1 at
