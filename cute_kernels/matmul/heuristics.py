@@ -1410,7 +1410,7 @@ def long_k_split_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
 # s = min(4, clusters a wave / tail clusters) work items: the tail then runs 1/s as long on s
 # times the SMs. These are gate_up weights at 100-600 tokens (28672-57344 rows: 3.4 waves of
 # 128 x 160 at 149x57344x8192, the weakest class of the H200 grids). H200, same run, 3
-# alternating rounds, pick -> split (`gemm_probe_tail_split_h200.md`): the 19 draws of 103-561
+# alternating rounds, pick -> split (`gemm_probe_sparse_tail_fit_h200.md`): the 19 draws of 103-561
 # tokens it takes 1.054x geomean, 18 faster (slowest 0.994x), vs cuBLAS 0.938x -> 0.989x;
 # 523x28672x4096 0.94x -> 1.00x (4 splits), 130x57344x8192 0.95x -> 1.01x, 307x28672x4096 0.95x
 # -> 1.04x. The 64-row narrow picks of 108-122 tokens gained nothing from 2 splits (0.98x-1.00x),
