@@ -1248,6 +1248,29 @@ def test_tail_split_picks():
     assert pick(149, 57344, 8192, split=False).split_k == 1
 
 
+def test_few_tokens_192_picks():
+    """192-row swap_ab tiles at 129-512 tokens on a wide weight whose rows need not divide by 192
+    (Qwen2.5-7B's 37888-row gate_up: 198 weight tiles, two token tiles in 1 x 2 = three whole
+    waves), only where they fill their last wave, the pick leaves its own sparse and the model
+    rates them under the margin; not past 384 tokens (two 192-wide token tiles), nor on weights
+    whose picks already run whole waves (152064 rows) or whose 192-row grid leaves a sparse wave
+    (57344 rows)."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import few_tokens_192_config
+
+    def pick(m, n, k, split=True):
+        return api._pick_config(m, n, k, 2, split, None, True)
+
+    assert pick(153, 37888, 3584) == GemmConfig(192, 80, 1, 2, swap_ab=True)
+    assert pick(210, 37888, 3584) == GemmConfig(192, 112, 1, 2, swap_ab=True)
+    assert pick(210, 37888, 3584, split=False) == GemmConfig(192, 112, 1, 2, swap_ab=True)
+    assert pick(400, 37888, 3584).tile_m == 128
+    assert pick(128, 37888, 3584).tile_m == 128
+    assert few_tokens_192_config(150, 152064, 3584, GemmConfig(128, 160, 2, 1, swap_ab=True)) is None
+    assert few_tokens_192_config(149, 57344, 8192, GemmConfig(128, 160, 2, 1, swap_ab=True)) is None
+    assert few_tokens_192_config(153, 8192, 3584, GemmConfig(128, 160, 2, 1, swap_ab=True)) is None
+
+
 def test_wave_swap_picks():
     """One wave of 128-row swap_ab tiles in 2 x 1 clusters on a narrow weight (768 <= N < 2048)
     at 1400-4096 tokens, the narrowest width in steps of 32 that fits; with K >= 4096 under

@@ -19,6 +19,7 @@ from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supp
 from .heuristics import (
     default_config,
     equal_pad_narrow_config,
+    few_tokens_192_config,
     fp8_equal_fill_swap_config,
     large_m_pp192_config,
     long_k_c41_config,
@@ -244,6 +245,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         if split:
             pick = long_k_split_swap_config(M, N, K, pick) or pick
         pick = swap_256_fine_config(M, N, pick) or pick
+        pick = few_tokens_192_config(M, N, K, pick) or pick
         return (tail_split_config(M, N, K, pick) or pick) if split else pick
     if in_bytes == 1 and not integer:
         pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick

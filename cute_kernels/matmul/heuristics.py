@@ -1433,6 +1433,49 @@ def tail_split_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     return dataclasses.replace(current, split_k=split) if split >= 2 else None
 
 
+# 192-row swap_ab tiles on wide weights at 129-512 tokens, whether or not the weight's rows divide
+# by 192 (the last weight tile then runs partly empty): one or two token tiles of the covering
+# width (1 x 2 clusters over two, sharing the weight tile; 2 x 1 over one), taken where the tile
+# model (`pick_cost`: waves x tile area) rates the cheaper of them under FEW_TOKENS_192_MARGIN of
+# the pick, its split-K left out. cuBLAS runs these there (nvjet 192x80 / 192x112 in 1 x 2 at
+# 153 / 208 x 37888 x 3584: 198 weight tiles x 2 = three whole waves).
+FEW_TOKENS_192_M = (129, 512)
+FEW_TOKENS_192_MIN_N = 14336
+FEW_TOKENS_192_MARGIN = 0.97
+FEW_TOKENS_192_FILL = 0.9
+
+
+def _last_wave_fill(cfg: GemmConfig, m: int, n: int, num_sms: int) -> float:
+    """How full the last wave of `cfg`'s persistent grid is (1.0 for whole waves; split-K ignored)."""
+    clusters, _ = grid_clusters(cfg, *cfg.kernel_mn(m, n))
+    per_wave = _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms)
+    return (clusters % per_wave or per_wave) / per_wave
+
+
+def few_tokens_192_config(m: int, n: int, k: int, current: GemmConfig, *,
+                          num_sms: int = H100_SMS) -> GemmConfig | None:
+    """192-row swap_ab tiles for a 16-bit M x N x K problem (notes above: FEW_TOKENS_192_M) where the
+    model rates them under FEW_TOKENS_192_MARGIN of `current`; else None."""
+    if not (FEW_TOKENS_192_M[0] <= m <= FEW_TOKENS_192_M[1]) or n < FEW_TOKENS_192_MIN_N:
+        return None
+    unsplit = dataclasses.replace(current, split_k=1)
+    if _last_wave_fill(unsplit, m, n, num_sms) >= FEW_TOKENS_192_FILL:
+        return None
+    base = pick_cost(m, n, k, unsplit, num_sms)
+    best, best_cost = None, FEW_TOKENS_192_MARGIN * base
+    for t in (1, 2):
+        w = _covering_width(m, t)
+        if w > _TILE_192_MAX_W:
+            continue
+        cfg = GemmConfig(192, w, 2 // t, t, swap_ab=True)
+        if _last_wave_fill(cfg, m, n, num_sms) < FEW_TOKENS_192_FILL:
+            continue
+        cost = pick_cost(m, n, k, cfg, num_sms)
+        if cost < best_cost:
+            best, best_cost = cfg, cost
+    return best
+
+
 # 256-row swap_ab tiles (16-bit inputs): 256 weight rows a tile and 96-192 tokens, in steps of
 # 16, so a mid-size token count fills whole waves where 128-row tiles leave a sparse one:
 # cuBLAS runs such tiles there (its kernel names on the H100: nvjet 256x152 in 2 x 1 at
