@@ -1567,6 +1567,13 @@ def test_wide_long_k_swap_picks():
     assert wide_long_k_swap_config(459, 37888, 3584, coop) == GemmConfig(128, 232, 1, 2, swap_ab=True)
     assert wide_long_k_swap_config(627, 152064, 5120, coop) == GemmConfig(128, 216, 2, 1, swap_ab=True)
     assert wide_long_k_swap_config(576, 37888, 3584, coop) == GemmConfig(128, 192, 2, 1, pingpong=True, swap_ab=True)
+    # one token tile more where it pads fewer waves x width (from 385 tokens, K <= 4096): three
+    # 216-wide tiles on 28672 rows run 5.1 waves, four 160-wide ones 6.8
+    assert wide_long_k_swap_config(633, 28672, 4096, coop) == GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True)
+    assert wide_long_k_swap_config(471, 37888, 3584, coop) == GemmConfig(128, 160, 2, 1, pingpong=True, swap_ab=True)
+    assert wide_long_k_swap_config(505, 28672, 4096, coop).tile_n == 256  # three tiles pad more
+    assert wide_long_k_swap_config(633, 57344, 8192, coop).tile_n == 216  # K > 4096
+    assert wide_long_k_swap_config(359, 37888, 3584, coop).tile_n == 184  # <= 384 tokens
     # over a swapped pick of as many tiles padding more tokens; not where it pads no more
     assert wide_long_k_swap_config(347, 152064, 5120, GemmConfig(128, 240, 1, 2, swap_ab=True)).tile_n == 176
     assert wide_long_k_swap_config(347, 152064, 5120, GemmConfig(128, 176, 1, 2, swap_ab=True)) is None

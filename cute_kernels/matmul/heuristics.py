@@ -957,7 +957,35 @@ def vocab_few_tokens_config(m: int, n: int, k: int) -> GemmConfig | None:
 WIDE_LONG_K_SWAP_M = (288, 704)
 WIDE_LONG_K_SWAP_MIN_N = 16384
 WIDE_LONG_K_SWAP_MIN_K = 3584
+# One token tile more than ceil(M / 256) where the model (waves x width) rates it under this
+# share, from 385 tokens at K <= 4096: at 513-704 tokens on a 28672-row weight three tiles run 5.1
+# waves of 2 x 1 clusters, a sixth of 6 clusters, where four narrower ping-pong tiles in 1 x 2 run
+# 6.8. H200, same runs, 3 rounds, the picks of the time (the three-tile form split over its sparse
+# last wave) -> one tile more:
+# - fit (`gemm_probe_wide_t4_h200.md`): 530-690 x 28672 x 4096 1.06x-1.25x (633 tokens 0.86x ->
+#   1.07x cuBLAS), 450-505 x 37888 x 3584 (two tiles -> three) 1.02x-1.11x; at 505 tokens on the
+#   28672-row weight, which the model leaves at two tiles, three ran 0.88x.
+# - the rule without the K and token bounds on 20 draws (`gemm_probe_wide_t4_fit2_h200.md`): 1.064x,
+#   15 faster; the losers at K 5120-8192 (312x128256x8192 0.93x, 453x55296x5120 0.95x) and at
+#   357 / 359 tokens, where it took the place of the 192-row tiles (359x37888x3584 0.96x).
+# - held out with the bounds (`gemm_probe_wide_t4_held_h200.md`): 16 draws 1.094x, 15 faster (the
+#   slowest 0.995x), vs cuBLAS 1.036x -> 1.133x, the minimum 0.904x -> 1.006x.
+WIDE_MORE_TILES_MARGIN = 0.95
+WIDE_MORE_TILES_MAX_K = 4096
+WIDE_MORE_TILES_MIN_M = 384
 _WIDE_PP_MAX_W = 192  # a ping-pong warpgroup's whole-tile accumulator
+
+
+def _wide_config(m: int, token_tiles: int) -> GemmConfig:
+    width = _covering_width(m, token_tiles)
+    cluster = (1, 2) if token_tiles % 2 == 0 else (2, 1)
+    return GemmConfig(128, width, *cluster, pingpong=width <= _WIDE_PP_MAX_W, swap_ab=True)
+
+
+def _wide_tiles_cost(m: int, n: int, token_tiles: int) -> int:
+    """Waves x width of the wide long-K form over `token_tiles` token tiles (its tiles are all 128 rows)."""
+    cfg = _wide_config(m, token_tiles)
+    return config_waves(cfg, m, n) * cfg.tile_n
 
 
 def wide_long_k_swap_config(m: int, n: int, k: int, current: GemmConfig) -> GemmConfig | None:
@@ -968,14 +996,16 @@ def wide_long_k_swap_config(m: int, n: int, k: int, current: GemmConfig) -> Gemm
             and k >= WIDE_LONG_K_SWAP_MIN_K):
         return None
     token_tiles = math.ceil(m / 256)
+    if (m > WIDE_MORE_TILES_MIN_M and k <= WIDE_MORE_TILES_MAX_K
+            and _wide_tiles_cost(m, n, token_tiles + 1) < WIDE_MORE_TILES_MARGIN * _wide_tiles_cost(m, n, token_tiles)):
+        token_tiles += 1
     width = _covering_width(m, token_tiles)
     if current.swap_ab:
         tiles = math.ceil(m / current.tile_n)
         if (width > _WIDE_PP_MAX_W and tiles != token_tiles) or (
                 tiles <= token_tiles and tiles * current.tile_n <= token_tiles * width):
             return None
-    cluster = (1, 2) if token_tiles % 2 == 0 else (2, 1)
-    return GemmConfig(128, width, *cluster, pingpong=width <= _WIDE_PP_MAX_W, swap_ab=True)
+    return _wide_config(m, token_tiles)
 
 
 # Weights of 2048-8192 rows whose 128-row tiles come in fours at short K: one full wave of
