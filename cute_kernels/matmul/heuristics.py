@@ -965,8 +965,8 @@ WIDE_LONG_K_SWAP_MIN_K = 3584
 # - fit (`gemm_probe_wide_t4_h200.md`): 530-690 x 28672 x 4096 1.06x-1.25x (633 tokens 0.86x ->
 #   1.07x cuBLAS), 450-505 x 37888 x 3584 (two tiles -> three) 1.02x-1.11x; at 505 tokens on the
 #   28672-row weight, which the model leaves at two tiles, three ran 0.88x.
-# - the rule without the K and token bounds on 20 draws (`gemm_probe_wide_t4_fit2_h200.md`): 1.064x,
-#   15 faster; the losers at K 5120-8192 (312x128256x8192 0.93x, 453x55296x5120 0.95x) and at
+# - the rule without the K and token bounds on 20 draws (`gemm_probe_wide_t4_fit2_h200.md`, in
+#   git at 37379a0): 1.064x, 15 faster; the losers at K 5120-8192 (312x128256x8192 0.93x, 453x55296x5120 0.95x) and at
 #   357 / 359 tokens, where it took the place of the 192-row tiles (359x37888x3584 0.96x).
 # - held out with the bounds (`gemm_probe_wide_t4_held_h200.md`): 16 draws 1.094x, 15 faster (the
 #   slowest 0.995x), vs cuBLAS 1.036x -> 1.133x, the minimum 0.904x -> 1.006x.
