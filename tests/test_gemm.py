@@ -1317,6 +1317,11 @@ def test_wave_swap_picks():
     assert wave_swap_config(4190, 768, 3072, GemmConfig(128, 192, 1, 2, pingpong=True)) is None  # a 1 x 2 pick stays
     assert wave_swap_config(6504, 1024, 1024, GemmConfig(128, 160, 2, 1)) is None  # would need 208 columns
     assert wave_swap_config(8192, 768, 3072, GemmConfig(128, 192, 2, 1)) is None  # past the range measured
+    # The long-K guard (K >= 4096 under 2000 tokens: only over a pick of two or more waves) holds
+    # only for an odd count of 128-row weight tiles (1600 rows: 13).
+    assert wave_swap_config(1875, 1024, 4096, GemmConfig(128, 128, 2, 1, pingpong=True)) == \
+        GemmConfig(128, 128, 2, 1, swap_ab=True)
+    assert wave_swap_config(1573, 1600, 6400, GemmConfig(128, 160, 1, 2, pingpong=True)) is None
 
 
 def test_vocab_pingpong_picks():

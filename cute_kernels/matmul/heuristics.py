@@ -784,7 +784,16 @@ def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int, step
 # 0.89x the pick). The long-K guard: with K >= 4096 under 2000 tokens the rule replaces only a
 # pick of two or more waves: one wave of unswapped ping-pong tiles in 2 x 2 clusters beat the
 # swapped tiles there (1444x1280x5120 128 x 128: 0.0299 ms vs 0.0392), two waves of unswapped
-# 128 x 96 tiles did not (1831x1600x6400 0.1000 ms vs 0.0633).
+# 128 x 96 tiles did not (1831x1600x6400 0.1000 ms vs 0.0633). On the H200 the guard holds only
+# where the weight's 128-row tiles are odd (1600 rows: 13, a 2 x 1 grid pads a row of CTAs):
+# same runs, 3 rounds, 1400-2000 tokens, the one-wave 2 x 1 swap_ab tile against the picks
+# (`gemm_probe_narrow_long_k_h200.md`): 1024 / 1280 / 2048 rows (8 / 10 / 16 tiles) 1.00x-1.33x
+# on all 8 draws (1875x1024x4096 0.75x -> 1.00x cuBLAS), 1600 rows 0.87x-0.90x; held out, the
+# 16 draws this changes (`gemm_probe_wave_swap_even_held_h200.md`): 1.093x, 11 faster, vs
+# cuBLAS 0.885x -> 0.967x, the minimum 0.743x -> 0.897x; the 6 slower ones (0.980x-0.996x) were
+# over picks in 4 x 2, 2 x 2 and 1 x 2 clusters (the H100's 1444x1280x5120 above is one), so the
+# guard stays for those: over 2 x 1 and unclustered picks 10 of 10 faster, 1.155x (fitted on
+# that run, not held out).
 WAVE_SWAP_M = (1400, 4096)
 _WAVE_SWAP_WIDTHS = tuple(range(96, 257, 32))
 # Weights of at most 1024 rows (GPT-2 small's and medium's o / down) take the same one wave from
@@ -843,7 +852,8 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
         return fits[0] if fits else None
     if not (WAVE_SWAP_M[0] <= m <= WAVE_SWAP_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N and k >= NARROW_MIN_K):
         return None
-    if k >= _WAVE_SWAP_LONG_K and m < _WAVE_SWAP_LONG_K_MIN_M and config_waves(current, m, n, num_sms) < 2:
+    guarded = math.ceil(n / 128) % 2 or current.cluster_mn not in ((1, 1), (2, 1))
+    if k >= _WAVE_SWAP_LONG_K and m < _WAVE_SWAP_LONG_K_MIN_M and config_waves(current, m, n, num_sms) < 2 and guarded:
         return None
     fits = one_wave_swaps(m, n, _WAVE_SWAP_WIDTHS, num_sms=num_sms)
     return fits[0] if fits else None
