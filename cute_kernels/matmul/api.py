@@ -201,7 +201,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks); a 16-bit 256-row swap_ab
     pick at the end of that chain takes its width in steps of 8 (heuristics.swap_256_fine_config),
     and at 65-256 tokens and K >= 24576, with split=True, one split 128-row swap_ab token tile
-    replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config); with
+    replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config); at
+    129-512 tokens on a wide weight, 192-row swap_ab tiles that fill whole waves replace a pick
+    whose last wave is sparse (heuristics.few_tokens_192_config); with
     split=True a 128-row swap_ab pick of 1-6 waves whose last wave holds at most half the
     clusters splits that wave over K (heuristics.tail_split_config).
     fp8 also takes the long-K
