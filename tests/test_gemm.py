@@ -577,6 +577,31 @@ def test_unaligned_strides_fall_back_to_padded_copy():
     _err_rule(ck.gemm(big, bb), big @ bb, big.float() @ bb.float())
 
 
+# One shape per H200-fitted rule: the sparse-tail split, the whole-wave 192-row tiles (a weight
+# whose rows do not divide by 192), the wide-weight extra token tile, the even narrow weight's
+# one-wave tile at long K. Each pick runs as the heuristic names it and as dispatch runs it
+# (a shipped tuning table may hold the class).
+RULE_SHAPES = [((149, 57344, 8192), GemmConfig(128, 160, 2, 1, split_k=2, swap_ab=True)),
+               ((153, 37888, 3584), GemmConfig(192, 80, 1, 2, swap_ab=True)),
+               ((633, 28672, 4096), GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True)),
+               ((1875, 1024, 4096), GemmConfig(128, 128, 2, 1, swap_ab=True))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,cfg", RULE_SHAPES, ids=[f"{m}x{n}x{k}" for (m, n, k), _ in RULE_SHAPES])
+def test_h200_rule_picks_run_correctly(shape, cfg):
+    import cute_kernels as ck
+    from cute_kernels.matmul import api
+
+    M, N, K = shape
+    assert api._pick_config(M, N, K, 2, True, None, True) == cfg
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    t, ref = torch.nn.functional.linear(x, w), x.float() @ w.float().t()
+    _err_rule(ck.gemm(x, w.t(), config=cfg), t, ref)
+    _err_rule(ck.linear(x, w), t, ref)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 768, 768), (300, 520, 208), (2048, 3072, 768)])
 def test_gemm_fp32_output(shape):
