@@ -976,8 +976,9 @@ WIDE_LONG_K_SWAP_MIN_K = 3584
 #   1.07x cuBLAS), 450-505 x 37888 x 3584 (two tiles -> three) 1.02x-1.11x; at 505 tokens on the
 #   28672-row weight, which the model leaves at two tiles, three ran 0.88x.
 # - the rule without the K and token bounds on 20 draws (`gemm_probe_wide_t4_fit2_h200.md`, in
-#   git at 37379a0): 1.064x, 15 faster; the losers at K 5120-8192 (312x128256x8192 0.93x, 453x55296x5120 0.95x) and at
-#   357 / 359 tokens, where it took the place of the 192-row tiles (359x37888x3584 0.96x).
+#   git at 37379a0): 1.064x, 15 faster; the losers at K 5120-8192 (312x128256x8192 0.93x,
+#   453x55296x5120 0.95x) and at 357 / 359 tokens, where it took the place of the 192-row tiles
+#   (359x37888x3584 0.96x).
 # - held out with the bounds (`gemm_probe_wide_t4_held_h200.md`): 16 draws 1.094x, 15 faster (the
 #   slowest 0.995x), vs cuBLAS 1.036x -> 1.133x, the minimum 0.904x -> 1.006x.
 WIDE_MORE_TILES_MARGIN = 0.95
@@ -1444,6 +1445,12 @@ def long_k_split_swap_config(m: int, n: int, k: int, current: GemmConfig, *,
     return cfg if work < LONG_K_SPLIT_MARGIN * pick_work else None
 
 
+def _grid_waves(cfg: GemmConfig, m: int, n: int, num_sms: int) -> tuple[int, int]:
+    """(clusters of `cfg`'s persistent grid for an M x N output, clusters resident at once)."""
+    clusters, _ = grid_clusters(cfg, *cfg.kernel_mn(m, n))
+    return clusters, _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms)
+
+
 # A sparse last wave of 128-row swap_ab tiles splits over K (16-bit, split-K allowed). Where
 # such a pick runs 1-6 waves and its last, partial wave holds at most half the resident
 # clusters, `GemmConfig.split_k` (which splits only that wave's tiles) deals each of them out as
@@ -1464,8 +1471,7 @@ def tail_split_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: i
     unsplit 128-row swap_ab pick of a 16-bit M x N x K problem; else None."""
     if not current.swap_ab or current.tile_m != 128 or current.split_k > 1:
         return None
-    clusters, _ = grid_clusters(current, *current.kernel_mn(m, n))
-    per_wave = _per_wave(current.cluster_m * current.cluster_n, num_sms)
+    clusters, per_wave = _grid_waves(current, m, n, num_sms)
     tail = clusters % per_wave
     if not (per_wave < clusters <= TAIL_SPLIT_MAX_WAVES * per_wave) or tail == 0 or 2 * tail > per_wave:
         return None
@@ -1487,8 +1493,7 @@ FEW_TOKENS_192_FILL = 0.9
 
 def _last_wave_fill(cfg: GemmConfig, m: int, n: int, num_sms: int) -> float:
     """How full the last wave of `cfg`'s persistent grid is (1.0 for whole waves; split-K ignored)."""
-    clusters, _ = grid_clusters(cfg, *cfg.kernel_mn(m, n))
-    per_wave = _per_wave(cfg.cluster_m * cfg.cluster_n, num_sms)
+    clusters, per_wave = _grid_waves(cfg, m, n, num_sms)
     return (clusters % per_wave or per_wave) / per_wave
 
 
