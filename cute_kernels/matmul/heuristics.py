@@ -787,8 +787,9 @@ def _narrow_multicast_config(m: int, n: int, k: int, wt: int, num_sms: int, step
 # 128 x 96 tiles did not (1831x1600x6400 0.1000 ms vs 0.0633). On the H200 the guard holds only
 # where the weight's 128-row tiles are odd (1600 rows: 13, a 2 x 1 grid pads a row of CTAs):
 # same runs, 3 rounds, 1400-2000 tokens, the one-wave 2 x 1 swap_ab tile against the picks
-# (`gemm_probe_narrow_long_k_h200.md`): 1024 / 1280 / 2048 rows (8 / 10 / 16 tiles) 1.00x-1.33x
-# on all 8 draws (1875x1024x4096 0.75x -> 1.00x cuBLAS), 1600 rows 0.87x-0.90x; held out, the
+# (`gemm_probe_narrow_long_k_h200.md`, in git at 5f341b1): 1024 / 1280 / 2048 rows (8 / 10 / 16
+# tiles) 1.00x-1.33x on all 8 draws (1875x1024x4096 0.75x -> 1.00x cuBLAS), 1600 rows
+# 0.87x-0.90x; held out, the
 # 16 draws this changes (`gemm_probe_wave_swap_even_held_h200.md`): 1.093x, 11 faster, vs
 # cuBLAS 0.885x -> 0.967x, the minimum 0.743x -> 0.897x; the 6 slower ones (0.980x-0.996x) were
 # over picks in 4 x 2, 2 x 2 and 1 x 2 clusters (the H100's 1444x1280x5120 above is one), so the
@@ -972,8 +973,8 @@ WIDE_LONG_K_SWAP_MIN_K = 3584
 # waves of 2 x 1 clusters, a sixth of 6 clusters, where four narrower ping-pong tiles in 1 x 2 run
 # 6.8. H200, same runs, 3 rounds, the picks of the time (the three-tile form split over its sparse
 # last wave) -> one tile more:
-# - fit (`gemm_probe_wide_t4_h200.md`): 530-690 x 28672 x 4096 1.06x-1.25x (633 tokens 0.86x ->
-#   1.07x cuBLAS), 450-505 x 37888 x 3584 (two tiles -> three) 1.02x-1.11x; at 505 tokens on the
+# - fit (`gemm_probe_wide_t4_h200.md`, in git at 5f341b1): 530-690 x 28672 x 4096 1.06x-1.25x
+#   (633 tokens 0.86x -> 1.07x cuBLAS), 450-505 x 37888 x 3584 (two tiles -> three) 1.02x-1.11x; at 505 tokens on the
 #   28672-row weight, which the model leaves at two tiles, three ran 0.88x.
 # - the rule without the K and token bounds on 20 draws (`gemm_probe_wide_t4_fit2_h200.md`, in
 #   git at 37379a0): 1.064x, 15 faster; the losers at K 5120-8192 (312x128256x8192 0.93x,
@@ -1457,8 +1458,8 @@ def _grid_waves(cfg: GemmConfig, m: int, n: int, num_sms: int) -> tuple[int, int
 # s = min(4, clusters a wave / tail clusters) work items: the tail then runs 1/s as long on s
 # times the SMs. These are gate_up weights at 100-600 tokens (28672-57344 rows: 3.4 waves of
 # 128 x 160 at 149x57344x8192, the weakest class of the H200 grids). H200, same run, 3
-# alternating rounds, pick -> split (`gemm_probe_sparse_tail_fit_h200.md`): the 19 draws of 103-561
-# tokens it takes 1.054x geomean, 18 faster (slowest 0.994x), vs cuBLAS 0.938x -> 0.989x;
+# alternating rounds, pick -> split (`gemm_probe_sparse_tail_fit_h200.md`, in git at 5f341b1):
+# the 19 draws of 103-561 tokens it takes 1.054x geomean, 18 faster (slowest 0.994x), vs cuBLAS 0.938x -> 0.989x;
 # 523x28672x4096 0.94x -> 1.00x (4 splits), 130x57344x8192 0.95x -> 1.01x, 307x28672x4096 0.95x
 # -> 1.04x. The 64-row narrow picks of 108-122 tokens gained nothing from 2 splits (0.98x-1.00x),
 # as the thin second wave's notes found for them.
