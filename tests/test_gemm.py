@@ -579,12 +579,13 @@ def test_unaligned_strides_fall_back_to_padded_copy():
 
 # One shape per H200-fitted rule: the sparse-tail split, the whole-wave 192-row tiles (a weight
 # whose rows do not divide by 192), the wide-weight extra token tile, the even narrow weight's
-# one-wave tile at long K. Each pick runs as the heuristic names it and as dispatch runs it
+# one-wave tile at long K, the large-M 256-row tile in 1 x 2. Each pick runs as the heuristic names it and as dispatch runs it
 # (a shipped tuning table may hold the class).
 RULE_SHAPES = [((149, 57344, 8192), GemmConfig(128, 160, 2, 1, split_k=2, swap_ab=True)),
                ((153, 37888, 3584), GemmConfig(192, 80, 1, 2, swap_ab=True)),
                ((633, 28672, 4096), GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True)),
-               ((1875, 1024, 4096), GemmConfig(128, 128, 2, 1, swap_ab=True))]
+               ((1875, 1024, 4096), GemmConfig(128, 128, 2, 1, swap_ab=True)),
+               ((3712, 10240, 8192), GemmConfig(256, 144, 1, 2, swap_ab=True))]
 
 
 @pytest.mark.gpu
@@ -1296,6 +1297,31 @@ def test_few_tokens_192_picks():
     assert few_tokens_192_config(153, 8192, 3584, GemmConfig(128, 160, 2, 1, swap_ab=True)) is None
 
 
+def test_large_m_swap_256_picks():
+    """Above 2048 tokens at K >= 3584 on weights of 4096+ rows: the 256-row swap_ab tile in 1 x 2
+    of the fewest waves x width, where it pads at most as much as a cooperative pick (0.99x a
+    ping-pong one); not at short K, 2048 tokens or fewer, narrow weights or split picks."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import large_m_swap_256_config
+
+    def pick(m, n, k):
+        return api._pick_config(m, n, k, 2, True, None, True)
+
+    assert pick(3712, 10240, 8192) == GemmConfig(256, 144, 1, 2, swap_ab=True)  # was 128 x 160 in 2 x 1
+    assert pick(14707, 5120, 5120) == GemmConfig(256, 160, 1, 2, swap_ab=True)  # cuBLAS's nvjet 256x160 1x2
+    # 128 x 256 in 2 x 1 and 256 x 128 in 1 x 2: the same padded area, the cooperative pick gives way.
+    assert large_m_swap_256_config(5600, 6144, 4096, GemmConfig(128, 256, 2, 1)) == \
+        GemmConfig(256, 128, 1, 2, swap_ab=True)
+    # 128 x 192 ping-pong at the same area keeps its pick (it hides the epilogue).
+    assert large_m_swap_256_config(4567, 4096, 4096, GemmConfig(128, 192, 2, 1, pingpong=True)) is None
+    assert large_m_swap_256_config(4346, 5120, 1280, GemmConfig(128, 192, 2, 1, pingpong=True)) is None  # K
+    assert large_m_swap_256_config(2048, 10240, 8192, GemmConfig(128, 160, 2, 1)) is None  # tokens
+    assert large_m_swap_256_config(15606, 1280, 5120, GemmConfig(128, 240, 2, 1, swap_ab=True)) is None  # N
+    assert large_m_swap_256_config(3712, 10240, 8192, GemmConfig(128, 160, 2, 1, split_k=2)) is None
+    # 256 x 168 would pad 1.06x the 256 x 136 2 x 1 pick's area.
+    assert large_m_swap_256_config(4481, 7168, 5120, GemmConfig(256, 136, 2, 1, swap_ab=True)) is None
+
+
 def test_wave_swap_picks():
     """One wave of 128-row swap_ab tiles in 2 x 1 clusters on a narrow weight (768 <= N < 2048)
     at 1400-4096 tokens, the narrowest width in steps of 32 that fits; with K >= 4096 under
@@ -1672,8 +1698,9 @@ def test_long_k_wave_swap_picks():
     assert long_k_wave_swap_config(30000, 8192, 8192, coop) is None  # more than 12 waves
     # 7-12 waves at <= 0.95x the pick's padding
     assert long_k_wave_swap_config(3665, 10240, 8192, GemmConfig(128, 160, 2, 1)) == GemmConfig(256, 160, 2, 1, swap_ab=True)
-    _assert_swapped_picks(((6763, 2048, 8192, (128, 208)), (4863, 4096, 4096, (256, 152)), (2432, 8192, 28672, (256, 152))),
-                          (2, 1))
+    _assert_swapped_picks(((6763, 2048, 8192, (128, 208)),), (2, 1))
+    # above 2048 tokens on 4096+ rows its 256-row tiles then pair the token tiles (large_m_swap_256_config)
+    _assert_swapped_picks(((4863, 4096, 4096, (256, 152)), (2432, 8192, 28672, (256, 152))), (1, 2))
 
 
 def test_fp8_long_k_wave_swap_picks():

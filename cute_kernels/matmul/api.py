@@ -22,6 +22,7 @@ from .heuristics import (
     few_tokens_192_config,
     fp8_equal_fill_swap_config,
     large_m_pp192_config,
+    large_m_swap_256_config,
     long_k_c41_config,
     long_k_split_swap_config,
     long_k_wave_swap_config,
@@ -200,6 +201,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
     (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks); a 16-bit 256-row swap_ab
     pick at the end of that chain takes its width in steps of 8 (heuristics.swap_256_fine_config),
+    and above 2048 tokens at K >= 3584 on 4096+ row weights the 256-row swap_ab tile in 1 x 2
+    replaces a cooperative pick that pads as much, a ping-pong one that pads 1 / 0.99x as much
+    (heuristics.large_m_swap_256_config),
     and at 65-256 tokens and K >= 24576, with split=True, one split 128-row swap_ab token tile
     replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config); at
     129-512 tokens on a wide weight, 192-row swap_ab tiles that fill whole waves replace a pick
@@ -247,6 +251,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         if split:
             pick = long_k_split_swap_config(M, N, K, pick) or pick
         pick = swap_256_fine_config(M, N, pick) or pick
+        pick = large_m_swap_256_config(M, N, K, pick) or pick
         pick = few_tokens_192_config(M, N, K, pick) or pick
         return (tail_split_config(M, N, K, pick) or pick) if split else pick
     if in_bytes == 1 and not integer:

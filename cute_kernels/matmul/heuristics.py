@@ -1616,6 +1616,38 @@ def swap_256_fine_config(m: int, n: int, current: GemmConfig, *, num_sms: int = 
     return best if best != current else None
 
 
+# Above 2048 tokens at long K, 256-row swap_ab tiles with their token tiles paired in 1 x 2
+# clusters (each CTA multicasts half the weight tile to its peer) are cuBLAS's tile (nvjet
+# 256x160 / 256x152 1x2 at 2113x37888x3584, 11042x7168x5120, 14707x5120x5120), and in our kernel
+# they ran ahead of unswapped 128 x 256 / 256 x 160 cooperative picks of the same padded area.
+# Width: the fewest waves x width (128-192 in steps of 8), the wider on a tie. H200, same run, 3
+# alternating rounds, pick -> the 1 x 2 tile: fit, 16 draws 1.017x (`gemm_probe_big_d_fit_h200.md`),
+# 128 x 192 ping-pong picks at equal area 0.95x-0.96x (they hide the epilogue; hence 0.99x for
+# them); held out (`gemm_probe_large_m_swap256_held_h200.md`) 24 draws 1.020x, 16 faster, slowest
+# 0.967x, vs cuBLAS 0.972x -> 0.992x (min 0.923x -> 0.961x). From 641 tokens 1.013x over 14 draws
+# (0.979x-1.068x) and at K = 2048 0.963x (`gemm_probe_big_e_h200.md`): the bounds.
+LARGE_M_SWAP_256_MIN_M = 2049
+LARGE_M_SWAP_256_MIN_K = 3584
+LARGE_M_SWAP_256_MIN_N = 4096
+LARGE_M_SWAP_256_AREA = 0.99  # of a ping-pong pick's waves x tile area; 1.0 of a cooperative one's
+_LARGE_M_SWAP_256_CFGS = tuple(GemmConfig(256, w, 1, 2, swap_ab=True) for w in range(128, 193, 8))
+
+
+def large_m_swap_256_config(m: int, n: int, k: int, current: GemmConfig, *,
+                            num_sms: int = H100_SMS) -> GemmConfig | None:
+    """The 256-row swap_ab tile in 1 x 2 clusters for a 16-bit M x N x K problem (notes above:
+    LARGE_M_SWAP_256_*) where it pads at most LARGE_M_SWAP_256_AREA of `current`'s waves x tile
+    area (at most as much over a cooperative pick), else None."""
+    if (m < LARGE_M_SWAP_256_MIN_M or k < LARGE_M_SWAP_256_MIN_K or n < LARGE_M_SWAP_256_MIN_N
+            or current.split_k > 1):
+        return None
+    best = min(_LARGE_M_SWAP_256_CFGS, key=lambda c: (config_waves(c, m, n, num_sms) * c.tile_n, -c.tile_n))
+    if best == current:
+        return None
+    area, pick_area = _padded_area(best, m, n, num_sms), _padded_area(current, m, n, num_sms)
+    return best if area <= (LARGE_M_SWAP_256_AREA if current.pingpong else 1.0) * pick_area else None
+
+
 # A 128 x 128 ping-pong pick on a weight of 3072+ rows runs 128 x 192 ping-pong instead: the
 # cost model rates 128 x 128 by its wave fill, but at these sizes the wider tile's fewer loads
 # per flop win. H100, same run, 3 alternating rounds, vs the 128 x 128 pick:
