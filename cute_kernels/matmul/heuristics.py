@@ -1621,11 +1621,11 @@ def swap_256_fine_config(m: int, n: int, current: GemmConfig, *, num_sms: int = 
 # 256x160 / 256x152 1x2 at 2113x37888x3584, 11042x7168x5120, 14707x5120x5120), and in our kernel
 # they ran ahead of unswapped 128 x 256 / 256 x 160 cooperative picks of the same padded area.
 # Width: the fewest waves x width (128-192 in steps of 8), the wider on a tie. H200, same run, 3
-# alternating rounds, pick -> the 1 x 2 tile: fit, 16 draws 1.017x (`gemm_probe_big_d_fit_h200.md`),
+# alternating rounds, pick -> the 1 x 2 tile: fit, 16 draws 1.017x (`gemm_probe_big_d_fit_h200.md`, in git at 72a1eb4),
 # 128 x 192 ping-pong picks at equal area 0.95x-0.96x (they hide the epilogue; hence 0.99x for
 # them); held out (`gemm_probe_large_m_swap256_held_h200.md`) 24 draws 1.020x, 16 faster, slowest
 # 0.967x, vs cuBLAS 0.972x -> 0.992x (min 0.923x -> 0.961x). From 641 tokens 1.013x over 14 draws
-# (0.979x-1.068x) and at K = 2048 0.963x (`gemm_probe_big_e_h200.md`): the bounds.
+# (0.979x-1.068x) and at K = 2048 0.963x (`gemm_probe_big_e_h200.md`, in git at 72a1eb4): the bounds.
 LARGE_M_SWAP_256_MIN_M = 2049
 LARGE_M_SWAP_256_MIN_K = 3584
 LARGE_M_SWAP_256_MIN_N = 4096
