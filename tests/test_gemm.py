@@ -579,13 +579,15 @@ def test_unaligned_strides_fall_back_to_padded_copy():
 
 # One shape per H200-fitted rule: the sparse-tail split, the whole-wave 192-row tiles (a weight
 # whose rows do not divide by 192), the wide-weight extra token tile, the even narrow weight's
-# one-wave tile at long K, the large-M 256-row tile in 1 x 2. Each pick runs as the heuristic names it and as dispatch runs it
+# one-wave tile at long K, the large-M 256-row tile in 1 x 2, the odd narrow weight's 1 x 2 tiles.
+# Each pick runs as the heuristic names it and as dispatch runs it
 # (a shipped tuning table may hold the class).
 RULE_SHAPES = [((149, 57344, 8192), GemmConfig(128, 160, 2, 1, split_k=2, swap_ab=True)),
                ((153, 37888, 3584), GemmConfig(192, 80, 1, 2, swap_ab=True)),
                ((633, 28672, 4096), GemmConfig(128, 160, 1, 2, pingpong=True, swap_ab=True)),
                ((1875, 1024, 4096), GemmConfig(128, 128, 2, 1, swap_ab=True)),
-               ((3712, 10240, 8192), GemmConfig(256, 144, 1, 2, swap_ab=True))]
+               ((3712, 10240, 8192), GemmConfig(256, 144, 1, 2, swap_ab=True)),
+               ((3828, 1600, 6400), GemmConfig(128, 192, 1, 2, swap_ab=True))]
 
 
 @pytest.mark.gpu
@@ -1320,6 +1322,24 @@ def test_large_m_swap_256_picks():
     assert large_m_swap_256_config(3712, 10240, 8192, GemmConfig(128, 160, 2, 1, split_k=2)) is None
     # 256 x 168 would pad 1.06x the 256 x 136 2 x 1 pick's area.
     assert large_m_swap_256_config(4481, 7168, 5120, GemmConfig(256, 136, 2, 1, swap_ab=True)) is None
+
+
+def test_odd_narrow_pair_picks():
+    """GPT-2 XL's 1600-row down projection (13 weight tiles) at 1400-4096 tokens, K >= 4096: 128-row
+    swap_ab tiles in 1 x 2 of the least padded area over unswapped ping-pong picks in 1 x 1 / 2 x 1;
+    not over 2 x 2 picks, even tile counts, short K or past 4096 tokens."""
+    from cute_kernels.matmul import api
+    from cute_kernels.matmul.heuristics import odd_narrow_pair_config
+
+    pp = GemmConfig(128, 192, 2, 1, pingpong=True)
+    assert api._pick_config(1718, 1600, 6400, 2, True, None, True) == GemmConfig(128, 176, 1, 2, swap_ab=True)
+    assert odd_narrow_pair_config(3626, 1600, 6400, GemmConfig(128, 192, 1, 1, pingpong=True)) == \
+        GemmConfig(128, 184, 1, 2, swap_ab=True)
+    assert odd_narrow_pair_config(1475, 1600, 6400, GemmConfig(128, 160, 2, 2, pingpong=True)) is None
+    assert odd_narrow_pair_config(1718, 1280, 5120, pp) is None  # 10 weight tiles
+    assert odd_narrow_pair_config(1718, 1600, 1600, pp) is None  # K
+    assert odd_narrow_pair_config(4988, 1600, 6400, pp) is None  # tokens
+    assert odd_narrow_pair_config(1718, 1600, 6400, GemmConfig(128, 192, 2, 1)) is None  # cooperative
 
 
 def test_wave_swap_picks():

@@ -29,6 +29,7 @@ from .heuristics import (
     mid_m_fill_config,
     mid_m_swap_config,
     narrow_step,
+    odd_narrow_pair_config,
     skinny_gemv,
     split_config,
     swap_256_config,
@@ -203,7 +204,9 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
     pick at the end of that chain takes its width in steps of 8 (heuristics.swap_256_fine_config),
     and above 2048 tokens at K >= 3584 on 4096+ row weights the 256-row swap_ab tile in 1 x 2
     replaces a cooperative pick that pads as much, a ping-pong one that pads 1 / 0.99x as much
-    (heuristics.large_m_swap_256_config),
+    (heuristics.large_m_swap_256_config), and at 1400-4096 tokens and K >= 4096 on a narrow weight
+    of an odd 128-row tile count 128-row swap_ab tiles in 1 x 2 replace an unswapped ping-pong pick
+    padding as much (heuristics.odd_narrow_pair_config),
     and at 65-256 tokens and K >= 24576, with split=True, one split 128-row swap_ab token tile
     replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config); at
     129-512 tokens on a wide weight, 192-row swap_ab tiles that fill whole waves replace a pick
@@ -251,7 +254,7 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
         if split:
             pick = long_k_split_swap_config(M, N, K, pick) or pick
         pick = swap_256_fine_config(M, N, pick) or pick
-        pick = large_m_swap_256_config(M, N, K, pick) or pick
+        pick = large_m_swap_256_config(M, N, K, pick) or odd_narrow_pair_config(M, N, K, pick) or pick
         pick = few_tokens_192_config(M, N, K, pick) or pick
         return (tail_split_config(M, N, K, pick) or pick) if split else pick
     if in_bytes == 1 and not integer:

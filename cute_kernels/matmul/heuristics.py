@@ -860,6 +860,36 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
     return fits[0] if fits else None
 
 
+
+# A narrow weight whose 128-row tiles are odd in number (GPT-2 XL's 1600-row down projection: 13)
+# keeps wave_swap_config's 2 x 1 tiles out at long K (a 2 x 1 cluster pads a whole row of CTAs);
+# its picks there are unswapped ping-pong tiles at 0.85x-0.95x cuBLAS, where cuBLAS runs nvjet
+# 128x176 1x2 (1718x1600x6400). 128-row swap_ab tiles in 1 x 2 clusters (two token tiles share
+# each weight tile; nothing padded along the weight) of the least padded waves x tile area
+# (128-256 wide in steps of 8) replace such a pick that pads as much. H200, same runs, 3
+# alternating rounds, pick -> 1 x 2: 1718x1600x6400 0.930x -> 0.995x cuBLAS, 1712 / 3626 / 3828
+# tokens 1.031x / 1.099x / 1.053x (`gemm_probe_narrow_long_k_fit_h200.md`); 2 x 2 ping-pong picks
+# (1475 / 1527 tokens) 1.031x / 0.993x, and past 4096 tokens a 128 x 160 ping-pong pick 0.90x (14883
+# tokens): the bounds. Held out (`gemm_probe_odd_narrow_pair_held_h200.md`): 10 draws 1.085x, 9
+# faster (slowest 0.976x), vs cuBLAS 0.918x -> 0.996x, the minimum 0.818x -> 0.964x.
+ODD_NARROW_PAIR_M = (1400, 4096)
+ODD_NARROW_PAIR_MIN_K = 4096
+_ODD_NARROW_PAIR_CFGS = tuple(GemmConfig(128, w, 1, 2, swap_ab=True) for w in range(128, 257, 8))
+
+
+def odd_narrow_pair_config(m: int, n: int, k: int, current: GemmConfig, *,
+                           num_sms: int = H100_SMS) -> GemmConfig | None:
+    """128-row swap_ab tiles in 1 x 2 for a 16-bit M x N x K problem on a narrow weight with an odd
+    128-row tile count (notes above: ODD_NARROW_PAIR_*) over an unswapped ping-pong pick `current`
+    in a 1 x 1 or 2 x 1 cluster that pads at least as much, else None."""
+    if not (ODD_NARROW_PAIR_M[0] <= m <= ODD_NARROW_PAIR_M[1] and NARROW_MIN_N <= n < SWAP_MIN_N
+            and math.ceil(n / 128) % 2 and k >= ODD_NARROW_PAIR_MIN_K):
+        return None
+    if current.swap_ab or not current.pingpong or current.cluster_mn not in ((1, 1), (2, 1)) or current.split_k > 1:
+        return None
+    best = min(_ODD_NARROW_PAIR_CFGS, key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n))
+    return best if _padded_area(best, m, n, num_sms) <= _padded_area(current, m, n, num_sms) else None
+
 # Vocabulary-sized and other wide weights (N >= 16384: the GPT-2 lm_heads, Llama 3.2 1B's gate_up
 # and lm_head) at short K from 256 tokens: ping-pong 128-row swap_ab tiles. The grid runs many tiles
 # per CTA there and K is short, so one warpgroup's epilogue hidden under the other's main loop is
