@@ -868,7 +868,7 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
 # each weight tile; nothing padded along the weight) of the least padded waves x tile area
 # (128-256 wide in steps of 8) replace such a pick that pads as much. H200, same runs, 3
 # alternating rounds, pick -> 1 x 2: 1718x1600x6400 0.930x -> 0.995x cuBLAS, 1712 / 3626 / 3828
-# tokens 1.031x / 1.099x / 1.053x (`gemm_probe_narrow_long_k_fit_h200.md`); 2 x 2 ping-pong picks
+# tokens 1.031x / 1.099x / 1.053x (`gemm_probe_narrow_long_k_fit_h200.md`, in git at f093b46); 2 x 2 ping-pong picks
 # (1475 / 1527 tokens) 1.031x / 0.993x, and past 4096 tokens a 128 x 160 ping-pong pick 0.90x (14883
 # tokens): the bounds. Held out (`gemm_probe_odd_narrow_pair_held_h200.md`): 10 draws 1.085x, 9
 # faster (slowest 0.976x), vs cuBLAS 0.918x -> 0.996x, the minimum 0.818x -> 0.964x.
