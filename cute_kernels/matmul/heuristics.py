@@ -860,7 +860,6 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
     return fits[0] if fits else None
 
 
-
 # A narrow weight whose 128-row tiles are odd in number (GPT-2 XL's 1600-row down projection: 13)
 # keeps wave_swap_config's 2 x 1 tiles out at long K (a 2 x 1 cluster pads a whole row of CTAs);
 # its picks there are unswapped ping-pong tiles at 0.85x-0.95x cuBLAS, where cuBLAS runs nvjet
@@ -868,9 +867,9 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
 # each weight tile; nothing padded along the weight) of the least padded waves x tile area
 # (128-256 wide in steps of 8) replace such a pick that pads as much. H200, same runs, 3
 # alternating rounds, pick -> 1 x 2: 1718x1600x6400 0.930x -> 0.995x cuBLAS, 1712 / 3626 / 3828
-# tokens 1.031x / 1.099x / 1.053x (`gemm_probe_narrow_long_k_fit_h200.md`, in git at f093b46); 2 x 2 ping-pong picks
-# (1475 / 1527 tokens) 1.031x / 0.993x, and past 4096 tokens a 128 x 160 ping-pong pick 0.90x (14883
-# tokens): the bounds. Held out (`gemm_probe_odd_narrow_pair_held_h200.md`): 10 draws 1.085x, 9
+# tokens 1.031x / 1.099x / 1.053x (`gemm_probe_narrow_long_k_fit_h200.md`, in git at f093b46);
+# 2 x 2 ping-pong picks (1475 / 1527 tokens) 1.031x / 0.993x, and past 4096 tokens a 128 x 160
+# ping-pong pick 0.90x (14883 tokens): the bounds. Held out (`gemm_probe_odd_narrow_pair_held_h200.md`): 10 draws 1.085x, 9
 # faster (slowest 0.976x), vs cuBLAS 0.918x -> 0.996x, the minimum 0.818x -> 0.964x.
 ODD_NARROW_PAIR_M = (1400, 4096)
 ODD_NARROW_PAIR_MIN_K = 4096
@@ -889,6 +888,7 @@ def odd_narrow_pair_config(m: int, n: int, k: int, current: GemmConfig, *,
         return None
     best = min(_ODD_NARROW_PAIR_CFGS, key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n))
     return best if _padded_area(best, m, n, num_sms) <= _padded_area(current, m, n, num_sms) else None
+
 
 # Vocabulary-sized and other wide weights (N >= 16384: the GPT-2 lm_heads, Llama 3.2 1B's gate_up
 # and lm_head) at short K from 256 tokens: ping-pong 128-row swap_ab tiles. The grid runs many tiles
@@ -1651,8 +1651,8 @@ def swap_256_fine_config(m: int, n: int, current: GemmConfig, *, num_sms: int = 
 # 256x160 / 256x152 1x2 at 2113x37888x3584, 11042x7168x5120, 14707x5120x5120), and in our kernel
 # they ran ahead of unswapped 128 x 256 / 256 x 160 cooperative picks of the same padded area.
 # Width: the fewest waves x width (128-192 in steps of 8), the wider on a tie. H200, same run, 3
-# alternating rounds, pick -> the 1 x 2 tile: fit, 16 draws 1.017x (`gemm_probe_big_d_fit_h200.md`, in git at 72a1eb4),
-# 128 x 192 ping-pong picks at equal area 0.95x-0.96x (they hide the epilogue; hence 0.99x for
+# alternating rounds, pick -> the 1 x 2 tile: fit, 16 draws 1.017x (`gemm_probe_big_d_fit_h200.md`,
+# in git at 72a1eb4), 128 x 192 ping-pong picks at equal area 0.95x-0.96x (they hide the epilogue; hence 0.99x for
 # them); held out (`gemm_probe_large_m_swap256_held_h200.md`) 24 draws 1.020x, 16 faster, slowest
 # 0.967x, vs cuBLAS 0.972x -> 0.992x (min 0.923x -> 0.961x). From 641 tokens 1.013x over 14 draws
 # (0.979x-1.068x) and at K = 2048 0.963x (`gemm_probe_big_e_h200.md`, in git at 72a1eb4): the bounds.
