@@ -869,8 +869,8 @@ def wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, num_sms: in
 # alternating rounds, pick -> 1 x 2: 1718x1600x6400 0.930x -> 0.995x cuBLAS, 1712 / 3626 / 3828
 # tokens 1.031x / 1.099x / 1.053x (`gemm_probe_narrow_long_k_fit_h200.md`, in git at f093b46);
 # 2 x 2 ping-pong picks (1475 / 1527 tokens) 1.031x / 0.993x, and past 4096 tokens a 128 x 160
-# ping-pong pick 0.90x (14883 tokens): the bounds. Held out (`gemm_probe_odd_narrow_pair_held_h200.md`): 10 draws 1.085x, 9
-# faster (slowest 0.976x), vs cuBLAS 0.918x -> 0.996x, the minimum 0.818x -> 0.964x.
+# ping-pong pick 0.90x (14883 tokens): the bounds. Held out (`gemm_probe_odd_narrow_pair_held_h200.md`):
+# 10 draws 1.085x, 9 faster (slowest 0.976x), vs cuBLAS 0.918x -> 0.996x, the minimum 0.818x -> 0.964x.
 ODD_NARROW_PAIR_M = (1400, 4096)
 ODD_NARROW_PAIR_MIN_K = 4096
 _ODD_NARROW_PAIR_CFGS = tuple(GemmConfig(128, w, 1, 2, swap_ab=True) for w in range(128, 257, 8))
