@@ -886,7 +886,7 @@ def odd_narrow_pair_config(m: int, n: int, k: int, current: GemmConfig, *,
         return None
     if current.swap_ab or not current.pingpong or current.cluster_mn not in ((1, 1), (2, 1)) or current.split_k > 1:
         return None
-    best = min(_ODD_NARROW_PAIR_CFGS, key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n))
+    best = _least_padding(_ODD_NARROW_PAIR_CFGS, m, n, num_sms)
     return best if _padded_area(best, m, n, num_sms) <= _padded_area(current, m, n, num_sms) else None
 
 
@@ -1252,6 +1252,12 @@ def _padded_area(cfg: GemmConfig, m: int, n: int, num_sms: int) -> int:
     return config_waves(cfg, m, n, num_sms) * cfg.tile_m * cfg.tile_n
 
 
+def _least_padding(configs, m: int, n: int, num_sms: int) -> GemmConfig:
+    """The config of `configs` with the least `_padded_area` for an M x N output; on a tie the
+    wider tile, then the one with fewer CTAs along the cluster's N."""
+    return min(configs, key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n, c.cluster_n))
+
+
 def long_k_wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, in_bytes: int = 2,
                             num_sms: int = H100_SMS) -> GemmConfig | None:
     """The least-padding swap_ab config for a 16-bit (in_bytes = 2) or fp8 (in_bytes = 1) M x N x K
@@ -1261,8 +1267,7 @@ def long_k_wave_swap_config(m: int, n: int, k: int, current: GemmConfig, *, in_b
     if (k < (FP8_LONG_K_WAVE_SWAP_MIN_K if fp8 else LONG_K_WAVE_SWAP_MIN_K) or m < LONG_K_WAVE_SWAP_MIN_M
             or current.split_k > 1):
         return None
-    best = min(_FP8_LONG_K_WAVE_SWAP_CFGS if fp8 else _LONG_K_WAVE_SWAP_CFGS,
-               key=lambda c: (_padded_area(c, m, n, num_sms), -c.tile_n, c.cluster_n))
+    best = _least_padding(_FP8_LONG_K_WAVE_SWAP_CFGS if fp8 else _LONG_K_WAVE_SWAP_CFGS, m, n, num_sms)
     waves = config_waves(best, m, n, num_sms)
     if waves > _LONG_K_WAVE_SWAP_MAX_WAVES:
         return None
@@ -1671,7 +1676,7 @@ def large_m_swap_256_config(m: int, n: int, k: int, current: GemmConfig, *,
     if (m < LARGE_M_SWAP_256_MIN_M or k < LARGE_M_SWAP_256_MIN_K or n < LARGE_M_SWAP_256_MIN_N
             or current.split_k > 1):
         return None
-    best = min(_LARGE_M_SWAP_256_CFGS, key=lambda c: (config_waves(c, m, n, num_sms) * c.tile_n, -c.tile_n))
+    best = _least_padding(_LARGE_M_SWAP_256_CFGS, m, n, num_sms)
     if best == current:
         return None
     area, pick_area = _padded_area(best, m, n, num_sms), _padded_area(current, m, n, num_sms)
