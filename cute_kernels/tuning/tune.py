@@ -503,9 +503,6 @@ def compile_entries(problem: Problem, configs: Iterable[GemmConfig], scales_only
     return out
 
 
-TIMER_DATA = "balanced"  # probe switch: "linear" = x ~ N(0, 1), w ~ N(0, 1 / K)
-
-
 class GpuTimer:
     """timer(problem, config) -> median milliseconds on the GPU, inputs rotated through L2.
 
@@ -531,19 +528,17 @@ class GpuTimer:
         M, N, K = problem.m, problem.n, problem.k
         epi, in_dt, out_dt = kw["epi"], kw["in_dtype"], kw["out_dtype"]
 
-        def operand(rows, major, weight):
+        def operand(rows, major):
             shape = (rows, K) if major == "k" else (K, rows)
             if in_dt == torch.int8:
                 t = torch.randint(-128, 128, shape, device="cuda", dtype=torch.int8)
-            elif TIMER_DATA == "linear":
-                t = (torch.randn(shape, device="cuda") / (K ** 0.5 if weight else 1.0)).to(in_dt)
             else:
                 t = (torch.randn(shape, device="cuda") / K ** 0.25).to(in_dt)
             # M- / N-major operands with unaligned rows are padded as gemm pads them.
             return t if major == "k" else _prepare_operand(t.t(), major)
 
         def one_set():
-            a, w = operand(M, problem.majors[0], False), operand(N, problem.majors[1], True)
+            a, w = operand(M, problem.majors[0]), operand(N, problem.majors[1])
             args = {"bias": None, "residual": None, "row_scale": None, "col_scale": None}
             vec = lambda n: torch.rand(n, device="cuda") + 0.5  # noqa: E731
             if epi.row_scale == "block":
