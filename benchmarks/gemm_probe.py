@@ -61,7 +61,7 @@ kernel compiled in its own process. Per shape and config each side is taken agai
 its own process (geomean over the pairs) and the variant's speed set over the base's; summary:
 geomean, how many faster, min and max. Writes gemm_probe_ab_<gpu>.{json,md}.
 
-`rule`: one heuristic rule of `matmul.api` (--rule, e.g. fp8_equal_fill_swap_config) switched
+`rule`: one rule of `heuristics.pick_config`'s chain (--rule, e.g. fp8_equal_fill_swap_config) switched
 off and on: a draw (grid-model weights, M log-uniform in --m, --seed) kept where the rule changes
 the grid's pick (--count such draws), both picks timed as `configs` times them in the grid's call
 of --dtype (fp8: per-row scales without a bias). Summary: the pick with the rule against the pick
@@ -637,17 +637,12 @@ def run_configs(spec: dict, rounds: int = 2, rule: bool = False, dtype: str = "b
     return rows, summary
 
 
-# Config functions of matmul.api that are not rules on top of a pick: they make it.
-_NOT_RULES = ("default_config", "split_config")
-
-
 def rule_names() -> list[str]:
-    """The heuristic rules dispatch applies (`heuristics` *_config functions `matmul.api` calls
-    by name), each of which `rule_spec` can switch off."""
-    from cute_kernels.matmul import api, heuristics
+    """The heuristic rules dispatch applies (`heuristics.RULES`, the chain of
+    `heuristics.pick_config`), each of which `rule_spec` can switch off."""
+    from cute_kernels.matmul import heuristics
 
-    return sorted(n for n in dir(api) if n.endswith("_config") and n not in _NOT_RULES
-                  and getattr(heuristics, n, None) is getattr(api, n))
+    return sorted(heuristics.RULES)
 
 
 def rule_spec(rule: str, dtype: str, seed: int, count: int, m_range: tuple[int, int],
@@ -657,7 +652,7 @@ def rule_spec(rule: str, dtype: str, seed: int, count: int, m_range: tuple[int, 
     log-uniform in m_range, a pure function of the arguments (and the heuristics). Skinny GEMV
     picks are left out (configs cannot name them)."""
     from benchmarks.gemm import _grid_label
-    from cute_kernels.matmul import api
+    from cute_kernels.matmul import api, heuristics
     from cute_kernels.tuning.models import MODELS, linears
 
     if rule not in rule_names():
@@ -666,7 +661,7 @@ def rule_spec(rule: str, dtype: str, seed: int, count: int, m_range: tuple[int, 
                    if n_range[0] <= lin.n <= n_range[1] and lin.k >= min_k and (dtype == "bf16" or lin.k % 16 == 0)})
     if not pool:
         raise ValueError(f"no grid-model weight has N in {n_range} and K >= {min_k}")
-    rng, on, spec = random.Random(seed), getattr(api, rule), {}
+    rng, on, spec = random.Random(seed), getattr(heuristics, rule), {}
 
     def off(*args, **kwargs):
         return None
@@ -680,16 +675,16 @@ def rule_spec(rule: str, dtype: str, seed: int, count: int, m_range: tuple[int, 
             key = f"{m}x{n}x{k}"
             if key in spec:
                 continue
-            setattr(api, rule, on)
+            setattr(heuristics, rule, on)
             api.clear_dispatch_caches()
             with_rule = _grid_label(dtype, m, n, k)
-            setattr(api, rule, off)
+            setattr(heuristics, rule, off)
             api.clear_dispatch_caches()
             without = _grid_label(dtype, m, n, k)
             if without != with_rule and "gemv" not in (without, with_rule):
                 spec[key] = [without, with_rule]
     finally:
-        setattr(api, rule, on)
+        setattr(heuristics, rule, on)
         api.clear_dispatch_caches()
     return spec
 

@@ -766,17 +766,17 @@ def test_gemm_probe_rule_spec(capsys):
 
     import benchmarks.gemm_probe as P
     from benchmarks.gemm import _grid_label
-    from cute_kernels.matmul import api
+    from cute_kernels.matmul import heuristics
 
     names = P.rule_names()
     assert "fp8_equal_fill_swap_config" in names and "long_k_c41_config" in names and "default_config" not in names
     spec = P.rule_spec("fp8_equal_fill_swap_config", "fp8", 45, 4, (200, 1500))
     assert len(spec) == 4 and spec == P.rule_spec("fp8_equal_fill_swap_config", "fp8", 45, 4, (200, 1500))
-    before = api.fp8_equal_fill_swap_config
+    before = heuristics.fp8_equal_fill_swap_config
     for shape, (off, on) in spec.items():
         m, n, k = (int(x) for x in shape.split("x"))
         assert off != on and _grid_label("fp8", m, n, k) == on and off.endswith("P") and on.endswith("T")
-    assert api.fp8_equal_fill_swap_config is before
+    assert heuristics.fp8_equal_fill_swap_config is before
     assert P.main(["rule", "--rule", "fp8_equal_fill_swap_config", "--dtype", "fp8", "--seed", "45", "--count", "2",
                    "--dry-run"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2
@@ -785,6 +785,17 @@ def test_gemm_probe_rule_spec(capsys):
                  ["rule", "--rule", "swap_config", "--seed", "1", "--count", "0"]):
         with pytest.raises(SystemExit):
             P.main(argv)
+
+
+def test_rule_chain_names_every_rule():
+    """heuristics.RULES (what `gemm_probe rule` can switch off) lists exactly the *_config
+    functions the chain of heuristics.pick_config calls, each of them a function of the module."""
+    from cute_kernels.matmul import heuristics as h
+
+    called = {n for f in (h.pick_config, h._rules_16bit, h._rules_fp8) for n in f.__code__.co_names
+              if n.endswith("_config")}
+    assert called - {"swap_config", "split_config", "default_config"} == set(h.RULES)
+    assert len(h.RULES) == len(set(h.RULES)) and all(callable(getattr(h, n)) for n in h.RULES)
 
 
 def test_grid_slices_and_quack_cache(tmp_path, monkeypatch):

@@ -15,33 +15,9 @@ from ..runtime import KERNELS, TARGET_ARCH, check_device, env
 from ..runtime.dtypes import FP8 as _FP8
 from ..runtime.dtypes import SIXTEEN_BIT
 from ..tuning import cache as tuning
+from . import heuristics
 from .config import MAX_ACTIVE_CLUSTERS, GemmConfig, split_tail_tiles, swap_supported, swapped_epilogue
-from .heuristics import (
-    default_config,
-    equal_pad_narrow_config,
-    few_tokens_192_config,
-    fp8_equal_fill_swap_config,
-    large_m_pp192_config,
-    large_m_swap_256_config,
-    long_k_c41_config,
-    long_k_split_swap_config,
-    long_k_wave_swap_config,
-    mid_m_fill_config,
-    mid_m_swap_config,
-    narrow_step,
-    odd_narrow_pair_config,
-    skinny_gemv,
-    split_config,
-    swap_256_config,
-    swap_256_fine_config,
-    swap_config,
-    tail_split_config,
-    vocab_few_tokens_config,
-    vocab_pingpong_config,
-    wave_swap_c41_config,
-    wave_swap_config,
-    wide_long_k_swap_config,
-)
+from .heuristics import default_config, skinny_gemv, swap_config
 from .reference import ACTIVATIONS, apply_activation, gemm_ref, linear_ref  # noqa: F401
 
 __all__ = ["gemm", "linear", "gemm_ref", "linear_ref", "ACTIVATIONS", "run_gemm", "kernel_for", "compile_entry",
@@ -173,53 +149,14 @@ _UNTUNED_SWAP_MIN_K = 4096
 @functools.lru_cache(maxsize=4096)
 def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tuning_class: tuple | None = None,
                  swappable: bool = False, out_bytes: int = 2, integer: bool = False) -> GemmConfig:
-    """The config for an M x N x K problem: the tuning cache's winner for its class when it
-    has one (`tuning_class`: op, output, majors, epilogue class; tuning.cache) and no swap_ab
-    tile its tuning never met pads M less (below; for 16-bit and fp8 inputs the long-K
-    least-padding swap_ab tile still replaces it, heuristics.long_k_wave_swap_config), else the
-    heuristic's: with swappable=True (operands and epilogue swap_ab can run, `swappable`) a swap_ab
-    one where heuristics.swap_config takes it, then with split=True maybe a split-K one
-    (heuristics.split_config). For 16-bit inputs the first of these replaces that pick: ping-pong
-    swap_ab tiles on a wide weight at short K from 256 tokens (129 on 32000+ rows;
-    heuristics.vocab_pingpong_config), one 128-row swap_ab token tile on a 32000+ row weight at
-    65-128 tokens (heuristics.vocab_few_tokens_config; fp8 too), swap_ab tiles over ceil(M / 256)
-    token tiles on a wide weight at long K from 288 to 704 tokens (heuristics.wide_long_k_swap_config),
-    one wave of swap_ab tiles on a narrow weight at 700-7680 tokens (heuristics.wave_swap_config),
-    a 256-row swap_ab tile where modelled cheaper (heuristics.swap_256_config), one wave of 4 x 1
-    clusters at short K (heuristics.wave_swap_c41_config); then one wave of 4 x 1 clusters at
-    long K over whichever of these won (heuristics.long_k_c41_config; 192-row 1 x 2 tiles on
-    weights whose rows divide by 192). Last, for 16-bit and fp8
-    inputs, a 128 x 128 ping-pong pick widens to 128 x 192 from 4096 tokens (2048 in 2 x 1
-    clusters, and for fp8, where a 128 x 256 cooperative pick at K <= 8192 also turns 128 x 192
-    ping-pong; heuristics.large_m_pp192_config); for 16-bit inputs from 400 tokens at
-    long K, the swap_ab tile that pads the fewest waves x tile area replaces a pick that pads
-    1 / 0.96x as much (1 / 0.95x over 7-12 waves; heuristics.long_k_wave_swap_config; for fp8 inputs
-    the same from K = 6400 over 128-row tiles), and where 64-row swap_ab tiles pad M
-    as much as 128-row ones, their clustered config up to 224 wide replaces a 128-row pick
-    (heuristics.equal_pad_narrow_config), and at 257-1023 tokens with K >= 4096 one wave of
-    swap_ab tiles padding the tokens less replaces an unswapped one-wave pick
-    (heuristics.mid_m_swap_config), and at any K a one-wave pick filling at most 0.8 of the
-    SMs on a 3072+ row weight gives way to one wave of 128-row swap_ab tiles
-    (heuristics.mid_m_fill_config; fp8 too, and int8 over 128-row picks); a 16-bit 256-row swap_ab
-    pick at the end of that chain takes its width in steps of 8 (heuristics.swap_256_fine_config),
-    and above 2048 tokens at K >= 3584 on 4096+ row weights the 256-row swap_ab tile in 1 x 2
-    replaces a cooperative pick that pads as much, a ping-pong one that pads 1 / 0.99x as much
-    (heuristics.large_m_swap_256_config), and at 1400-4096 tokens and K >= 4096 on a narrow weight
-    of an odd 128-row tile count 128-row swap_ab tiles in 1 x 2 replace an unswapped ping-pong pick
-    padding as much (heuristics.odd_narrow_pair_config),
-    and at 65-256 tokens and K >= 24576, with split=True, one split 128-row swap_ab token tile
-    replaces a pick the model rates 1 / 0.9x as costly (heuristics.long_k_split_swap_config); at
-    129-512 tokens on a wide weight, 192-row swap_ab tiles that fill whole waves replace a pick
-    whose last wave is sparse (heuristics.few_tokens_192_config); with
-    split=True a 128-row swap_ab pick of 1-6 waves whose last wave holds at most half the
-    clusters splits that wave over K (heuristics.tail_split_config).
-    fp8 also takes the long-K
-    one wave of 4 x 1 clusters in its 128-row form and, over a one-wave unswapped 128 x 128 1 x 2
-    ping-pong pick, as many 128-row swap_ab token tiles (heuristics.fp8_equal_fill_swap_config).
-    integer: int8 inputs (their swap_ab widths step by 16). Memoised: a dispatch pays the lookup once per shape."""
-    swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
+    """The config for an M x N x K problem: the tuning cache's winner for its class when it has
+    one (`tuning_class`: op, output, majors, epilogue class; tuning.cache) and no swap_ab tile its
+    tuning never met pads M less (below), else the heuristic's (`heuristics.pick_config`: a base
+    pick, then the rule chain; swappable: swap_ab can run these operands and this epilogue; split:
+    split-K may run; integer: int8 inputs). Memoised: a dispatch pays the lookup once per shape."""
     if tuning_class is not None:
         entry = _tuned_entry(tuning_class, M, N, K)
+        swapped = swap_config(M, N, K, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
         # An unswapped entry tuned at an M where no swap_ab tile padded less had no swapped
         # rival; where one pads less here and K is long, the heuristic's swap_ab pick runs
         # instead. Same run, H100, 2026-11-26, vs cuBLAS, entry -> swap_ab: bf16
@@ -235,38 +172,10 @@ def _pick_config(M: int, N: int, K: int, in_bytes: int, split: bool = False, tun
             # `gemm_probe_long_k_wave_swap_rule_h100.md`). The fp8 rule was fitted against the
             # picks as dispatched, entries included (7309x4096x14336 1.10x over one).
             if swappable and not integer:
-                return long_k_wave_swap_config(M, N, K, entry.config, in_bytes=in_bytes) or entry.config
+                return heuristics.long_k_wave_swap_config(M, N, K, entry.config, in_bytes=in_bytes) or entry.config
             return entry.config
-    if swapped is not None:
-        pick = swapped
-    elif split:
-        pick = split_config(M, N, K, in_bytes=in_bytes)
-    else:
-        pick = default_config(M, N, K, in_bytes=in_bytes)
-    if swappable and in_bytes == 2:
-        pick = (vocab_pingpong_config(M, N, K) or vocab_few_tokens_config(M, N, K) or wide_long_k_swap_config(M, N, K, pick)
-                or wave_swap_config(M, N, K, pick) or swap_256_config(M, N, K, pick)
-                or wave_swap_c41_config(M, N, K, pick) or pick)
-        pick = long_k_c41_config(M, N, K, pick) or pick
-        pick = large_m_pp192_config(M, N, pick) or pick
-        pick = (long_k_wave_swap_config(M, N, K, pick) or equal_pad_narrow_config(M, N, K, pick)
-                or mid_m_swap_config(M, N, K, pick) or mid_m_fill_config(M, N, K, pick) or pick)
-        if split:
-            pick = long_k_split_swap_config(M, N, K, pick) or pick
-        pick = swap_256_fine_config(M, N, pick) or pick
-        pick = large_m_swap_256_config(M, N, K, pick) or odd_narrow_pair_config(M, N, K, pick) or pick
-        pick = few_tokens_192_config(M, N, K, pick) or pick
-        return (tail_split_config(M, N, K, pick) or pick) if split else pick
-    if in_bytes == 1 and not integer:
-        pick = large_m_pp192_config(M, N, pick, in_bytes=1, k=K) or pick
-        if not swappable:
-            return pick
-        return (vocab_few_tokens_config(M, N, K) or long_k_wave_swap_config(M, N, K, pick, in_bytes=1)
-                or mid_m_fill_config(M, N, K, pick) or long_k_c41_config(M, N, K, pick, in_bytes=1)
-                or fp8_equal_fill_swap_config(M, N, K, pick) or pick)
-    if integer and swappable:
-        return mid_m_fill_config(M, N, K, pick, step=narrow_step(True)) or pick
-    return pick
+    return heuristics.pick_config(M, N, K, in_bytes=in_bytes, split=split, swappable=swappable, out_bytes=out_bytes,
+                                  integer=integer)
 
 
 def _tuned(tuning_class: tuple, M: int, N: int, K: int) -> GemmConfig | None:

@@ -1742,3 +1742,83 @@ def large_m_pp192_config(m: int, n: int, current: GemmConfig, in_bytes: int = 2,
     else:
         raise ValueError(f"in_bytes must be 1 or 2, got {in_bytes!r}")
     return dataclasses.replace(current, tile_n=192) if wide else None
+
+
+# ------------------------------------------------------------------------------ the rule chain
+# What dispatch runs without a tuning-cache entry (matmul.api._pick_config). A base pick from the
+# cost model, then rules that each replace it on the shape class it was fitted on and return None
+# elsewhere. Every rule is a *_config function above; its notes give the fit and the held-out
+# figures, and docs/gemm.md has a section for each. Order matters: a later rule sees the pick an
+# earlier one made (several are written as "over a pick of this kind"), and within `or` the first
+# rule that applies wins. `rule_spec` in benchmarks/gemm_probe.py switches one off by name (RULES).
+
+RULES = (
+    "vocab_pingpong_config", "vocab_few_tokens_config", "wide_long_k_swap_config", "wave_swap_config",
+    "swap_256_config", "wave_swap_c41_config", "long_k_c41_config", "large_m_pp192_config",
+    "long_k_wave_swap_config", "equal_pad_narrow_config", "mid_m_swap_config", "mid_m_fill_config",
+    "long_k_split_swap_config", "swap_256_fine_config", "large_m_swap_256_config", "odd_narrow_pair_config",
+    "few_tokens_192_config", "tail_split_config", "fp8_equal_fill_swap_config",
+)
+
+
+def pick_config(m: int, n: int, k: int, *, in_bytes: int = 2, split: bool = False, swappable: bool = False,
+                out_bytes: int = 2, integer: bool = False) -> GemmConfig:
+    """The heuristic's config for an M x N x K problem: `swap_config`'s swap_ab pick where
+    `swappable` (swap_ab can run these operands and this epilogue) and it takes one, else
+    `split_config`'s (split=True: split-K may run) or `default_config`'s; then the rules of its
+    input kind (16-bit, fp8 or int8: in_bytes and `integer`) in the order below."""
+    swapped = swap_config(m, n, k, in_bytes=in_bytes, out_bytes=out_bytes, integer=integer) if swappable else None
+    if swapped is not None:
+        pick = swapped
+    elif split:
+        pick = split_config(m, n, k, in_bytes=in_bytes)
+    else:
+        pick = default_config(m, n, k, in_bytes=in_bytes)
+    if in_bytes == 2 and swappable:
+        return _rules_16bit(m, n, k, pick, split)
+    if in_bytes == 1 and not integer:
+        return _rules_fp8(m, n, k, pick, swappable)
+    if integer and swappable:
+        return mid_m_fill_config(m, n, k, pick, step=narrow_step(True)) or pick
+    return pick
+
+
+def _rules_16bit(m: int, n: int, k: int, pick: GemmConfig, split: bool) -> GemmConfig:
+    # The shape classes whose best tile the cost model does not see (the first that applies):
+    pick = (vocab_pingpong_config(m, n, k)  # ping-pong token tiles: wide weight, short K, from 256 tokens
+            or vocab_few_tokens_config(m, n, k)  # one 128-row token tile: 32000+ rows, 65-128 tokens
+            or wide_long_k_swap_config(m, n, k, pick)  # ceil(M / 256) token tiles: wide weight, long K, 288-704
+            or wave_swap_config(m, n, k, pick)  # one wave of swap_ab tiles: narrow weight, 700-7680 tokens
+            or swap_256_config(m, n, k, pick)  # a 256-row swap_ab tile where modelled cheaper
+            or wave_swap_c41_config(m, n, k, pick)  # one wave of 4 x 1 clusters at short K
+            or pick)
+    pick = long_k_c41_config(m, n, k, pick) or pick  # one wave of 4 x 1 clusters at long K
+    pick = large_m_pp192_config(m, n, pick) or pick  # 128 x 128 ping-pong widens to 128 x 192 at large M
+    # Padding and fill over whichever tile won (the first that applies):
+    pick = (long_k_wave_swap_config(m, n, k, pick)  # the least-padding swap_ab tile, long K, from 400 tokens
+            or equal_pad_narrow_config(m, n, k, pick)  # 64-row swap_ab tiles where they pad as 128-row ones do
+            or mid_m_swap_config(m, n, k, pick)  # one wave of swap_ab tiles, 257-1023 tokens, K >= 4096
+            or mid_m_fill_config(m, n, k, pick)  # one wave of 128-row swap_ab tiles over a sparse one-wave pick
+            or pick)
+    if split:
+        pick = long_k_split_swap_config(m, n, k, pick) or pick  # one split token tile, 65-256 tokens, K >= 24576
+    pick = swap_256_fine_config(m, n, pick) or pick  # 256-row swap_ab widths in steps of 8
+    pick = (large_m_swap_256_config(m, n, k, pick)  # 256-row swap_ab tiles in 1 x 2 above 2048 tokens
+            or odd_narrow_pair_config(m, n, k, pick)  # 1 x 2 token tiles on an odd count of weight tiles
+            or pick)
+    pick = few_tokens_192_config(m, n, k, pick) or pick  # 192-row tiles filling whole waves, 129-512 tokens
+    if split:
+        pick = tail_split_config(m, n, k, pick) or pick  # a sparse last wave split over K
+    return pick
+
+
+def _rules_fp8(m: int, n: int, k: int, pick: GemmConfig, swappable: bool) -> GemmConfig:
+    pick = large_m_pp192_config(m, n, pick, in_bytes=1, k=k) or pick  # 128 x 192 ping-pong at large M
+    if not swappable:
+        return pick
+    return (vocab_few_tokens_config(m, n, k)  # one 128-row token tile: 32000+ rows, 65-128 tokens
+            or long_k_wave_swap_config(m, n, k, pick, in_bytes=1)  # 128-row least-padding tile from K = 6400
+            or mid_m_fill_config(m, n, k, pick)  # one wave of 128-row swap_ab tiles over a sparse one-wave pick
+            or long_k_c41_config(m, n, k, pick, in_bytes=1)  # one wave of 4 x 1 clusters at long K
+            or fp8_equal_fill_swap_config(m, n, k, pick)  # as many swap_ab token tiles over a 1 x 2 ping-pong one
+            or pick)

@@ -95,7 +95,8 @@ def _swappable(problem: Problem) -> bool:
 
 def dispatch_config(problem: Problem) -> GemmConfig:
     """What dispatch runs for `problem`: the tuning cache's winner for its class, else the
-    heuristic's pick (`matmul.api._pick_config`'s rules, which can pass over an unswapped entry)."""
+    heuristic's pick (`matmul.api._pick_config`, which can pass over an unswapped entry for
+    `heuristics.pick_config`'s rules)."""
     if problem.promoted or problem.epilogue == "swiglu":
         entry = cache.lookup(problem)
         return heuristic(problem) if entry is None else entry.config
