@@ -25,7 +25,8 @@ against our bf16 kernel and cuDNN's bf16 SDPA on the same shapes (head dim {64, 
 8192, 16384} x causal / not, 32 query heads on 32 or 8 KV heads, ~16k tokens). Each fp8 row
 records its max error against the fp64 reference of the dequantized inputs and that of an fp32
 emulation of the same quantization (`flash_attn_fp8_emulated`), on the first batch / query head
-(attention_fp8_<gpu>.*).
+(attention_fp8_<gpu>.*). `cute_fp8_quant` times the call a caller holding bf16 Q, K, V makes:
+`quantize_qkv_fp8` (per-(batch, KV head) amax descales) and then `flash_attn_fp8`.
 """
 
 from __future__ import annotations
@@ -224,6 +225,16 @@ def run_fp8(head_dims=WIDE_HEAD_DIMS, seqlens=FP8_SEQLENS, gqa=(1, 8)):
                                 extra={"max_err": err, "max_err_fp32_emulation": err_emu}))
             except Exception as e:  # noqa: BLE001 - one failing shape must not stop the suite
                 print(f"[attn] cute_fp8 failed on {case}: {type(e).__name__}: {str(e)[:200]}")
+            try:  # what swapping our bf16 kernel for the fp8 one costs a caller holding bf16 Q, K, V
+                def quantized(i, q=q, k=k, v=v, causal=causal):
+                    q8_, k8_, v8_, qd_, kd_, vd_ = ck.quantize_qkv_fp8(q, k, v)
+                    return ck.flash_attn_fp8(q8_, k8_, v8_, q_descale=qd_, k_descale=kd_, v_descale=vd_, causal=causal)
+
+                ms = time_ms(quantized)
+                tf = flops / ms / 1e9
+                rows.append(Row(case, "cute_fp8_quant", ms, tf, 100 * tf / PEAK_TFLOPS["fp8"]))
+            except Exception as e:  # noqa: BLE001
+                print(f"[attn] cute_fp8_quant failed on {case}: {type(e).__name__}: {str(e)[:200]}")
             del q8, k8, v8, q, k, v
             torch.cuda.empty_cache()
     return rows
@@ -231,13 +242,16 @@ def run_fp8(head_dims=WIDE_HEAD_DIMS, seqlens=FP8_SEQLENS, gqa=(1, 8)):
 
 def summarize_fp8(rows):
     s = {}
-    sp = speedups(rows, "cute_fp8", "cute")
-    if sp:
-        s["geomean_speedup_fp8_vs_bf16"] = geomean(list(sp.values()))
+    for provider, key in (("cute_fp8", "fp8"), ("cute_fp8_quant", "fp8_quant")):
+        sp = speedups(rows, provider, "cute")
+        if not sp:
+            continue
+        s[f"geomean_speedup_{key}_vs_bf16"] = geomean(list(sp.values()))
         long128 = [v for c, v in sp.items() if "x128" in c and int(c.split("x")[-2]) >= 4096]
         if long128:
-            s["geomean_speedup_fp8_vs_bf16[d128,S>=4096]"] = geomean(long128)
-            s["min_speedup_fp8_vs_bf16[d128,S>=4096]"] = min(long128)
+            s[f"geomean_speedup_{key}_vs_bf16[d128,S>=4096]"] = geomean(long128)
+            if key == "fp8":
+                s["min_speedup_fp8_vs_bf16[d128,S>=4096]"] = min(long128)
     sc = speedups(rows, "cute_fp8", "cudnn")
     if sc:
         s["geomean_speedup_fp8_vs_cudnn_bf16"] = geomean(list(sc.values()))

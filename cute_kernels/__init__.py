@@ -7,7 +7,8 @@ Public ops (torch tensors in, torch tensors out, launched on the current stream)
   whose epilogue writes only the product (Llama-family MLPs).
 - `scaled_mm`, `scaled_mm_blockwise`, `int8_mm`: FP8 and INT8 GEMM with fused scaling.
 - `flash_attn`, `flash_attn_with_kvcache`, `flash_attn_varlen`: FlashAttention forward;
-  `flash_attn_fp8`: the same on FP8 (e4m3) Q, K, V with FlashAttention-3's descale arguments.
+  `flash_attn_fp8`: the same on FP8 (e4m3) Q, K, V with FlashAttention-3's descale arguments
+  (`quantize_qkv_fp8` makes them from 16-bit Q, K, V).
 - `tune(shapes, model=..., dtypes=..., ms=...)`: time GEMM configs on this GPU and keep the
   winners in the tuning cache, where every later GEMM of their class finds them
   (`python -m cute_kernels.tune` is its command line).
@@ -47,6 +48,7 @@ _LAZY = {
     "flash_attn_ref": "cute_kernels.attention.api",
     "flash_attn_fp8": "cute_kernels.attention.api",
     "flash_attn_fp8_ref": "cute_kernels.attention.api",
+    "quantize_qkv_fp8": "cute_kernels.attention.api",
     "flash_attn_with_kvcache": "cute_kernels.attention.api",
     "flash_attn_varlen": "cute_kernels.attention.api",
 }

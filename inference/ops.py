@@ -201,6 +201,51 @@ def _(q, k, v, causal, softmax_scale, backend, invariant=False):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
+# Where the FP8 prefill path (quantize_qkv_fp8, then flash_attn_fp8) ran faster than our bf16
+# kernel on bf16 Q, K, V: H200, `python -m benchmarks.attention --fp8` (`cute_fp8_quant` rows of
+# attention_fp8_h200.md), ~16k tokens a call, causal and not, 32 query heads on 32 or 4 KV heads.
+# Head dim 128 from 4096 tokens: 1.00x-1.43x (8 shapes of 12 above 1.15x); head dim 64 from 8192:
+# 1.06x-1.20x; at 4096 with head dim 64 the two quantization passes cost more than the fp8
+# products save (0.88x-1.05x).
+FP8_ATTENTION_MIN_SEQLEN = {64: 8192, 128: 4096}
+
+
+def fp8_attention_takes(seqlen: int, head_dim: int, causal: bool, dtype: torch.dtype) -> bool:
+    """Whether a bf16 prefill of `seqlen` queries and keys runs flash_attn_fp8_from16."""
+    return (causal and dtype == torch.bfloat16 and head_dim in FP8_ATTENTION_MIN_SEQLEN
+            and seqlen >= FP8_ATTENTION_MIN_SEQLEN[head_dim])
+
+
+def flash_attn_fp8_from16_ref(q, k, v, causal: bool, softmax_scale: float) -> torch.Tensor:
+    """Reference for flash_attn_fp8_from16: the same quantization, then attention in fp64 on
+    the dequantized values, in q's dtype."""
+    from cute_kernels.attention.reference import flash_attn_fp8_ref, quantize_qkv_fp8_ref
+
+    q8, k8, v8, qd, kd, vd = quantize_qkv_fp8_ref(q, k, v)
+    out = flash_attn_fp8_ref(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+                             softmax_scale=softmax_scale)
+    return out.to(q.dtype)
+
+
+@torch.library.custom_op("cute_inference::flash_attn_fp8_from16", mutates_args=())
+def flash_attn_fp8_from16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+                          backend: str) -> torch.Tensor:
+    """flash_attn's call on bf16 [B, S, H, D] tensors run in FP8: Q, K and V quantized with one
+    scale per (batch, KV head) (cute_kernels.quantize_qkv_fp8), then cute_kernels.flash_attn_fp8."""
+    if backend == "reference":
+        return flash_attn_fp8_from16_ref(q, k, v, causal, softmax_scale)
+    ck = _cute()
+    q8, k8, v8, qd, kd, vd = ck.quantize_qkv_fp8(q, k, v)
+    out = ck.flash_attn_fp8(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+                            softmax_scale=softmax_scale)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+@flash_attn_fp8_from16.register_fake
+def _(q, k, v, causal, softmax_scale, backend):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
 def attend_cache_ref(q, k_cache, v_cache, seqlens, softmax_scale, key_mask=None):
     """Reference for attend_cache: q [B, 1, Hq, D] against the first seqlens[b] rows of
     k/v_cache [B, L, Hkv, D] (masked SDPA over the whole buffer; GQA as in flash_attn_ref),

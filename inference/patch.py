@@ -47,6 +47,7 @@ from transformers.masking_utils import causal_mask_function, sdpa_mask
 from transformers.models.gpt2 import modeling_gpt2 as _GPT2  # bound here: code Dynamo traces must not import
 
 from cute_kernels.activations import FROM_HF
+from cute_kernels.runtime import env
 
 from . import ops
 from .adapters import ADAPTERS
@@ -223,8 +224,11 @@ def _attention_forward(backend: str):
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = ops.flash_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal, float(scale),
-                             backend, getattr(module, "tp_invariant", False))
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        if getattr(module, "fp8_attention", False) and ops.fp8_attention_takes(q_len, query.shape[-1], causal,
+                                                                               query.dtype):
+            return ops.flash_attn_fp8_from16(q, k, v, causal, float(scale), backend), None
+        out = ops.flash_attn(q, k, v, causal, float(scale), backend, getattr(module, "tp_invariant", False))
         return out, None
 
     return attention
@@ -323,7 +327,8 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
       every Conv1D / nn.Linear for the `quant` package's FP8Linear/Int8Linear (lm_head
       stays 16-bit on our linear). They fuse what their 8-bit epilogue supports: GPT-2's
       c_fc gelu (via their `activation`) and the residual adds in the c_proj / o_proj /
-      down_proj epilogues.
+      down_proj epilogues. With attention="cute", "fp8" also runs long causal prefills in FP8
+      attention (ops.flash_attn_fp8_from16; CUTE_KERNELS_FP8_ATTENTION=0: bf16).
     calibration: input_ids batches (or quant.smoothquant.calibrate's dict), for
       int8-smoothquant only.
     attention: "sdpa" (transformers' SDPA) or "cute" (cute_kernels.flash_attn).
@@ -388,11 +393,26 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
         set_tp_invariant(model, tp_invariant, _tp.tp_of(model))
     if attention == "cute":
         model.set_attn_implementation(register_attention(backend))
+        if precision == "fp8" and not tp_invariant and env.enabled("CUTE_KERNELS_FP8_ATTENTION"):
+            _mark_fp8_attention(model, family)
     elif model.config._attn_implementation != "sdpa":
         model.set_attn_implementation("sdpa")
     model.cute_patch = {"precision": precision, "attention": attention, "backend": backend,
                         "tp_invariant": tp_invariant}
     return model
+
+
+def _mark_fp8_attention(model, family: str) -> None:
+    """Long causal prefills of the patched attention modules run in FP8 (ops.fp8_attention_takes):
+    the fp8 precision's GEMMs already round their inputs to e4m3, and there the quantize-and-FP8
+    path ran 1.00x-1.43x our bf16 kernel (ops.FP8_ATTENTION_MIN_SEQLEN)."""
+    if family == "llama":
+        from .patch_llama import _CuteAttention as attention_class
+    else:
+        attention_class = CuteGPT2Attention
+    for module in model.modules():
+        if isinstance(module, attention_class):
+            module.fp8_attention = True
 
 
 def _patch_gpt2_modules(model, precision: str, calibration, backend: str) -> None:

@@ -1247,6 +1247,34 @@ def test_fp8_references_agree_on_the_cpu():
         assert 0 < err < 0.05 * ref.abs().max().item(), err
 
 
+def test_quantize_qkv_fp8_on_the_cpu():
+    """quantize_qkv_fp8: per (batch, KV head) of k and v, per (batch, KV-head group) of q, the
+    largest magnitude lands on e4m3's 448 and every value dequantizes within e4m3's rounding;
+    wrong inputs are refused up front."""
+    from cute_kernels.attention.api import quantize_qkv_fp8
+    from cute_kernels.attention.reference import E4M3_MAX
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 33, 6, 64, generator=g).bfloat16() * 4
+    k = torch.randn(2, 47, 2, 64, generator=g).bfloat16()
+    v = torch.randn(2, 47, 2, 64, generator=g).bfloat16() * torch.tensor([0.01, 10.0]).view(1, 1, 2, 1).bfloat16()
+    q8, k8, v8, qd, kd, vd = quantize_qkv_fp8(q, k, v)
+    for x, x8, d, rep in ((q, q8, qd, 3), (k, k8, kd, 1), (v, v8, vd, 1)):
+        assert x8.dtype == torch.float8_e4m3fn and x8.shape == x.shape
+        assert d.dtype == torch.float32 and d.shape == (2, 2) and bool((d > 0).all())
+        grouped = x8.float().view(2, x.shape[1], 2, rep * 64)
+        assert torch.equal(grouped.abs().amax(dim=(1, 3)), torch.full((2, 2), E4M3_MAX))
+        deq = (grouped * d[:, None, :, None]).view(x.shape)
+        step = d.repeat_interleave(rep, 1)[:, None, :, None] * 2.0 ** -9  # e4m3's subnormal step
+        assert bool(((deq - x.float()).abs() <= x.float().abs() / 16 + step).all())
+    with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
+        quantize_qkv_fp8(q8, k, v)
+    with pytest.raises(ValueError, match="Hkv dividing"):
+        quantize_qkv_fp8(q[:, :, :5], k, v)
+    with pytest.raises(ValueError, match="4-D"):
+        quantize_qkv_fp8(q[0], k, v)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -1277,6 +1305,49 @@ def test_fp8_attention_matches_reference(head_dim, causal, heads, seqlens):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(lse))
     assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shapes", [((2, 300, 32, 128), (2, 300, 8, 128)), ((3, 77, 12, 64), (3, 130, 12, 64))])
+def test_quantize_qkv_fp8_matches_reference(shapes):
+    """The Triton quantizer (fp8_quant.py) against reference.quantize_qkv_fp8_ref: the same
+    descales, the same e4m3 bytes but for a rare one-step rounding tie of the division; from
+    views of one packed QKV buffer (strided heads)."""
+    import cute_kernels as ck
+    from cute_kernels.attention.reference import quantize_qkv_fp8_ref
+
+    (B, Sq, Hq, D), (_, Sk, Hkv, _) = shapes
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16) * 3
+    kv = torch.randn(B, Sk, 2, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    k, v = kv[:, :, 0] * 0.02, kv[:, :, 1]
+    ours, ref = ck.quantize_qkv_fp8(q, k, v), quantize_qkv_fp8_ref(q, k, v)
+    for a, b in zip(ours[3:], ref[3:]):
+        assert torch.equal(a, b)
+    for a, b in zip(ours[:3], ref[:3]):
+        assert a.dtype == torch.float8_e4m3fn and a.shape == b.shape and a.is_contiguous()
+        assert (a.view(torch.uint8) != b.view(torch.uint8)).float().mean().item() < 1e-4
+        assert (a.float() - b.float()).abs().max().item() <= b.float().abs().max().item() / 8
+
+
+def test_quantize_qkv_fp8_descales_interpreted():
+    """fp8_quant's amax pass (Triton, interpreted on the CPU) gives the reference's descales from
+    strided views (the interpreter's e4m3 rounding is not the GPU's: the bytes are checked by the
+    gpu test above)."""
+    from tests.test_gemm_host import _run_interpreted
+
+    _run_interpreted("""
+import torch
+from cute_kernels.attention.fp8_quant import quantize_qkv
+from cute_kernels.attention.reference import quantize_qkv_fp8_ref
+qkv = torch.randn(2, 45, 10, 64).bfloat16()
+q, k, v = qkv[:, :, :6], qkv[:, :, 6:8] * 5, qkv[:, :, 8:] * 0.01
+ours, ref = quantize_qkv(q, k, v), quantize_qkv_fp8_ref(q, k, v)
+for a, b in zip(ours, ref):
+    assert a.shape == b.shape and a.dtype == b.dtype
+for a, b in zip(ours[3:], ref[3:]):
+    assert torch.equal(a, b), (a, b)
+print("OK")
+""")
 
 
 def test_fp8_vt_matches_reference_interpreted():

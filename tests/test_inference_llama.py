@@ -294,6 +294,44 @@ def test_quantized_prefill_fusions_keep_logits(monkeypatch):
         close(pm(x).logits, base)
 
 
+def test_fp8_precision_runs_long_prefills_in_fp8_attention(monkeypatch):
+    """Under precision="fp8" with attention="cute", causal bf16 prefills from
+    ops.FP8_ATTENTION_MIN_SEQLEN tokens (lowered here) run ops.flash_attn_fp8_from16, shorter
+    ones flash_attn; CUTE_KERNELS_FP8_ATTENTION=0 keeps flash_attn. Against the bf16-attention
+    fp8 model, the logits move by at most twice what the fp8 GEMMs moved them from the bf16
+    model's (this tiny random model amplifies any rounding: both are tens of percent)."""
+    pytest.importorskip("quant")
+    m = tiny("llama", hidden_size=256, num_attention_heads=4, num_key_value_heads=2).to(torch.bfloat16)
+    calls = {"fp8": 0, "bf16": 0}
+    real_fp8, real_bf16 = ops.flash_attn_fp8_from16_ref, ops.flash_attn_ref
+
+    def count(kind, real):
+        def fn(*a, **kw):
+            calls[kind] += 1
+            return real(*a, **kw)
+        return fn
+
+    monkeypatch.setattr(ops, "flash_attn_fp8_from16_ref", count("fp8", real_fp8))
+    monkeypatch.setattr(ops, "flash_attn_ref", count("bf16", real_bf16))
+    monkeypatch.setattr(ops, "FP8_ATTENTION_MIN_SEQLEN", {64: 10})
+    L, x = m.config.num_hidden_layers, ids(seq=12)
+    monkeypatch.setenv("CUTE_KERNELS_FP8_ATTENTION", "0")
+    off = patched(m, precision="fp8", attention="cute")
+    monkeypatch.delenv("CUTE_KERNELS_FP8_ATTENTION")
+    pm = patched(m, precision="fp8", attention="cute")
+    assert all(layer.self_attn.fp8_attention for layer in pm.model.layers)
+    assert not any(getattr(layer.self_attn, "fp8_attention", False) for layer in off.model.layers)
+    with torch.no_grad():
+        base = off(x).logits.float()
+        assert calls == {"fp8": 0, "bf16": L}
+        out = pm(x).logits.float()
+        assert calls == {"fp8": L, "bf16": L}
+        pm(ids(seq=8))
+        assert calls == {"fp8": L, "bf16": 2 * L}  # below the threshold
+        b16 = patched(m, attention="cute")(x).logits.float()
+    assert 0 < (out - base).abs().max().item() <= 2 * (base - b16).abs().max().item()
+
+
 def test_static_decoder_says_it_runs_gpt2_only():
     with pytest.raises(ValueError, match="LlamaStaticDecoder"):
         StaticDecoder(tiny("llama"), batch_size=1, max_len=16)

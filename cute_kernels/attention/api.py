@@ -31,7 +31,13 @@ from .config import (  # noqa: F401  (HEAD_DIMS: public here)
     prefill_config_fp8,
     softmax_scale_log2,
 )
-from .reference import append_kv, flash_attn_fp8_emulated, flash_attn_fp8_ref, flash_attn_ref  # noqa: F401
+from .reference import (  # noqa: F401
+    append_kv,
+    flash_attn_fp8_emulated,
+    flash_attn_fp8_ref,
+    flash_attn_ref,
+    quantize_qkv_fp8_ref,
+)
 
 MAX_SPLITS = 16
 
@@ -531,6 +537,34 @@ def flash_attn_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, c
             raise ValueError(f"{n} needs unit stride on D and a 16-byte aligned base and strides (TMA)")
     out, lse = _run_fp8(q, k, v, qd, kd, vd, causal, softmax_scale)
     return (out, lse) if return_lse else out
+
+
+def quantize_qkv_fp8(q, k, v):
+    """16- or 32-bit q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] -> (q8, k8, v8, q_descale, k_descale,
+    v_descale), flash_attn_fp8's arguments: each (batch, KV head) of k and v, and each (batch,
+    KV head) group of query heads of q, scaled so that its largest magnitude maps to e4m3's 448
+    (the descales, float32 [B, Hkv], undo it). On a GPU with 16-bit inputs and a power-of-two
+    head dim, two Triton passes a tensor (fp8_quant.py); otherwise torch ops
+    (reference.quantize_qkv_fp8_ref)."""
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor")
+        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"{n} must be bfloat16, float16 or float32, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{n} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+    B, Sq, Hq, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or Hq % k.shape[2]:
+        raise ValueError(f"k and v must be [B={B}, Sk, Hkv, D={D}] with Hkv dividing {Hq}, got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if (q.is_cuda and q.dtype == k.dtype == v.dtype and q.dtype in SIXTEEN_BIT and D & (D - 1) == 0
+            and all(t.stride(3) == 1 for t in (q, k, v))):
+        from .fp8_quant import quantize_qkv
+
+        return quantize_qkv(q, k, v)
+    return quantize_qkv_fp8_ref(q, k, v)
 
 
 def _run_fp8(q, k, v, qd, kd, vd, causal: bool, softmax_scale: float | None, config: PrefillConfig | None = None):

@@ -45,6 +45,26 @@ def flash_attn_fp8_ref(q, k, v, *, q_descale=None, k_descale=None, v_descale=Non
                           causal=causal, softmax_scale=softmax_scale)
 
 
+E4M3_MAX = 448.0
+
+
+def quantize_qkv_fp8_ref(q, k, v):
+    """What attention.api.quantize_qkv_fp8 computes, in torch ops: each (batch, KV head) of k
+    and v, and each (batch, KV head) group of q's heads, scaled so its largest magnitude maps
+    to e4m3's 448, rounded to nearest even; float32 [B, Hkv] descales undo it."""
+    B, Hkv = k.shape[0], k.shape[2]
+    tiny = torch.finfo(torch.float32).tiny
+
+    def one(t):
+        g = t.reshape(B, t.shape[1], Hkv, -1)
+        descale = (g.abs().amax(dim=(1, 3)).float() / E4M3_MAX).clamp_min(tiny)
+        scaled = (g.float() / descale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+        return scaled.to(torch.float8_e4m3fn).view(t.shape), descale
+
+    (q8, qd), (k8, kd), (v8, vd) = one(q), one(k), one(v)
+    return q8, k8, v8, qd, kd, vd
+
+
 def flash_attn_fp8_emulated(q, k, v, *, q_descale=None, k_descale=None, v_descale=None, causal=False,
                             softmax_scale=None):
     """The same quantization as flash_attn_fp8, emulated in fp32: scores in fp32, P = exp(s - max)

@@ -62,6 +62,10 @@ SWITCHES: dict[str, Switch] = {
     "CUTE_KERNELS_LLAMA_PREFILL_RMSNORM": Switch(
         "1", "0: patch_model leaves the Llama family's RMSNorm modules to transformers' torch ops instead of one "
              "Triton launch each (16-bit CUDA inputs, eval mode; same two roundings)."),
+    "CUTE_KERNELS_FP8_ATTENTION": Switch(
+        "1", "0: patch_model's fp8 precision (attention='cute') keeps our bf16 attention kernel for long causal "
+             "prefills instead of quantizing Q, K, V to e4m3 and running flash_attn_fp8 (head dim 128 from 4096 "
+             "tokens, 64 from 8192; inference/ops.py FP8_ATTENTION_MIN_SEQLEN)."),
     "CUTE_KERNELS_LLAMA_PREFILL_ROPE": Switch(
         "1", "0: patch_model's Llama-family attention applies RoPE with transformers' apply_rotary_pos_emb instead "
              "of one Triton launch for q and k (transformers' bf16 roundings)."),
