@@ -1329,6 +1329,29 @@ def test_quantize_qkv_fp8_matches_reference(shapes):
         assert (a.float() - b.float()).abs().max().item() <= b.float().abs().max().item() / 8
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_quantize_qkv_fp8_kernels_compile_for_sm90(head_dim):
+    """fp8_quant's two Triton kernels build for sm_90 without a GPU: the amax pass reduces with a
+    global atomic, the scale pass rounds with the hardware's saturating e4m3 conversion."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from cute_kernels.attention import fp8_quant as fq
+
+    common = {"S": "i32", "H": "i32", "REP": "i32", "stride_b": "i64", "stride_s": "i32", "stride_h": "i32",
+              "D": "constexpr", "BLOCK_S": "constexpr"}
+    sizes = {"D": head_dim, "BLOCK_S": fq.BLOCK_S}
+    amax = ASTSource(fn=fq._amax_kernel, signature={"x_ptr": "*bf16", "amax_ptr": "*fp32", **common}, constexprs=sizes)
+    scale = ASTSource(fn=fq._scale_kernel, constexprs={**sizes, "TINY": fq._TINY, "FMAX": fq.E4M3_MAX},
+                      signature={"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "amax_ptr": "*fp32", **common,
+                                 "TINY": "constexpr", "FMAX": "constexpr"})
+    target = GPUTarget("cuda", 90, 32)
+    assert "atom.global" in triton.compile(amax, target=target).asm["ptx"]
+    assert "cvt.rn.satfinite.e4m3x2" in triton.compile(scale, target=target).asm["ptx"]
+
+
 def test_quantize_qkv_fp8_descales_interpreted():
     """fp8_quant's amax pass (Triton, interpreted on the CPU) gives the reference's descales from
     strided views (the interpreter's e4m3 rounding is not the GPU's: the bytes are checked by the
