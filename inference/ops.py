@@ -204,7 +204,7 @@ def _(q, k, v, causal, softmax_scale, backend, invariant=False):
 # Where the FP8 prefill path (quantize_qkv_fp8, then flash_attn_fp8) ran faster than our bf16
 # kernel on bf16 Q, K, V: H200, `python -m benchmarks.attention --fp8` (`cute_fp8_quant` rows of
 # attention_fp8_h200.md), ~16k tokens a call, causal and not, 32 query heads on 32 or 4 KV heads.
-# Head dim 128 from 4096 tokens: 1.00x-1.43x (8 shapes of 12 above 1.15x); head dim 64 from 8192:
+# Head dim 128 from 4096 tokens: 1.00x-1.43x (11 shapes of 12 above 1.15x); head dim 64 from 8192:
 # 1.06x-1.20x; at 4096 with head dim 64 the two quantization passes cost more than the fp8
 # products save (0.88x-1.05x).
 FP8_ATTENTION_MIN_SEQLEN = {64: 8192, 128: 4096}
@@ -224,7 +224,7 @@ def flash_attn_fp8_from16_ref(q, k, v, causal: bool, softmax_scale: float) -> to
     q8, k8, v8, qd, kd, vd = quantize_qkv_fp8_ref(q, k, v)
     out = flash_attn_fp8_ref(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
                              softmax_scale=softmax_scale)
-    return out.to(q.dtype)
+    return out.to(q.dtype).contiguous()
 
 
 @torch.library.custom_op("cute_inference::flash_attn_fp8_from16", mutates_args=())

@@ -393,12 +393,14 @@ def patch_model(model, *, precision: str = "bf16", attention: str = "sdpa", cali
         set_tp_invariant(model, tp_invariant, _tp.tp_of(model))
     if attention == "cute":
         model.set_attn_implementation(register_attention(backend))
-        if precision == "fp8" and not tp_invariant and env.enabled("CUTE_KERNELS_FP8_ATTENTION"):
-            _mark_fp8_attention(model, family)
     elif model.config._attn_implementation != "sdpa":
         model.set_attn_implementation("sdpa")
+    fp8_attention = (attention == "cute" and precision == "fp8" and not tp_invariant
+                     and env.enabled("CUTE_KERNELS_FP8_ATTENTION"))
+    if fp8_attention:
+        _mark_fp8_attention(model, family)
     model.cute_patch = {"precision": precision, "attention": attention, "backend": backend,
-                        "tp_invariant": tp_invariant}
+                        "tp_invariant": tp_invariant, "fp8_attention": fp8_attention}
     return model
 
 

@@ -319,7 +319,8 @@ def test_fp8_precision_runs_long_prefills_in_fp8_attention(monkeypatch):
     off = patched(m, precision="fp8", attention="cute")
     monkeypatch.delenv("CUTE_KERNELS_FP8_ATTENTION")
     pm = patched(m, precision="fp8", attention="cute")
-    assert all(layer.self_attn.fp8_attention for layer in pm.model.layers)
+    assert all(layer.self_attn.fp8_attention for layer in pm.model.layers) and pm.cute_patch["fp8_attention"]
+    assert not off.cute_patch["fp8_attention"]
     assert not any(getattr(layer.self_attn, "fp8_attention", False) for layer in off.model.layers)
     with torch.no_grad():
         base = off(x).logits.float()
