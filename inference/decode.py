@@ -110,6 +110,8 @@ class StaticDecoder(_Greedy):
         self._flash_backend = patch.get("backend") if patch.get("attention") == "cute" else None
         # TP-invariant arithmetic (inference/invariant.py): K pieces of each row-parallel sum, 0 off.
         self._invariant = getattr(model, "cute_invariant", 0) if self._flash_backend is not None else 0
+        # patch_model's fp8 precision: long prompts' attention in FP8 (ops.fp8_attention_takes).
+        self._fp8_attention = self._flash_backend is not None and bool(patch.get("fp8_attention"))
         if self._invariant and compile:
             raise ValueError("a tp_invariant model's decoder runs without torch.compile")
         # On our kernels (not under torch.compile) the step's glue - argmax, token and counter
@@ -142,6 +144,8 @@ class StaticDecoder(_Greedy):
 
     def _attend_prefill(self, q, k, v, scale):
         """Causal attention over the prompt itself; q/k/v [B, S, H, D] -> [B, S, H, D]."""
+        if self._fp8_attention and ops.fp8_attention_takes(q.shape[1], q.shape[-1], True, q.dtype):
+            return ops.flash_attn_fp8_from16(q, k, v, True, float(scale), self._flash_backend)
         if self._flash_backend is not None:
             return ops.flash_attn(q, k, v, True, float(scale), self._flash_backend, self._invariant > 0)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

@@ -331,6 +331,11 @@ def test_fp8_precision_runs_long_prefills_in_fp8_attention(monkeypatch):
         assert calls == {"fp8": L, "bf16": 2 * L}  # below the threshold
         b16 = patched(m, attention="cute")(x).logits.float()
     assert 0 < (out - base).abs().max().item() <= 2 * (base - b16).abs().max().item()
+    # The static decoder's own prefill takes the same path (its bf16 decode steps round apart
+    # from transformers' after a few tokens; the prefill's first tokens agree).
+    dec = decoder_for(pm, batch_size=2, max_len=24)
+    before = calls["fp8"]
+    assert torch.equal(dec.generate(x, 2), hf_generate(pm, x, 2)) and calls["fp8"] == before + 2 * L
 
 
 def test_static_decoder_says_it_runs_gpt2_only():
